@@ -1,0 +1,76 @@
+"""Messages that cross the API worker <-> engine core boundary.
+
+All are msgspec Structs tagged by type so one msgpack decoder reads any frame.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine.sampling_params import SamplingParams
+
+
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """The sampled token's logprob and the top-k alternatives (id, logprob)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+class AddRequest(msgspec.Struct, tag="add", kw_only=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    """Lower runs first under --scheduling-policy priority (vLLM's convention)."""
+    arrival_time: float = 0.0
+
+
+class AbortRequest(msgspec.Struct, tag="abort"):
+    request_ids: list[str]
+
+
+class Hello(msgspec.Struct, tag="hello"):
+    """A worker announcing itself so the engine knows where to route outputs."""
+
+
+class Admission(msgspec.Struct, tag="admission", kw_only=True):
+    """The engine's answer to AddRequest, sent before any output for it."""
+
+    request_id: str
+    accepted: bool
+    error_kind: str | None = None
+    """'overloaded' (queue full -> 503) or 'invalid' (-> 400) when not accepted."""
+    message: str | None = None
+
+
+class RequestOutput(msgspec.Struct, tag="out", kw_only=True, omit_defaults=True):
+    """New tokens of one request from one engine step (a delta, not the whole text)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    """None while running; 'stop' (EOS or stop token), 'length', 'abort' or 'error'."""
+    stop_reason: int | None = None
+    """The stop token id that ended the request, when finish_reason is 'stop' by a stop token."""
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (set on the first output)."""
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class OutputBatch(msgspec.Struct, tag="outs"):
+    """All outputs of one engine step that belong to one worker."""
+
+    outputs: list[RequestOutput]
+
+
+EngineMessage = AddRequest | AbortRequest | Hello
+WorkerMessage = Admission | OutputBatch

@@ -1,0 +1,47 @@
+"""Per-step attention metadata: where every token's K/V lives in the paged cache.
+
+Built once per engine step by the model runner and shared by every layer. Tokens of
+the step are laid out decodes first (one token per sequence), then prefill chunks
+(one contiguous run of tokens per sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor
+    """[num_tokens] int64: flat cache slot (block_id * block_size + offset) of each new token."""
+    block_size: int
+
+    num_decode_tokens: int
+    """The first num_decode_tokens tokens are decodes, one per sequence."""
+    decode_block_tables: torch.Tensor
+    """[num_decodes, max_blocks] int32 (padding entries are 0 and never read past seq_len)."""
+    decode_seq_lens: torch.Tensor
+    """[num_decodes] int32: context length including the new token."""
+    decode_max_seq_len: int
+
+    num_prefills: int
+    prefill_query_start_loc: torch.Tensor
+    """[num_prefills + 1] int32: offsets of each chunk inside the prefill part of the batch."""
+    prefill_block_tables: torch.Tensor
+    """[num_prefills, max_blocks] int32."""
+    prefill_seq_lens: torch.Tensor
+    """[num_prefills] int32: context length including this chunk (query j of a chunk of
+    length q sits at position seq_len - q + j and sees keys 0 .. seq_len - q + j)."""
+    prefill_max_query_len: int
+    prefill_max_seq_len: int
+
+    scratch: dict[str, Any] = field(default_factory=dict)
+    """The attention backend caches tensors derived from the fields above here on the
+    first layer (gather indices, masks) so the other layers reuse them."""
+
+    @property
+    def num_decodes(self) -> int:
+        return self.num_decode_tokens
