@@ -2,7 +2,8 @@
 
 Two implementations share it: `InprocEngineClient` runs the core in a thread of this
 process (tests, Lambda); `ZmqEngineClient` talks to the core process the gunicorn
-master spawned. Serving code cannot tell them apart.
+master spawned. Serving code cannot tell them apart. Both exchange the same msgspec
+messages with the core; this module holds everything but the transport.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 from engine.config import ModelInfo
-from engine.errors import EngineDeadError
-from engine.outputs import RequestOutput
+from engine.errors import (
+    EngineDeadError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+    InvalidEngineRequestError,
+)
+from engine.outputs import AbortRequest, AddRequest, Admission, OutputBatch, RequestOutput
 from engine.sampling_params import SamplingParams
 
 
@@ -31,11 +37,9 @@ class RequestStream:
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._finished = False
 
-    # -- producer side (the client's reader) ---------------------------------
     def put(self, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait(item)
 
-    # -- consumer side -------------------------------------------------------
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self
 
@@ -52,6 +56,24 @@ class RequestStream:
             self._client._forget(self.request_id)
         return item
 
+    def get_nowait(self) -> RequestOutput | None:
+        """The next queued output if one is already here (to coalesce a burst)."""
+        if self._finished or self._queue.empty():
+            return None
+        item = self._queue.get_nowait()
+        if isinstance(item, BaseException):
+            self._finished = True
+            self._client._forget(self.request_id)
+            raise item
+        if item.finished:
+            self._finished = True
+            self._client._forget(self.request_id)
+        return item
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
     async def aclose(self) -> None:
         if not self._finished:
             self._finished = True
@@ -65,37 +87,66 @@ class RequestStream:
         await self.aclose()
 
 
+def dead_error() -> EngineDeadError:
+    return EngineDeadError("The engine core has died; the server is restarting.")
+
+
 class EngineClient(ABC):
     """Tokens in, tokens out. Admission is answered before `add_request` returns."""
 
     def __init__(self) -> None:
         self._streams: dict[str, RequestStream] = {}
+        self._admissions: dict[str, asyncio.Future[Admission]] = {}
+        self._model_info: ModelInfo | None = None
+        self._dead = False
+        self._ready_event: asyncio.Event | None = None
 
+    # -- state ------------------------------------------------------------------------
     @property
-    @abstractmethod
     def model_info(self) -> ModelInfo | None:
         """Known once the engine is ready."""
+        return self._model_info
 
-    @abstractmethod
     def is_ready(self) -> bool:
         """Warm and accepting requests (SageMaker /ping)."""
+        return self._model_info is not None and not self._dead
 
-    @abstractmethod
     def is_dead(self) -> bool:
         """The engine core is gone for good (/health answers 503)."""
+        return self._dead
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests of this worker still producing output (/load)."""
+        return len(self._streams)
 
     @abstractmethod
     async def start(self) -> None:
         """Connect (or start the in-process core); returns without waiting for warm-up."""
 
-    @abstractmethod
     async def wait_ready(self, timeout: float | None = None) -> ModelInfo:
         """Block until the engine is warm; raises EngineDeadError if it dies first."""
+        if self._ready_event is None:
+            self._ready_event = asyncio.Event()
+        async with asyncio.timeout(timeout):
+            while not self.is_ready():
+                if self._dead:
+                    raise dead_error()
+                try:
+                    await asyncio.wait_for(self._ready_event.wait(), 0.2)
+                except TimeoutError:
+                    pass
+        assert self._model_info is not None
+        return self._model_info
 
     @abstractmethod
     async def close(self) -> None: ...
 
     @abstractmethod
+    def _send(self, message: AddRequest | AbortRequest) -> None:
+        """Hand a message to the engine core (never blocks)."""
+
+    # -- requests -------------------------------------------------------------------
     async def add_request(
         self,
         request_id: str,
@@ -103,24 +154,80 @@ class EngineClient(ABC):
         params: SamplingParams,
         priority: int = 0,
     ) -> RequestStream:
-        """Admit a request; raises EngineOverloadedError / EngineDeadError / InvalidEngineRequestError."""
+        """Admit a request; raises EngineOverloadedError / EngineDeadError /
+        EngineNotReadyError / InvalidEngineRequestError before any output exists."""
+        if self._dead:
+            raise dead_error()
+        if not self.is_ready():
+            raise EngineNotReadyError("The model is still loading; retry shortly.")
+        if request_id in self._streams or request_id in self._admissions:
+            raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")
+        future: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        self._admissions[request_id] = future
+        stream = RequestStream(request_id, self)
+        self._streams[request_id] = stream
+        try:
+            self._send(
+                AddRequest(
+                    request_id=request_id,
+                    prompt_token_ids=prompt_token_ids,
+                    params=params,
+                    priority=priority,
+                )
+            )
+            admission = await future
+        except BaseException:
+            self._streams.pop(request_id, None)
+            if not self._dead:
+                # Cancelled while waiting for admission: the engine may still admit it.
+                self._send(AbortRequest([request_id]))
+            raise
+        finally:
+            self._admissions.pop(request_id, None)
+        if not admission.accepted:
+            self._streams.pop(request_id, None)
+            message = admission.message or "request refused"
+            if admission.error_kind == "overloaded":
+                raise EngineOverloadedError(message)
+            raise InvalidEngineRequestError(message)
+        return stream
 
-    @abstractmethod
-    async def abort(self, request_ids: list[str]) -> None: ...
+    async def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._streams.pop(rid, None)
+        if not self._dead and request_ids:
+            self._send(AbortRequest(request_ids))
 
-    @property
-    def num_in_flight(self) -> int:
-        """Requests of this worker still producing output (/load)."""
-        return len(self._streams)
+    # -- incoming (called on the event loop) ------------------------------------------
+    def _dispatch(self, message: Admission | OutputBatch) -> None:
+        if isinstance(message, OutputBatch):
+            for out in message.outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    stream.put(out)
+        else:
+            future = self._admissions.get(message.request_id)
+            if future is not None and not future.done():
+                future.set_result(message)
 
-    def _forget(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+    def _set_ready(self, info: ModelInfo) -> None:
+        self._model_info = info
+        if self._ready_event is not None:
+            self._ready_event.set()
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _set_dead(self) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        error = dead_error()
+        for future in self._admissions.values():
+            if not future.done():
+                future.set_exception(error)
         for stream in list(self._streams.values()):
             stream.put(error)
         self._streams.clear()
+        if self._ready_event is not None:
+            self._ready_event.set()
 
-
-def dead_error() -> EngineDeadError:
-    return EngineDeadError("The engine core process has died; the server is restarting.")
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)

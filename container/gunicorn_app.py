@@ -1,0 +1,116 @@
+"""Run gunicorn programmatically with one engine core process for all workers.
+
+The master (this process) never imports torch: it spawns the engine core as a fresh
+interpreter (`python -m engine.process`) in `on_starting`, waits only until the core
+holds its liveness lock (model loading continues while workers start, so /ping can
+answer 503 "loading" at once), watches it from a thread, and stops it in `on_exit`
+after the workers have drained. If the engine dies, the master shuts down and the
+CLI exits non-zero so the platform restarts the container.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from engine.ipc import ENV_RUNTIME_DIR, engine_is_alive
+
+logger = logging.getLogger("hearth")
+
+ENGINE_START_TIMEOUT_S = 120.0
+
+
+class EngineSupervisor:
+    """Owns the engine core process on behalf of the gunicorn master."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+        self.died = False
+        self._stopping = False
+
+    def start(self) -> None:
+        runtime_dir = self.env[ENV_RUNTIME_DIR]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "engine.process"],
+            env=self.env,
+            # Own session: a terminal's Ctrl-C must not stop the engine before the
+            # workers have drained; the master stops it in on_exit.
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while not engine_is_alive(runtime_dir):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the engine core exited at start-up (code {self.process.returncode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the engine core did not start")
+            time.sleep(0.05)
+        threading.Thread(target=self._watch, name="hearth-engine-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        assert self.process is not None
+        code = self.process.wait()
+        if self._stopping:
+            return
+        self.died = True
+        logger.error("engine core exited unexpectedly (code %s); shutting down", code)
+        # Workers see the engine gone within a fraction of a second (/health -> 503,
+        # streams end with an error); give them a moment, then stop the master.
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stopping = True
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class HearthApplication(BaseApplication):
+    def __init__(self, options: dict[str, Any], supervisor: EngineSupervisor) -> None:
+        self.options = options
+        self.supervisor = supervisor
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+        supervisor = self.supervisor
+
+        def on_starting(server: Any) -> None:
+            server.log.info("starting the engine core")
+            supervisor.start()
+
+        def on_exit(server: Any) -> None:
+            server.log.info("stopping the engine core")
+            supervisor.stop()
+
+        def child_exit(server: Any, worker: Any) -> None:
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(worker.pid)
+
+        self.cfg.set("on_starting", on_starting)
+        self.cfg.set("on_exit", on_exit)
+        self.cfg.set("child_exit", child_exit)
+
+    def load(self) -> Any:
+        # Called in each worker after the fork (no preload): the app, its ZMQ
+        # context and its event loop all belong to the worker.
+        from handlers.http.asgi import app
+
+        return app

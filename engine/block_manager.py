@@ -1,0 +1,153 @@
+"""Paged KV cache bookkeeping: which physical blocks each sequence owns, and the prefix cache.
+
+Plain Python, no torch, so the scheduler and its tests run anywhere. A block is
+`block_size` token slots in every layer's K and V cache. Full blocks are identified
+by a hash chain over their tokens (each hash covers the parent's hash and the block's
+tokens), so two requests with the same prefix map it to the same physical blocks.
+Freed blocks keep their contents and hash: they are reused for a later hit until the
+allocator needs them for new content (least recently freed evicted first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from engine.request import Request
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        self._block_hash: list[bytes | None] = [None] * num_blocks
+        # Free blocks in eviction order (oldest first). Values unused.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._hash_to_block: dict[bytes, int] = {}
+        self.num_prefix_queries = 0
+        """Prompt tokens looked up in the prefix cache (for the hit-rate metric)."""
+        self.num_prefix_hits = 0
+
+    # -- accounting ---------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache -------------------------------------------------------------
+    def _hash_blocks(self, request: Request, num_full_blocks: int) -> list[bytes]:
+        """Extend the request's hash chain to cover its first num_full_blocks blocks."""
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        bs = self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            h = hashlib.blake2b(digest_size=16)
+            if i:
+                h.update(hashes[i - 1])
+            h.update(array("q", tokens[i * bs : (i + 1) * bs]).tobytes())
+            hashes.append(h.digest())
+        return hashes
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Blocks that hold a prefix of this (not yet running) request's tokens.
+
+        Never covers the whole sequence: at least one token must go through the model
+        so there are logits to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        num_full = (request.num_tokens - 1) // self.block_size
+        hashes = self._hash_blocks(request, num_full)
+        hit: list[int] = []
+        for block_hash in hashes[:num_full]:
+            block_id = self._hash_to_block.get(block_hash)
+            if block_id is None:
+                break
+            hit.append(block_id)
+        return hit
+
+    # -- allocation ---------------------------------------------------------------
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, cached: list[int] | None = None
+    ) -> bool:
+        cached = cached or []
+        total = request.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        needed = self.blocks_needed(total) - len(request.block_ids) - len(cached)
+        # Cached blocks sitting in the free list are taken out of it by the hit.
+        reusable_free = sum(1 for b in cached if self._ref_counts[b] == 0)
+        return needed <= self.num_free_blocks - reusable_free
+
+    def allocate(self, request: Request, num_new_tokens: int, cached: list[int] | None = None) -> bool:
+        """Give the request slots for num_new_tokens more tokens (after any cached prefix).
+
+        Returns False, changing nothing, when there are not enough free blocks.
+        """
+        cached = cached or []
+        if not self.can_allocate(request, num_new_tokens, cached):
+            return False
+        for block_id in cached:
+            self._take(block_id)
+            request.block_ids.append(block_id)
+        if cached:
+            request.num_computed_tokens += len(cached) * self.block_size
+        total = request.num_computed_tokens + num_new_tokens
+        while len(request.block_ids) < self.blocks_needed(total):
+            block_id, _ = self._free.popitem(last=False)
+            self._evict(block_id)
+            self._ref_counts[block_id] = 1
+            request.block_ids.append(block_id)
+        return True
+
+    def _take(self, block_id: int) -> None:
+        if self._ref_counts[block_id] == 0:
+            del self._free[block_id]
+        self._ref_counts[block_id] += 1
+
+    def _evict(self, block_id: int) -> None:
+        block_hash = self._block_hash[block_id]
+        if block_hash is not None:
+            if self._hash_to_block.get(block_hash) == block_id:
+                del self._hash_to_block[block_hash]
+            self._block_hash[block_id] = None
+
+    def commit(self, request: Request) -> None:
+        """Register the request's newly filled blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
+        hashes = self._hash_blocks(request, num_full)
+        for i in range(num_full - 1, -1, -1):
+            block_id = request.block_ids[i]
+            if self._block_hash[block_id] is not None:
+                break  # everything before it was committed already
+            self._block_hash[block_id] = hashes[i]
+            self._hash_to_block.setdefault(hashes[i], block_id)
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks; the tail goes to the free list first so a
+        shared prefix outlives the request-specific suffix in the cache."""
+        for block_id in reversed(request.block_ids):
+            self._ref_counts[block_id] -= 1
+            if self._ref_counts[block_id] == 0:
+                self._free[block_id] = None
+        request.block_ids = []
+
+    def reset_prefix_cache(self) -> None:
+        for block_id in list(self._free):
+            self._evict(block_id)

@@ -1,0 +1,71 @@
+"""The engine core's busy loop, independent of how messages arrive.
+
+Between steps it drains every pending message (adds, aborts), then runs one step and
+sends each worker its outputs as one frame. When there is no work it blocks on the
+transport instead of spinning, so an idle engine costs no CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Protocol
+
+from engine.core import EngineCore
+from engine.metrics import EngineMetrics, StatsLogger
+from engine.outputs import (
+    AbortRequest,
+    AddRequest,
+    EngineMessage,
+    Hello,
+    OutputBatch,
+    RequestOutput,
+    WorkerMessage,
+)
+
+IDLE_POLL_MS = 100
+
+
+class EngineTransport(Protocol):
+    def poll(self, timeout_ms: int) -> list[tuple[bytes, EngineMessage]]:
+        """Messages that arrived, waiting up to timeout_ms for the first one."""
+
+    def send(self, client_id: bytes, message: WorkerMessage) -> None: ...
+
+
+def handle_message(core: EngineCore, transport: EngineTransport, client_id: bytes,
+                   message: EngineMessage) -> None:
+    if isinstance(message, AddRequest):
+        transport.send(client_id, core.add_request(message, client_id))
+    elif isinstance(message, AbortRequest):
+        core.abort(message.request_ids)
+    elif isinstance(message, Hello):
+        pass
+
+
+def run_engine_loop(
+    core: EngineCore,
+    transport: EngineTransport,
+    stop: threading.Event,
+    log_stats: bool = True,
+) -> None:
+    metrics = EngineMetrics.get()
+    stats = StatsLogger()
+    metrics.update(core)
+    while not stop.is_set():
+        timeout = 0 if core.has_work() else IDLE_POLL_MS
+        messages = transport.poll(timeout)
+        for client_id, message in messages:
+            handle_message(core, transport, client_id, message)
+        if not core.has_work():
+            if messages:
+                metrics.update(core)  # an abort may just have freed blocks
+            continue
+        per_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
+        for client_id, output in core.step():
+            per_client[client_id].append(output)
+        for client_id, outputs in per_client.items():
+            transport.send(client_id, OutputBatch(outputs))
+        metrics.update(core)
+        if log_stats:
+            stats.maybe_log(core)

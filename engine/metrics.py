@@ -1,0 +1,97 @@
+"""Engine-side Prometheus metrics (queue, KV cache, token counters, preemptions).
+
+The engine core runs in its own process; with PROMETHEUS_MULTIPROC_DIR set (the
+gunicorn master sets it for every process it starts) these values land in the shared
+directory and any API worker's /metrics reports them. In-process mode uses the default
+registry of this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import Counter, Gauge
+
+from engine.core import EngineCore
+
+logger = logging.getLogger("hearth.engine")
+
+_GAUGE_MODE = "mostrecent"
+
+
+class EngineMetrics:
+    _instance: EngineMetrics | None = None
+
+    def __init__(self) -> None:
+        self.running = Gauge("hearth:num_requests_running", "Sequences in the running batch",
+                             multiprocess_mode=_GAUGE_MODE)
+        self.waiting = Gauge("hearth:num_requests_waiting", "Sequences waiting to be scheduled",
+                             multiprocess_mode=_GAUGE_MODE)
+        self.kv_usage = Gauge("hearth:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)",
+                              multiprocess_mode=_GAUGE_MODE)
+        self.kv_used_blocks = Gauge("hearth:kv_cache_used_blocks", "KV cache blocks held by sequences",
+                                    multiprocess_mode=_GAUGE_MODE)
+        self.kv_total_blocks = Gauge("hearth:kv_cache_total_blocks", "KV cache blocks in the pool",
+                                     multiprocess_mode=_GAUGE_MODE)
+        self.prompt_tokens = Counter("hearth:prompt_tokens", "Prompt tokens admitted")
+        self.generation_tokens = Counter("hearth:generation_tokens", "Tokens generated")
+        self.preemptions = Counter("hearth:num_preemptions", "Sequences preempted by recompute")
+        self.prefix_queries = Counter("hearth:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = Counter("hearth:prefix_cache_hits", "Prompt tokens served from the prefix cache")
+        self._last = {"prompt": 0, "gen": 0, "pre": 0, "pq": 0, "ph": 0}
+
+    @classmethod
+    def get(cls) -> EngineMetrics:
+        """One set per process: prometheus_client refuses duplicate registration."""
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def update(self, core: EngineCore) -> None:
+        sched, bm = core.scheduler, core.block_manager
+        self.running.set(sched.num_running)
+        self.waiting.set(sched.num_waiting)
+        self.kv_usage.set(bm.usage)
+        self.kv_used_blocks.set(bm.num_used_blocks)
+        self.kv_total_blocks.set(bm.num_blocks)
+        now = {
+            "prompt": core.num_prompt_tokens_total,
+            "gen": core.num_generation_tokens_total,
+            "pre": sched.num_preemptions,
+            "pq": bm.num_prefix_queries,
+            "ph": bm.num_prefix_hits,
+        }
+        for key, counter in (("prompt", self.prompt_tokens), ("gen", self.generation_tokens),
+                             ("pre", self.preemptions), ("pq", self.prefix_queries),
+                             ("ph", self.prefix_hits)):
+            delta = now[key] - self._last[key]
+            if delta > 0:
+                counter.inc(delta)
+        self._last = now
+
+
+class StatsLogger:
+    """The periodic engine log line: throughput, queue and KV use."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self._t = time.monotonic()
+        self._prompt = 0
+        self._gen = 0
+
+    def maybe_log(self, core: EngineCore) -> None:
+        now = time.monotonic()
+        if now - self._t < self.interval:
+            return
+        dt = now - self._t
+        prompt, gen = core.num_prompt_tokens_total, core.num_generation_tokens_total
+        if prompt != self._prompt or gen != self._gen or core.has_work():
+            logger.info(
+                "engine: prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, "
+                "KV cache %.1f%%, preemptions %d",
+                (prompt - self._prompt) / dt, (gen - self._gen) / dt,
+                core.scheduler.num_running, core.scheduler.num_waiting,
+                100 * core.block_manager.usage, core.scheduler.num_preemptions,
+            )
+        self._t, self._prompt, self._gen = now, prompt, gen

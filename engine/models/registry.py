@@ -1,0 +1,48 @@
+"""Architecture name (`config.architectures[0]`) → native model class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from engine.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+}
+"""Every architecture hearth serves natively; SmolLM/SmolLM2 checkpoints say LlamaForCausalLM."""
+
+_BY_MODEL_TYPE: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+"""Fallback for configs that name no architecture (hand-written or very old config.json)."""
+
+
+def get_model_class(config: Any) -> type[nn.Module]:
+    """The native class for `config`, or a ValueError that lists what is supported.
+
+    `config.architectures[0]` decides; a config without it falls back on `model_type`.
+    """
+    supported = ", ".join(sorted(ARCHITECTURES))
+    architectures = list(getattr(config, "architectures", None) or [])
+    if architectures:
+        name = architectures[0]
+    else:
+        model_type = getattr(config, "model_type", None)
+        if model_type not in _BY_MODEL_TYPE:
+            raise ValueError(
+                f"the model config names no architecture and its model_type {model_type!r} "
+                f"is not supported; supported architectures: {supported}"
+            )
+        name = _BY_MODEL_TYPE[model_type]
+    cls = ARCHITECTURES.get(name)
+    if cls is None:
+        raise ValueError(
+            f"model architecture {name!r} is not supported; supported architectures: {supported}"
+        )
+    return cls

@@ -1,0 +1,96 @@
+"""The engine's state for one sequence: tokens, progress through the prompt, KV blocks."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One sequence in the engine (n > 1 arrives as n requests sharing a prompt).
+
+    `num_computed_tokens` counts tokens whose K/V are in the cache; everything in
+    `all_token_ids` past it still has to go through the model. After a preemption it
+    drops to zero and the whole sequence (prompt and output so far) is recomputed.
+    """
+
+    __slots__ = (
+        "arrival_time",
+        "block_hashes",
+        "block_ids",
+        "client_id",
+        "finish_reason",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "all_token_ids",
+        "params",
+        "priority",
+        "request_id",
+        "status",
+        "stop_reason",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        client_id: bytes = b"",
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.client_id = client_id
+        self.params = params
+        self.priority = priority
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        """Prompt tokens that came from the prefix cache at first admission."""
+        self.block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []
+        """Hash chain of this sequence's full blocks, filled lazily by the block manager."""
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens still to be fed through the model before the next sample."""
+        return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def sort_key(self) -> tuple[int, float]:
+        return (self.priority, self.arrival_time)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)}, {self.status.value})"
+        )

@@ -1,0 +1,168 @@
+"""Batched sampling: logits of the step's sampling rows -> one token each (+ logprobs).
+
+The common case (no penalties, no bias, all greedy or all plain temperature) runs as a
+handful of whole-batch tensor ops. Per-row work happens only for rows that asked for
+per-request state: a seed (its own generator), penalties, logit_bias or min_tokens.
+Random sampling uses the exponential-race trick (argmax of p / q with q ~ Exp(1)),
+which is equivalent to multinomial sampling and lets seeded rows draw their noise
+from their own generator while the rest share one batched draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.outputs import TokenLogprob
+from engine.request import Request
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None] | None
+    """Per row, when any row asked for logprobs."""
+
+
+class Sampler:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, request: Request) -> torch.Generator:
+        gen = self._generators.get(request.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(request.params.seed or 0)
+            self._generators[request.request_id] = gen
+        return gen
+
+    @torch.inference_mode()
+    def __call__(
+        self, logits: torch.Tensor, requests: list[Request], eos_token_ids: list[int]
+    ) -> SamplerOutput:
+        # logits: [num_rows, vocab] float32
+        logits = self._apply_penalties_and_bias(logits, requests, eos_token_ids)
+        want_logprobs = any(r.params.logprobs is not None for r in requests)
+        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+
+        temperatures = [r.params.temperature for r in requests]
+        if all(t == 0.0 for t in temperatures):
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = self._sample_random(logits, requests, temperatures)
+        ids = token_ids.tolist()
+        return SamplerOutput(ids, self._logprobs(logprobs, ids, requests) if want_logprobs else None)
+
+    # -- logits processing ------------------------------------------------------------
+    def _apply_penalties_and_bias(
+        self, logits: torch.Tensor, requests: list[Request], eos_token_ids: list[int]
+    ) -> torch.Tensor:
+        cloned = False
+        vocab = logits.shape[-1]
+        for row, request in enumerate(requests):
+            p = request.params
+            needs_penalty = (
+                p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+            )
+            needs_min_tokens = p.min_tokens > 0 and request.num_output_tokens < p.min_tokens
+            if not (needs_penalty or p.logit_bias or needs_min_tokens):
+                continue
+            if not cloned:
+                logits = logits.clone()
+                cloned = True
+            x = logits[row]
+            if needs_penalty:
+                _apply_penalties(x, request, vocab)
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias.keys()), device=x.device)
+                bias = torch.tensor(list(p.logit_bias.values()), device=x.device, dtype=x.dtype)
+                x.index_add_(0, ids, bias)
+            if needs_min_tokens:
+                banned = list(p.stop_token_ids)
+                if not p.ignore_eos:
+                    banned += eos_token_ids
+                if banned:
+                    x[torch.tensor(banned, device=x.device)] = float("-inf")
+        return logits
+
+    def _sample_random(
+        self, logits: torch.Tensor, requests: list[Request], temperatures: list[float]
+    ) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)
+        temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
+        logits = logits / temps.unsqueeze(1)
+
+        top_ks = [r.params.top_k for r in requests]
+        top_ps = [r.params.top_p for r in requests]
+        min_ps = [r.params.min_p for r in requests]
+        if any(k > 0 for k in top_ks):
+            vocab = logits.shape[-1]
+            ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=logits.device)
+            max_k = int(ks.max())
+            top_vals = logits.topk(max_k, dim=-1).values  # [rows, max_k]
+            kth = top_vals.gather(1, (ks - 1).unsqueeze(1))
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if any(p < 1.0 for p in top_ps):
+            sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(dim=-1)
+            cum = probs.cumsum(dim=-1)
+            tp = torch.tensor(top_ps, device=logits.device).unsqueeze(1)
+            # Drop a token when the tokens before it already cover top_p (keeps >= 1 token).
+            remove_sorted = (cum - probs) >= tp
+            remove = torch.zeros_like(remove_sorted).scatter_(1, sorted_idx, remove_sorted)
+            logits = logits.masked_fill(remove, float("-inf"))
+        probs = logits.softmax(dim=-1)
+        if any(p > 0.0 for p in min_ps):
+            mp = torch.tensor(min_ps, device=logits.device).unsqueeze(1)
+            threshold = probs.max(dim=-1, keepdim=True).values * mp
+            probs = probs.masked_fill(probs < threshold, 0.0)
+
+        noise = torch.empty_like(probs).exponential_()
+        for row, request in enumerate(requests):
+            if request.params.seed is not None and temperatures[row] > 0:
+                noise[row].exponential_(generator=self._generator(request))
+        sampled = (probs / noise).argmax(dim=-1)
+        is_greedy = torch.tensor([t == 0.0 for t in temperatures], device=logits.device)
+        return torch.where(is_greedy, greedy, sampled)
+
+    @staticmethod
+    def _logprobs(
+        logprobs: torch.Tensor, ids: list[int], requests: list[Request]
+    ) -> list[TokenLogprob | None]:
+        ks = [r.params.logprobs for r in requests]
+        max_k = max((k for k in ks if k is not None), default=0)
+        chosen = torch.tensor(ids, device=logprobs.device).unsqueeze(1)
+        chosen_lp = logprobs.gather(1, chosen)  # [rows, 1]
+        ranks = (logprobs > chosen_lp).sum(dim=-1) + 1
+        if max_k > 0:
+            top_vals, top_ids = logprobs.topk(max_k, dim=-1)
+            top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
+        chosen_l, ranks_l = chosen_lp.squeeze(1).tolist(), ranks.tolist()
+        result: list[TokenLogprob | None] = []
+        for row, k in enumerate(ks):
+            if k is None:
+                result.append(None)
+                continue
+            top = list(zip(top_ids_l[row][:k], top_vals_l[row][:k], strict=True)) if k else []
+            result.append(TokenLogprob(ids[row], chosen_l[row], ranks_l[row], top))
+        return result
+
+
+def _apply_penalties(x: torch.Tensor, request: Request, vocab: int) -> None:
+    """OpenAI presence/frequency penalties over output tokens, and the multiplicative
+    repetition penalty over prompt and output tokens (as vLLM / HF apply them)."""
+    p = request.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(request.all_token_ids)), device=x.device)
+        vals = x[seen]
+        x[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    output = request.output_token_ids
+    if output and (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+        counts = torch.bincount(torch.tensor(output, device=x.device), minlength=vocab)[:vocab]
+        x -= counts.to(x.dtype) * p.frequency_penalty
+        x -= (counts > 0).to(x.dtype) * p.presence_penalty

@@ -1,0 +1,189 @@
+"""Continuous batching: which sequences run in the next step and how many tokens each.
+
+One token budget per step (`max_num_batched_tokens`) is shared by decodes and prefill
+chunks; there is no separate prefill phase. Running sequences are served first (one
+token each when decoding, a chunk when their prompt is still being prefilled), then
+waiting ones are admitted while budget, `max_num_seqs` and free KV blocks last. When
+blocks run out, the lowest-priority running sequence is preempted by recompute: its
+blocks are freed and it goes back to the front of the queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    """Tokens fed to the model this step, starting at request.num_computed_tokens."""
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the sequence, so a token is sampled."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    """Sequences of this step in scheduling order (the runner reorders for attention)."""
+    num_batched_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: str = "fcfs",
+    ) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {policy!r}: use fcfs or priority")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self.num_waiting_tokens = 0
+
+    # -- queue ----------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self._enqueue(request, front=False)
+
+    def _enqueue(self, request: Request, front: bool) -> None:
+        request.status = RequestStatus.WAITING
+        self.num_waiting_tokens += request.num_tokens
+        if self.policy == "priority":
+            # Keep the deque sorted by (priority, arrival); preempted requests keep
+            # their original arrival time, so they go back where they were.
+            key = request.sort_key()
+            index = next((i for i, r in enumerate(self.waiting) if r.sort_key() > key), None)
+            if index is None:
+                self.waiting.append(request)
+            else:
+                self.waiting.insert(index, request)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
+
+    def _dequeue(self, request: Request) -> None:
+        self.waiting.remove(request)
+        self.num_waiting_tokens -= request.num_tokens
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Remove a request wherever it is and free its blocks."""
+        if request.is_finished:
+            return
+        if request.status is RequestStatus.WAITING:
+            self._dequeue(request)
+        elif request in self.running:
+            self.running.remove(request)
+        self.block_manager.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self.requests.pop(request.request_id, None)
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.finish(request, "abort")
+        return request
+
+    # -- one step ------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+
+        # 1. Running sequences, in order; preempt from the back when blocks run out.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_pending_tokens, budget)
+            while not bm.allocate(request, num_new):
+                # Only sequences not yet scheduled this step can give their blocks back.
+                victim = self._pick_victim(self.running[index:])
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted itself; self.running shrank at or before index
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+            index += 1
+
+        # 2. Waiting sequences, unless this step already had to preempt.
+        while (
+            self.waiting
+            and not out.preempted
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+        ):
+            request = self.waiting[0]
+            cached = bm.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+            num_cached_tokens = len(cached) * bm.block_size
+            num_new = min(request.num_tokens - num_cached_tokens, budget)
+            if not bm.allocate(request, num_new, cached):
+                break
+            if request.num_output_tokens == 0:  # first admission, not a resumed preemption
+                bm.num_prefix_queries += request.num_prompt_tokens
+                bm.num_prefix_hits += num_cached_tokens
+                request.num_cached_tokens = num_cached_tokens
+            self._dequeue(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+
+        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        return out
+
+    def _pick_victim(self, candidates: list[Request]) -> Request:
+        if self.policy == "priority":
+            return max(candidates, key=Request.sort_key)
+        return candidates[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self._enqueue(request, front=True)
+
+    def commit_step(self, out: SchedulerOutput) -> None:
+        """Advance every scheduled sequence by the tokens it just computed."""
+        for item in out.scheduled:
+            request = item.request
+            if request.is_finished:
+                continue
+            request.num_computed_tokens += item.num_new_tokens
+            self.block_manager.commit(request)

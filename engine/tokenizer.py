@@ -1,0 +1,212 @@
+"""Tokenizer, chat template rendering and incremental detokenization for API workers.
+
+Built on the `tokenizers` library and jinja2 directly rather than transformers'
+AutoTokenizer: importing transformers' tokenizer stack pulls in torch (about 300 MB
+of RSS per API worker and seconds of start-up), and API workers never touch tensors.
+The chat template environment mirrors transformers' (sandboxed, trim_blocks,
+lstrip_blocks, loopcontrols, `raise_exception`, `strftime_now`, a non-ASCII `tojson`)
+so templates written for HF render the same here.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers.decoders import DecodeStream
+
+
+class ChatTemplateError(ValueError):
+    """The chat template could not render these messages (400 for the client)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=32)
+def _compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class IncrementalDetokenizer:
+    """Turns one sequence's token ids into text deltas, one token at a time.
+
+    Multi-byte characters split across tokens (emoji, CJK, byte-fallback) are held
+    back until complete, so a delta is always valid UTF-8 text.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer._tok
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def step(self, token_id: int) -> str:
+        return self._stream.step(self._tokenizer, token_id) or ""
+
+    def steps(self, token_ids: list[int]) -> str:
+        return "".join(self.step(t) for t in token_ids)
+
+
+class Tokenizer:
+    """A model directory's tokenizer: encode, decode, chat template, special tokens."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        tokenizer_file = model_dir / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise FileNotFoundError(
+                f"{tokenizer_file} is missing: hearth needs a fast tokenizer (tokenizer.json) "
+                "in the model directory."
+            )
+        self._tok = _HFTokenizer.from_file(str(tokenizer_file))
+        config = _read_json(model_dir / "tokenizer_config.json")
+        generation = _read_json(model_dir / "generation_config.json")
+        model_config = _read_json(model_dir / "config.json")
+
+        self.special_tokens: dict[str, str] = {}
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            content = _token_content(config.get(key))
+            if content:
+                self.special_tokens[key] = content
+        self.all_special_ids: frozenset[int] = frozenset(
+            token_id for token_id, added in self._tok.get_added_tokens_decoder().items()
+            if added.special
+        )
+        self.eos_token_ids: list[int] = _eos_ids(self, generation, model_config)
+        self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
+
+        template_file = model_dir / "chat_template.jinja"
+        if template_file.is_file():
+            self.chat_template: str | None = template_file.read_text()
+        else:
+            template = config.get("chat_template")
+            self.chat_template = template if isinstance(template, str) else None
+
+    # -- vocabulary ---------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str]:
+        return [self._tok.id_to_token(t) or "" for t in token_ids]
+
+    # -- text <-> ids -------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def incremental_detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, skip_special_tokens)
+
+    # -- chat ----------------------------------------------------------------
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Render messages to the prompt text (special tokens as text; encode it without
+        adding special tokens again). Raises ChatTemplateError on a template error."""
+        source = chat_template or self.chat_template
+        if source is None:
+            raise ChatTemplateError(
+                "This model has no chat template; pass one with --chat-template, "
+                "or use /v1/completions."
+            )
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt cannot both be true."
+            )
+        try:
+            template = _compile_template(source)
+            rendered = template.render(
+                messages=messages,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+                **kwargs,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise ChatTemplateError(f"Chat template error: {exc}") from exc
+        if continue_final_message:
+            rendered = _cut_after_final_message(rendered, messages)
+        return rendered
+
+
+def _cut_after_final_message(rendered: str, messages: list[dict[str, Any]]) -> str:
+    """Drop whatever the template appended after the last message's content (its
+    end-of-turn tokens), so generation continues that message."""
+    if not messages:
+        return rendered
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    content = (content or "").strip()
+    if not content:
+        return rendered
+    index = rendered.rfind(content)
+    if index < 0:
+        raise ChatTemplateError("continue_final_message: the final message was not rendered.")
+    return rendered[: index + len(content)]
+
+
+def _eos_ids(tokenizer: Tokenizer, generation: dict[str, Any], model_config: dict[str, Any]) -> list[int]:
+    for source in (generation, model_config):
+        value = source.get("eos_token_id")
+        if isinstance(value, int):
+            return [value]
+        if isinstance(value, list) and value:
+            return [int(v) for v in value]
+    eos = tokenizer.special_tokens.get("eos_token")
+    token_id = tokenizer.token_to_id(eos) if eos else None
+    return [token_id] if token_id is not None else []
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open() as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}

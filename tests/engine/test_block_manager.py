@@ -1,0 +1,74 @@
+"""The paged block pool and prefix cache, without torch."""
+
+from __future__ import annotations
+
+from engine.block_manager import BlockManager
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+
+
+def _req(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, SamplingParams(max_tokens=4))
+
+
+def test_allocate_and_free_return_every_block() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    r = _req("a", list(range(10)))
+    assert bm.allocate(r, 10)
+    assert len(r.block_ids) == 3 and bm.num_used_blocks == 3
+    bm.free(r)
+    assert bm.num_used_blocks == 0 and r.block_ids == []
+
+
+def test_allocation_refused_without_partial_change() -> None:
+    bm = BlockManager(num_blocks=2, block_size=4)
+    r = _req("a", list(range(12)))
+    assert not bm.allocate(r, 12)
+    assert r.block_ids == [] and bm.num_free_blocks == 2
+
+
+def test_prefix_hit_shares_blocks_and_leaves_one_token_to_compute() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(100, 112))  # exactly 3 blocks
+    first = _req("a", prompt + [1])
+    assert bm.allocate(first, first.num_tokens)
+    first.num_computed_tokens = first.num_tokens
+    bm.commit(first)
+
+    second = _req("b", prompt + [2])
+    cached = bm.find_cached_prefix(second)
+    assert cached == first.block_ids[:3]
+    assert bm.allocate(second, second.num_tokens - 12, cached)
+    assert second.num_computed_tokens == 12
+    assert second.block_ids[:3] == first.block_ids[:3]
+    assert bm.num_used_blocks == 5  # 4 of first, 1 new for second
+
+    # A prompt that is entirely cached still recomputes its last block.
+    third = _req("c", prompt)
+    assert len(bm.find_cached_prefix(third)) == 2
+
+
+def test_freed_blocks_stay_cached_until_evicted() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = _req("a", list(range(9)))
+    assert bm.allocate(a, 9)
+    a.num_computed_tokens = 9
+    bm.commit(a)
+    bm.free(a)
+    assert bm.num_used_blocks == 0
+    again = _req("b", list(range(9)))
+    assert len(bm.find_cached_prefix(again)) == 2
+    # Filling the pool with other content evicts the cached blocks.
+    other = _req("c", list(range(500, 516)))
+    assert bm.allocate(other, 16)
+    bm.free(other)
+    assert bm.find_cached_prefix(_req("d", list(range(9)))) == []
+
+
+def test_prefix_caching_off_never_hits() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    a = _req("a", list(range(9)))
+    assert bm.allocate(a, 9)
+    a.num_computed_tokens = 9
+    bm.commit(a)
+    assert bm.find_cached_prefix(_req("b", list(range(9)))) == []
