@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import json
 import math
 import random
+import ssl
 import statistics
 import sys
 import time
@@ -169,6 +171,12 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """Built once: httpx would load the CA bundle again for every client (~0.1 s each)."""
+    return httpx.create_ssl_context()
+
+
 def make_client(config: BenchConfig, connections: int) -> httpx.AsyncClient:
     """An HTTP/1.1 client with a connection per concurrent request.
 
@@ -183,6 +191,7 @@ def make_client(config: BenchConfig, connections: int) -> httpx.AsyncClient:
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
         http1=True,
         http2=False,
+        verify=_ssl_context(),
         trust_env=False,
     )
 
@@ -234,7 +243,9 @@ async def _read_stream(response: httpx.Response, start: float, result: RequestRe
             continue
         data = line[5:].strip()
         if data == "[DONE]":
-            break
+            # No `break`: reading on to the end of the body lets httpx reuse the connection
+            # (an unread body makes it close the socket, and the next request reconnect).
+            continue
         now = time.perf_counter()
         event = orjson.loads(data)
         if not isinstance(event, dict):
@@ -426,6 +437,22 @@ def level_line(level: Result) -> str:
     )
 
 
+def level_warnings(level: Result, config: BenchConfig) -> list[str]:
+    """Say when the server did less work than asked, which would flatter its figures."""
+    warnings = []
+    if level.get("prompt_len_mismatch"):
+        warnings.append(
+            f"{level['prompt_len_mismatch']} response(s) reported prompt_tokens != "
+            f"{config.input_len} (token-id prompts not taken as sent?)"
+        )
+    if level.get("output_len_mismatch"):
+        warnings.append(
+            f"{level['output_len_mismatch']} response(s) had output tokens != "
+            f"{config.output_len} (ignore_eos not honoured, or usage missing with multi-token chunks?)"
+        )
+    return warnings
+
+
 # --------------------------------------------------------------------------- whole run
 
 
@@ -458,6 +485,8 @@ async def _run_async(config: BenchConfig, repeat: int, log: Log) -> list[list[Re
             )
             level = await run_level(config, concurrency, prompts, failures, log)
             log("  " + level_line(level))
+            for warning in level_warnings(level, config):
+                log(f"  warning: {warning}")
             levels.append(level)
         runs.append(levels)
     return runs
@@ -648,15 +677,14 @@ PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1")
 PANEL_W, PANEL_H, MARGIN_L, MARGIN_T, MARGIN_B = 400, 300, 60, 70, 45
 
 
-def _nice_max(value: float) -> float:
-    """The smallest 1/2/5 x 10^k at or above `value`, so axis ticks are round numbers."""
+def _axis(value: float, max_ticks: int = 5) -> tuple[float, int]:
+    """Tick step (1, 2, 2.5 or 5 x 10^k) and tick count so the axis ends just above `value`."""
     if value <= 0:
-        return 1.0
-    exponent = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 5, 10):
-        if value <= step * exponent:
-            return step * exponent
-    return 10 * exponent
+        return 1.0, 1
+    rough = value / max_ticks
+    exponent = 10 ** math.floor(math.log10(rough))
+    step = next(m * exponent for m in (1, 2, 2.5, 5, 10) if m * exponent >= rough)
+    return step, max(1, math.ceil(value / step - 1e-9))
 
 
 def _panel(results: Sequence[Result], key: str, title: str, x0: float) -> list[str]:
@@ -665,16 +693,17 @@ def _panel(results: Sequence[Result], key: str, title: str, x0: float) -> list[s
     values = {
         (i, lv["concurrency"]): lv.get(key) for i, r in enumerate(results) for lv in r["levels"]
     }
-    top = _nice_max(max((v for v in values.values() if v), default=1.0))
+    step, ticks = _axis(max((v for v in values.values() if v), default=0.0))
+    top = step * ticks
     plot_w, plot_h = PANEL_W - MARGIN_L - 10, PANEL_H - MARGIN_T - MARGIN_B
     left, base = x0 + MARGIN_L, MARGIN_T + plot_h
     out = [f'<text x="{x0 + PANEL_W / 2}" y="{MARGIN_T - 30}" class="title">{escape(title)}</text>']
-    for tick in range(5):
-        y = base - plot_h * tick / 4
+    for tick in range(ticks + 1):
+        y = base - plot_h * tick / ticks
         out.append(
             f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" class="grid"/>'
         )
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="ytick">{top * tick / 4:g}</text>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="ytick">{step * tick:g}</text>')
     group_w = plot_w / max(len(concs), 1)
     bar_w = group_w * 0.8 / max(len(results), 1)
     for g, conc in enumerate(concs):
@@ -726,6 +755,10 @@ def render_svg(results: Sequence[Result]) -> str:
         parts.append(
             f'<text x="{x + 16}" y="18" class="legend">{escape(str(result["label"]))}</text>'
         )
+    cfg = results[0].get("config", {}) if results else {}
+    if cfg:
+        caption = f"{cfg.get('model')}: {cfg.get('input_len')} in / {cfg.get('output_len')} out"
+        parts.append(f'<text x="{width - 10}" y="18" class="ytick">{escape(caption)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -32,7 +32,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except the empty ones ("default: None" tells a reader nothing)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, []):
+        if action.default is None or action.default is False or action.default == []:
             return action.help
         return super()._get_help_string(action)
 
@@ -333,10 +333,12 @@ def discover_model(base_url: str, api_key: str | None) -> str:
         raise ServerStartError(
             f"GET /v1/models answered {response.status_code}: {response.text[:300]}"
         )
-    models = response.json().get("data") or []
-    if not models:
-        raise ServerStartError("GET /v1/models listed no model; pass --model")
-    return str(models[0]["id"])
+    try:
+        return str(response.json()["data"][0]["id"])
+    except (ValueError, LookupError, TypeError):
+        raise ServerStartError(
+            f"GET /v1/models listed no model id ({response.text[:200]}); pass --model"
+        ) from None
 
 
 def default_label(args: argparse.Namespace) -> str:

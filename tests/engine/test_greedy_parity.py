@@ -1,0 +1,122 @@
+"""Greedy outputs of the whole engine (scheduler, paged cache, batching, chunked
+prefill, prefix cache) are token-identical to transformers' own `generate` on the same
+SmolLM2 weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.outputs import AddRequest
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.slow
+
+NEW_TOKENS = 24
+SYSTEM = "You are a meticulous assistant who answers in one short paragraph. " * 6
+
+CHATS: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "user", "content": "Quelle est la capitale de l'Allemagne ? Réponds en français."}],
+    [{"role": "user", "content": "请用中文介绍一下长城。"}],
+    [{"role": "user", "content": "Translate to Spanish: the cat sleeps on the warm windowsill 🐈"}],
+    [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Nice to meet you, Ada! How can I help?"},
+        {"role": "user", "content": "What is my name, and what is 12 times 12?"},
+    ],
+    [{"role": "user", "content": "def fib(n):\n    # complete this Python function\n"}],
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Why is the sky blue?"}],
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Why do cats purr?"}],
+    [{"role": "user", "content": " ".join(f"Item {i}: a line of a long list." for i in range(60))
+      + "\nSummarise the list above."}],
+]
+
+
+@pytest.fixture(scope="module")
+def prompts(model_smollm2_dir: str) -> list[list[int]]:
+    tok = Tokenizer(model_smollm2_dir)
+    return [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in CHATS]
+
+
+@pytest.fixture(scope="module")
+def reference(model_smollm2_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_smollm2_dir, dtype=torch.float32)
+    model.eval()
+    outs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                               max_new_tokens=NEW_TOKENS, pad_token_id=2)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
+def _generate(core, prompts: list[list[int]], tag: str, at_once: bool) -> list[list[int]]:
+    # Both sides stop at EOS (and emit it), or after NEW_TOKENS tokens.
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+    results: dict[str, list[int]] = {}
+    order = [f"{tag}-{i}" for i in range(len(prompts))]
+
+    def run_until_done() -> None:
+        while core.has_work():
+            for _, out in core.step():
+                results.setdefault(out.request_id, []).extend(out.new_token_ids)
+
+    for rid, ids in zip(order, prompts, strict=True):
+        admission = core.add_request(AddRequest(request_id=rid, prompt_token_ids=ids, params=params))
+        assert admission.accepted, admission.message
+        if not at_once:
+            run_until_done()
+    run_until_done()
+    assert core.block_manager.num_used_blocks == 0
+    return [results[rid] for rid in order]
+
+
+@pytest.fixture(scope="module")
+def core(model_smollm2_dir: str):
+    from engine.core import EngineCore
+
+    return EngineCore(EngineConfig(model=model_smollm2_dir, max_model_len=2048, max_num_seqs=32))
+
+
+@pytest.fixture(scope="module")
+def chunked_core(model_smollm2_dir: str):
+    from engine.core import EngineCore
+
+    # 40-token budget: every prompt (60-800 tokens) is prefilled in several chunks,
+    # interleaved with the other sequences' decodes.
+    return EngineCore(EngineConfig(model=model_smollm2_dir, max_model_len=2048,
+                                   max_num_batched_tokens=40, enable_prefix_caching=False))
+
+
+def test_each_alone_matches_transformers(core, prompts, reference) -> None:
+    assert _generate(core, prompts, "alone", at_once=False) == reference
+
+
+def test_one_mixed_batch_matches_transformers(core, prompts, reference) -> None:
+    assert _generate(core, prompts, "batch", at_once=True) == reference
+
+
+def test_chunked_prefill_matches_transformers(chunked_core, prompts, reference) -> None:
+    assert max(len(p) for p in prompts) > 10 * 40
+    assert _generate(chunked_core, prompts, "chunked", at_once=True) == reference
+
+
+def test_prefix_cache_hits_give_the_same_tokens(core, prompts, reference) -> None:
+    core.block_manager.reset_prefix_cache()
+    hits_before = core.block_manager.num_prefix_hits
+    # Prompts 8 and 9 share a long system prompt: the second reuses its blocks.
+    first = _generate(core, [prompts[8]], "pc-a", at_once=True)
+    second = _generate(core, [prompts[9], prompts[8]], "pc-b", at_once=False)
+    assert first == [reference[8]]
+    assert second == [reference[9], reference[8]]
+    shared = len(Tokenizer(core.model_info.model_dir).encode(SYSTEM, add_special_tokens=False))
+    assert core.block_manager.num_prefix_hits - hits_before >= shared - 2 * core.block_manager.block_size
