@@ -1,0 +1,38 @@
+"""What a deployment step did to one AWS resource.
+
+Every ``ensure_*`` / ``delete_*`` function returns :class:`Result` values instead of printing,
+so the CLI prints exactly one line per resource and tests can assert on what happened
+(a rerun of the same command must report ``unchanged`` everywhere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["Result", "Status"]
+
+
+class Status(StrEnum):
+    """The outcome vocabulary of every command."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+    DELETED = "deleted"
+    ABSENT = "absent"  # asked to delete something that does not exist
+
+
+@dataclass(frozen=True)
+class Result:
+    """One resource and what happened to it, e.g. ``endpoint demo: created``."""
+
+    kind: str
+    name: str
+    status: Status
+    detail: str = ""
+
+    def line(self) -> str:
+        """The single line the CLI prints for this resource."""
+        text = f"{self.kind} {self.name}: {self.status.value}"
+        return f"{text} ({self.detail})" if self.detail else text
