@@ -34,12 +34,11 @@ class EngineMetrics:
                                     multiprocess_mode=_GAUGE_MODE)
         self.kv_total_blocks = Gauge("hearth:kv_cache_total_blocks", "KV cache blocks in the pool",
                                      multiprocess_mode=_GAUGE_MODE)
-        self.prompt_tokens = Counter("hearth:prompt_tokens", "Prompt tokens admitted")
-        self.generation_tokens = Counter("hearth:generation_tokens", "Tokens generated")
         self.preemptions = Counter("hearth:num_preemptions", "Sequences preempted by recompute")
         self.prefix_queries = Counter("hearth:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = Counter("hearth:prefix_cache_hits", "Prompt tokens served from the prefix cache")
-        self._last = {"prompt": 0, "gen": 0, "pre": 0, "pq": 0, "ph": 0}
+        # Prompt/generation token counters are the API workers' (labelled by model).
+        self._last = {"pre": 0, "pq": 0, "ph": 0}
 
     @classmethod
     def get(cls) -> EngineMetrics:
@@ -56,14 +55,11 @@ class EngineMetrics:
         self.kv_used_blocks.set(bm.num_used_blocks)
         self.kv_total_blocks.set(bm.num_blocks)
         now = {
-            "prompt": core.num_prompt_tokens_total,
-            "gen": core.num_generation_tokens_total,
             "pre": sched.num_preemptions,
             "pq": bm.num_prefix_queries,
             "ph": bm.num_prefix_hits,
         }
-        for key, counter in (("prompt", self.prompt_tokens), ("gen", self.generation_tokens),
-                             ("pre", self.preemptions), ("pq", self.prefix_queries),
+        for key, counter in (("pre", self.preemptions), ("pq", self.prefix_queries),
                              ("ph", self.prefix_hits)):
             delta = now[key] - self._last[key]
             if delta > 0:

@@ -1,0 +1,141 @@
+"""Settings of the API workers, carried from the CLI to every gunicorn worker.
+
+The CLI builds one `ServerConfig` from its flags and exports it as a single JSON
+environment variable (`HEARTH_SERVER_CONFIG`); each worker process rebuilds it with
+`from_env()`. One variable instead of one per flag keeps the worker side from
+re-implementing flag parsing, and a bad value fails the worker at import, loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+ENV_VAR = "HEARTH_SERVER_CONFIG"
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 6 * 1024 * 1024
+"""SageMaker's InvokeEndpoint limit (6 MiB); a bigger body could never arrive there."""
+
+
+def digest_api_key(key: str) -> str:
+    """SHA-256 hex digest of an API key; only digests are kept and compared."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """What the API worker needs beyond the engine: names, auth, CORS, limits."""
+
+    model_dir: str | None = None
+    """Directory of tokenizer.json / chat_template.jinja; None: the engine's ModelInfo.model_dir."""
+    served_model_names: tuple[str, ...] = ()
+    """Names a request's `model` may use; the first is reported. Empty: model_dir (or 'default')."""
+    api_key_digests: tuple[str, ...] = ()
+    """SHA-256 hex digests of the accepted API keys (`digest_api_key`); empty: no auth."""
+    response_role: str = "assistant"
+    """Role of the generated message (vLLM's --response-role)."""
+    chat_template: str | None = None
+    """Template text overriding the model's own (the CLI reads --chat-template files)."""
+    trust_request_chat_template: bool = False
+    """Accept a `chat_template` in the request body (arbitrary Jinja from clients)."""
+    allowed_origins: tuple[str, ...] = ()
+    """CORS origins; empty disables CORS (no Access-Control-* headers at all)."""
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    enable_request_id_headers: bool = False
+    """Echo the request id in an `X-Request-Id` response header."""
+    sse_keep_alive_interval: float = 5.0
+    """Seconds between `: ping` comments while a stream waits for the engine; the only
+    moment a client disconnect is noticed during a long prefill."""
+    enable_server_load_tracking: bool = False
+    """Expose GET /load."""
+    enable_prompt_tokens_details: bool = False
+    """Report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)."""
+    root_path: str = ""
+    """Path prefix added by a proxy in front of the server; stripped before routing."""
+    max_log_len: int | None = None
+    """Characters of a prompt shown in debug logs; None: all."""
+    max_n: int = 16
+    """Upper bound of `n` (each choice is one engine request)."""
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_stop_strings: int = 64
+    max_logprobs: int = 20
+    """Upper bound of top_logprobs / completion logprobs (vLLM's --max-logprobs)."""
+    generation_config: str = "auto"
+    """'auto': the model's generation_config.json sets default sampling params (as vLLM);
+    'vllm': OpenAI defaults only."""
+
+    def __post_init__(self) -> None:
+        # NOTE: lists from callers (and JSON) become tuples so the config is really immutable.
+        for name in (
+            "served_model_names",
+            "api_key_digests",
+            "allowed_origins",
+            "allowed_methods",
+            "allowed_headers",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(f"ServerConfig.{name} must be a list of strings, not a string")
+            object.__setattr__(self, name, tuple(value))
+        if not self.served_model_names:
+            default = self.model_dir.rstrip("/") if self.model_dir else "default"
+            object.__setattr__(self, "served_model_names", (default,))
+        for digest in self.api_key_digests:
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("ServerConfig.api_key_digests holds SHA-256 hex digests")
+        if self.sse_keep_alive_interval <= 0:
+            raise ValueError("ServerConfig.sse_keep_alive_interval must be > 0")
+        if self.max_n < 1 or self.max_request_body_bytes < 1 or self.max_logprobs < 0:
+            raise ValueError("ServerConfig limits must be positive")
+        if self.generation_config not in ("auto", "vllm"):
+            raise ValueError("ServerConfig.generation_config is 'auto' or 'vllm'")
+        if self.root_path and not self.root_path.startswith("/"):
+            raise ValueError("ServerConfig.root_path must start with '/'")
+
+    @property
+    def default_model_name(self) -> str:
+        return self.served_model_names[0]
+
+    @classmethod
+    def with_api_keys(cls, keys: Iterable[str], **kwargs: Any) -> ServerConfig:
+        """A config accepting these plain keys (the CLI's --api-key values)."""
+        return cls(api_key_digests=tuple(digest_api_key(k) for k in keys), **kwargs)
+
+    # -- environment transport ------------------------------------------------------
+    def to_env(self) -> dict[str, str]:
+        """The environment entries that make `from_env()` rebuild this config."""
+        return {ENV_VAR: msgspec.json.encode(self).decode()}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
+        """Rebuild the config the CLI exported; defaults when the variable is unset.
+
+        Unknown keys and wrong types raise ValueError, so a CLI/worker version skew fails
+        at worker start instead of silently dropping a setting.
+        """
+        environ = os.environ if environ is None else environ
+        text = environ.get(ENV_VAR)
+        if not text:
+            return cls()
+        try:
+            raw = msgspec.json.decode(text)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"{ENV_VAR} is not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ValueError(f"{ENV_VAR} must hold a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{ENV_VAR} has unknown settings: {', '.join(unknown)}")
+        try:
+            return msgspec.convert(raw, type=cls)
+        except (msgspec.ValidationError, TypeError) as exc:
+            raise ValueError(f"{ENV_VAR}: {exc}") from exc

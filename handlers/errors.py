@@ -1,0 +1,133 @@
+"""Errors the serving layer raises, and their OpenAI wire form.
+
+Every failure a client can cause or see is a `ServingError` carrying the HTTP status,
+OpenAI/vLLM error type name and the offending parameter. The HTTP layer, the SSE error
+chunk and the Lambda adapter all render it with `error_body()`, so the three agree.
+
+Type names follow vLLM (`BadRequestError`, `NotFoundError`, `InternalServerError`),
+which are the `openai` SDK's exception class names; the statuses vLLM does not name
+get the SDK's name for that status.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from engine.errors import (
+    EngineDeadError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+    InvalidEngineRequestError,
+)
+
+
+class ServingError(Exception):
+    """An error with an HTTP status and an OpenAI error body."""
+
+    status: HTTPStatus = HTTPStatus.BAD_REQUEST
+    type: str = "BadRequestError"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.status, self.param)
+
+
+class BadRequestError(ServingError):
+    """Schema, range, or semantic error in the request (400)."""
+
+
+class AuthenticationError(ServingError):
+    status = HTTPStatus.UNAUTHORIZED
+    type = "AuthenticationError"
+
+
+class NotFoundError(ServingError):
+    status = HTTPStatus.NOT_FOUND
+    type = "NotFoundError"
+
+
+class MethodNotAllowedError(ServingError):
+    status = HTTPStatus.METHOD_NOT_ALLOWED
+    type = "MethodNotAllowedError"
+
+
+class RequestTooLargeError(ServingError):
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    type = "RequestTooLargeError"
+
+
+class UnsupportedMediaTypeError(ServingError):
+    status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+    type = "UnsupportedMediaTypeError"
+
+
+class ServiceUnavailableError(ServingError):
+    """Queue full, engine dead or still loading (503): retrying later can succeed."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
+    type = "ServiceUnavailableError"
+
+
+class InternalServerError(ServingError):
+    """A bug or an engine-side generation failure; the message never carries internals."""
+
+    status = HTTPStatus.INTERNAL_SERVER_ERROR
+    type = "InternalServerError"
+
+
+def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}` as vLLM answers it."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": int(status)}}
+
+
+_STATUS_TO_CLASS: dict[int, type[ServingError]] = {
+    cls.status: cls
+    for cls in (
+        BadRequestError,
+        AuthenticationError,
+        NotFoundError,
+        MethodNotAllowedError,
+        RequestTooLargeError,
+        UnsupportedMediaTypeError,
+        ServiceUnavailableError,
+        InternalServerError,
+    )
+}
+
+
+def error_type_for_status(status: int) -> str:
+    """The type name used for a status that no ServingError raised (e.g. Falcon's own)."""
+    cls = _STATUS_TO_CLASS.get(status)
+    if cls is not None:
+        return cls.type
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    return "".join(word.capitalize() for word in phrase.replace("-", " ").split()) + "Error"
+
+
+def from_engine_error(exc: BaseException) -> ServingError | None:
+    """Map the engine's typed errors to their HTTP meaning; None for anything else."""
+    if isinstance(exc, ServingError):
+        return exc
+    if isinstance(exc, EngineOverloadedError):
+        return ServiceUnavailableError(
+            str(exc) or "The server is overloaded; retry later.",
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(exc, EngineNotReadyError):
+        return ServiceUnavailableError(str(exc) or "The model is still loading; retry shortly.")
+    if isinstance(exc, EngineDeadError):
+        return ServiceUnavailableError(str(exc) or "The engine has stopped; the server restarts.")
+    if isinstance(exc, InvalidEngineRequestError):
+        return BadRequestError(str(exc))
+    return None

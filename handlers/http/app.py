@@ -1,0 +1,79 @@
+"""`create_app()`: the Falcon ASGI app over one engine client.
+
+Builds the serving classes once per worker and wires the route table of DESIGN §4.
+Tests pass a fake engine and a small tokenizer; production passes the ZMQ client
+(`asgi.py`).
+"""
+
+from __future__ import annotations
+
+import falcon
+import falcon.asgi
+
+from engine.client import EngineClient
+from engine.tokenizer import Tokenizer
+from handlers.config import ServerConfig
+from handlers.http import resources
+from handlers.http.errors import handle_error
+from handlers.http.media import json_handler
+from handlers.http.metrics import PrometheusStats
+from handlers.http.middleware import ApiKeyAuth, ConfiguredCORS, EngineLifespan, RequestSetup
+from handlers.serving import (
+    ServedModel,
+    ServingChat,
+    ServingCompletion,
+    ServingInvocations,
+    ServingModels,
+    ServingTGI,
+    ServingTokenization,
+    StatsSink,
+)
+
+
+def create_app(
+    config: ServerConfig,
+    engine: EngineClient,
+    tokenizer: Tokenizer | None = None,
+    *,
+    stats: StatsSink | None = None,
+) -> falcon.asgi.App:
+    """The app. `tokenizer` defaults to `Tokenizer(config.model_dir)`, or to the engine's
+    model directory once it is known when the config names none; `stats` defaults to
+    the Prometheus metrics of this process."""
+    if tokenizer is None and config.model_dir:
+        tokenizer = Tokenizer(config.model_dir)
+    served = ServedModel(config, engine, tokenizer)
+    stats = stats if stats is not None else PrometheusStats(config.default_model_name)
+    chat = ServingChat(served, stats)
+    completion = ServingCompletion(served, stats)
+    tgi = ServingTGI(served, stats)
+    tokenization = ServingTokenization(served)
+
+    middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), EngineLifespan(engine)]
+    if config.allowed_origins:
+        middleware.insert(0, ConfiguredCORS(config))
+    app = falcon.asgi.App(middleware=middleware)
+    handler = json_handler()
+    app.req_options.media_handlers[falcon.MEDIA_JSON] = handler
+    app.resp_options.media_handlers[falcon.MEDIA_JSON] = handler
+    app.req_options.strip_url_path_trailing_slash = True
+
+    app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
+    app.add_route("/v1/completions", resources.Completions(config, completion))
+    app.add_route("/v1/models", resources.Models(ServingModels(served)))
+    app.add_route(
+        "/invocations",
+        resources.Invocations(config, ServingInvocations(chat, completion, tgi)),
+    )
+    app.add_route("/tokenize", resources.Tokenize(config, tokenization))
+    app.add_route("/detokenize", resources.Detokenize(config, tokenization))
+    app.add_route("/ping", resources.Ping(engine))
+    app.add_route("/health", resources.Health(engine))
+    app.add_route("/version", resources.Version())
+    app.add_route("/metrics", resources.Metrics())
+    if config.enable_server_load_tracking:
+        app.add_route("/load", resources.Load(engine))
+
+    app.add_error_handler(Exception, handle_error)
+    app.add_error_handler(falcon.HTTPError, handle_error)
+    return app

@@ -1,0 +1,38 @@
+"""What gunicorn's uvicorn workers load: `handlers.http.asgi:app`.
+
+`app` is built on first access (PEP 562 module `__getattr__`), which is when uvicorn
+resolves "handlers.http.asgi:app" in a worker: importing this module needs neither the
+engine transport nor the config, so tools and tests can import it anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon.asgi
+
+from engine.client import EngineClient
+from handlers.config import ServerConfig
+from handlers.http.app import create_app
+
+_app: falcon.asgi.App | None = None
+
+
+def engine_client() -> EngineClient:
+    """The worker's client of the engine core the gunicorn master started."""
+    from engine.zmq_client import ZmqEngineClient
+
+    return ZmqEngineClient.from_env()
+
+
+def build_app() -> falcon.asgi.App:
+    return create_app(ServerConfig.from_env(), engine_client())
+
+
+def __getattr__(name: str) -> Any:
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = build_app()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,124 @@
+"""Middleware: engine lifespan, root path, request ids, API keys, CORS, SageMaker headers."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+import uuid
+from typing import Any
+
+import falcon
+import falcon.asgi
+
+from engine.client import EngineClient
+from handlers.config import ServerConfig
+from handlers.errors import AuthenticationError
+
+OPEN_PATHS = frozenset({"/ping", "/health", "/version", "/metrics"})
+"""Routes answered without an API key: probes and monitoring (DESIGN §4)."""
+
+CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
+REQUEST_ID_HEADER = "X-Request-Id"
+_MAX_REQUEST_ID_LEN = 256
+
+
+class EngineLifespan:
+    """Connects the worker's EngineClient at ASGI startup, without waiting for warm-up
+    (`/ping` says 503 until the engine is ready); closes it at shutdown."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        await self._engine.start()
+
+    async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        await self._engine.close()
+
+
+class RequestSetup:
+    """Arrival time, root-path stripping and the request id, before routing."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self._root_path = config.root_path.rstrip("/")
+        self._echo_id = config.enable_request_id_headers
+
+    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        req.context.arrival_time = time.monotonic()
+        root = self._root_path
+        if root and (req.path == root or req.path.startswith(root + "/")):
+            # NOTE: Falcon routes on req.path after process_request, so this reroutes.
+            req.path = req.path[len(root) :] or "/"
+        request_id = req.get_header(REQUEST_ID_HEADER)
+        if request_id is not None and not _valid_request_id(request_id):
+            request_id = None
+        if request_id is None and self._echo_id:
+            request_id = uuid.uuid4().hex
+        req.context.request_id = request_id
+
+    async def process_response(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        resource: object,
+        req_succeeded: bool,
+    ) -> None:
+        if self._echo_id and getattr(req.context, "request_id", None):
+            resp.set_header(REQUEST_ID_HEADER, req.context.request_id)
+        attributes = req.get_header(CUSTOM_ATTRIBUTES_HEADER)
+        if attributes is not None:
+            resp.set_header(CUSTOM_ATTRIBUTES_HEADER, attributes)
+
+
+def _valid_request_id(value: str) -> bool:
+    return 0 < len(value) <= _MAX_REQUEST_ID_LEN and value.isascii() and value.isprintable()
+
+
+class ApiKeyAuth:
+    """`Authorization: Bearer <key>` on every route but the open ones (and CORS
+    preflights, which browsers send without credentials)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self._digests = [bytes.fromhex(d) for d in config.api_key_digests]
+
+    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        if not self._digests or req.method == "OPTIONS" or req.path in OPEN_PATHS:
+            return
+        header = req.get_header("Authorization") or ""
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token and self._matches(token.strip()):
+            return
+        raise AuthenticationError(
+            "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    def _matches(self, token: str) -> bool:
+        digest = hashlib.sha256(token.encode("utf-8")).digest()
+        matched = False
+        for known in self._digests:  # every digest is compared: no early exit
+            matched |= hmac.compare_digest(digest, known)
+        return matched
+
+
+class ConfiguredCORS(falcon.CORSMiddleware):
+    """Falcon's CORS policy, narrowed to the configured methods and headers."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        origins = "*" if "*" in config.allowed_origins else list(config.allowed_origins)
+        credentials: str | list[str] | None = None
+        if config.allow_credentials:
+            credentials = origins
+        super().__init__(allow_origins=origins, allow_credentials=credentials)
+        self._methods = None if "*" in config.allowed_methods else config.allowed_methods
+        self._headers = None if "*" in config.allowed_headers else config.allowed_headers
+
+    def process_response(self, req: Any, resp: Any, resource: object, req_succeeded: bool) -> None:
+        super().process_response(req, resp, resource, req_succeeded)
+        if resp.get_header("Access-Control-Allow-Methods") is None:
+            return
+        if self._methods is not None:
+            resp.set_header("Access-Control-Allow-Methods", ", ".join(self._methods))
+        if self._headers is not None:
+            resp.set_header("Access-Control-Allow-Headers", ", ".join(self._headers))

@@ -1,0 +1,211 @@
+"""Falcon resources: parse the body, call one serving method, write the response.
+
+Everything about OpenAI semantics lives in the serving classes; these only know HTTP.
+A serving method returns a pydantic model (sent as JSON) or an already-admitted SSE
+stream, which is framed as server-sent events here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from http import HTTPStatus
+from typing import Any
+
+import falcon
+import falcon.asgi
+from falcon.asgi import SSEvent
+from pydantic import BaseModel
+
+from engine.client import EngineClient
+from handlers.config import ServerConfig
+from handlers.errors import ServiceUnavailableError
+from handlers.http.errors import error_response
+from handlers.http.media import read_json
+from handlers.http.metrics import render_metrics
+from handlers.protocol.base import parse_request
+from handlers.protocol.chat import ChatCompletionRequest
+from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.tokenize import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from handlers.serving.chat import ServingChat
+from handlers.serving.completion import ServingCompletion
+from handlers.serving.context import RequestContext
+from handlers.serving.invocations import ServingInvocations
+from handlers.serving.models import ServingModels
+from handlers.serving.sse import SSEStream
+from handlers.serving.tokenization import ServingTokenization
+
+
+def request_context(req: falcon.asgi.Request) -> RequestContext:
+    ctx = RequestContext(request_id=getattr(req.context, "request_id", None))
+    arrival = getattr(req.context, "arrival_time", None)
+    if arrival is not None:
+        ctx.arrival_time = arrival
+    return ctx
+
+
+def send_model(resp: falcon.asgi.Response, model: BaseModel) -> None:
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = model.__pydantic_serializer__.to_json(model)
+
+
+async def sse_events(payloads: SSEStream) -> Any:
+    """Serving payloads as SSEvents. Falcon stops iterating when the client is gone;
+    closing the payload stream then aborts the engine requests."""
+    try:
+        async for payload in payloads:
+            yield None if payload is None else SSEvent(data=payload)
+    finally:
+        await payloads.aclose()
+
+
+def send_result(resp: falcon.asgi.Response, result: BaseModel | SSEStream) -> None:
+    if isinstance(result, BaseModel):
+        send_model(resp, result)
+        return
+    resp.set_header("Cache-Control", "no-cache")
+    resp.set_header("X-Accel-Buffering", "no")
+    resp.sse = sse_events(result)
+
+
+class _JsonBody:
+    """Base of the POST resources: the body cap and the validation limits."""
+
+    any_content_type = False
+
+    def __init__(self, config: ServerConfig) -> None:
+        self._limit = config.max_request_body_bytes
+
+    async def body(self, req: falcon.asgi.Request) -> Any:
+        return await read_json(req, self._limit, any_content_type=self.any_content_type)
+
+
+class ChatCompletions(_JsonBody):
+    def __init__(self, config: ServerConfig, serving: ServingChat) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            ChatCompletionRequest, await self.body(req), self._serving.served.limits
+        )
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class Completions(_JsonBody):
+    def __init__(self, config: ServerConfig, serving: ServingCompletion) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            CompletionRequest, await self.body(req), self._serving.served.limits
+        )
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class Invocations(_JsonBody):
+    """SageMaker's one inference route; any Content-Type, dispatch by body."""
+
+    any_content_type = True
+
+    def __init__(self, config: ServerConfig, serving: ServingInvocations) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        send_result(resp, await self._serving.invoke(await self.body(req), request_context(req)))
+
+
+class Tokenize(_JsonBody):
+    def __init__(self, config: ServerConfig, serving: ServingTokenization) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = await self.body(req)
+        kind = TokenizeChatRequest if isinstance(body, dict) and "messages" in body else None
+        request = parse_request(kind or TokenizeCompletionRequest, body)
+        send_model(resp, await self._serving.tokenize(request))
+
+
+class Detokenize(_JsonBody):
+    def __init__(self, config: ServerConfig, serving: ServingTokenization) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(DetokenizeRequest, await self.body(req))
+        send_model(resp, await self._serving.detokenize(request))
+
+
+class Models:
+    def __init__(self, serving: ServingModels) -> None:
+        self._serving = serving
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        send_model(resp, self._serving.list())
+
+
+class Ping:
+    """SageMaker readiness: 200 only once the engine is warm. Never waits on the engine."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        if self._engine.is_dead():
+            error_response(resp, ServiceUnavailableError("The engine has stopped."))
+        elif not self._engine.is_ready():
+            error_response(resp, ServiceUnavailableError("The model is still loading."))
+        else:
+            resp.status = HTTPStatus.OK
+            resp.data = b""
+
+    on_post = on_get
+
+
+class Health:
+    """Liveness: 200 until the engine is dead (a loading engine is alive)."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        if self._engine.is_dead():
+            error_response(resp, ServiceUnavailableError("The engine has stopped."))
+        else:
+            resp.status = HTTPStatus.OK
+            resp.data = b""
+
+
+def server_version() -> str:
+    try:
+        return importlib.metadata.version("hearth")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+class Version:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = {"version": server_version()}
+
+
+class Load:
+    """In-flight engine requests of this worker (vLLM's /load)."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = {"server_load": self._engine.num_in_flight}
+
+
+class Metrics:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        data, content_type = render_metrics()
+        resp.content_type = content_type
+        resp.data = data

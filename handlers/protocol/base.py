@@ -1,0 +1,219 @@
+"""Shared pieces of the wire schema: base models, validation-error mapping, usage, errors.
+
+Request models ignore unknown fields, as vLLM and OpenAI do (clients send vendor extras
+all the time); each unknown field name is logged once per process so that a misspelt
+parameter is still discoverable in the logs. Request models are strict about types
+(no "0.7" for a float, no 1 for a bool) and reject NaN/inf: what OpenAI itself refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from handlers.errors import BadRequestError
+
+logger = logging.getLogger(__name__)
+
+_logged_unknown_fields: set[str] = set()
+
+_INDEX_OR_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class FieldError(ValueError):
+    """A validator's complaint about one field; `field` is relative to the validated model."""
+
+    def __init__(self, field: str | int | tuple[str | int, ...] | None, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of request models: strict types, unknown fields ignored and logged once."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_unknown_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in data:
+                if name not in cls.model_fields and isinstance(name, str):
+                    key = f"{cls.__name__}.{name}"
+                    if key not in _logged_unknown_fields and len(_logged_unknown_fields) < 1000:
+                        _logged_unknown_fields.add(key)
+                        logger.warning("ignoring unknown request field %r (%s)", name, cls.__name__)
+        return data
+
+
+def reject_unsupported(data: Any, table: Mapping[str, str]) -> None:
+    """Raise for any parameter of `table` present with a meaningful (non-empty) value."""
+    if not isinstance(data, dict):
+        return
+    for name, why in table.items():
+        value = data.get(name)
+        if value not in (None, [], {}, False, ""):
+            raise FieldError(name, why)
+    if data.get("use_beam_search") is True:
+        raise FieldError("use_beam_search", "beam search is not supported")
+
+
+class WireModel(BaseModel):
+    """Base of response models (what we send): plain pydantic, nothing extra."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChunkModel(WireModel):
+    """A streamed chunk: serialized with `exclude_unset` (only what was set), except
+    `object`, which every chunk carries."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        self.__pydantic_fields_set__.add("object")
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def parse_request(model: type[ModelT], data: Any, limits: RequestLimits | None = None) -> ModelT:
+    """Validate a decoded JSON body into a request model, or raise a 400 naming the field."""
+    if not isinstance(data, dict):
+        raise BadRequestError(
+            f"The request body must be a JSON object, not {_json_type(data)}.", param=None
+        )
+    try:
+        return model.model_validate(data, context=limits or DEFAULT_LIMITS)
+    except ValidationError as exc:
+        raise bad_request_from(exc) from None
+
+
+def bad_request_from(exc: ValidationError) -> BadRequestError:
+    """The most specific error of a pydantic failure as an OpenAI 400.
+
+    With unions pydantic reports one error per member; the deepest location is the one
+    that explains what is wrong (`content[1].type`, not "content should be a string").
+    """
+    errors = exc.errors(include_url=False)
+    best = max(errors, key=lambda e: len(_clean_loc(e["loc"])))
+    loc = _clean_loc(best["loc"])
+    ctx = best.get("ctx") or {}
+    original = ctx.get("error")
+    if isinstance(original, FieldError):
+        if isinstance(original.field, int):
+            loc = [*loc, original.field]
+        elif isinstance(original.field, tuple):
+            loc = [*loc, *original.field]
+        elif original.field:
+            loc = [*loc, *original.field.split(".")]
+        message = original.message
+    else:
+        message = best["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+    param = format_param(loc) if loc else None
+    return BadRequestError(f"{param}: {message}" if param else message, param=param)
+
+
+def _clean_loc(loc: tuple[int | str, ...]) -> list[int | str]:
+    """Drop pydantic's union-member tags ('str', 'list[int]', 'function-after[...]')."""
+    cleaned: list[int | str] = []
+    for part in loc:
+        if isinstance(part, int) or (_INDEX_OR_NAME.match(part) and part not in _TYPE_TAGS):
+            cleaned.append(part)
+    return cleaned
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "tuple", "set"})
+
+
+def format_param(loc: list[int | str]) -> str:
+    """('messages', 0, 'content') -> 'messages[0].content'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
+
+
+# -- shared response pieces ----------------------------------------------------------
+class PromptTokensDetails(WireModel):
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+
+
+class UsageInfo(WireModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class ErrorInfo(WireModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(WireModel):
+    error: ErrorInfo
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = False
+    """Send a last chunk with `choices: []` and the request's usage."""
+    continuous_usage_stats: bool | None = False
+    """vLLM: put the usage so far in every chunk."""
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str = Field(default="text")
+
+    @model_validator(mode="after")
+    def _only_text(self) -> ResponseFormat:
+        if self.type in ("json_object", "json_schema", "structural_tag", "grammar", "regex"):
+            raise FieldError(
+                "type", f"response_format type {self.type!r} is not supported yet; use 'text'"
+            )
+        if self.type != "text":
+            raise FieldError("type", f"unknown response_format type {self.type!r}")
+        return self
+
+
+class RequestLimits(BaseModel):
+    """Server limits that request validation enforces (pydantic validation context)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_n: int = 16
+    max_logprobs: int = 20
+    max_stop_strings: int = 64
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+def limits_from(context: Any) -> RequestLimits:
+    """The limits passed as validation context, or the defaults."""
+    return context if isinstance(context, RequestLimits) else DEFAULT_LIMITS

@@ -1,0 +1,278 @@
+"""Chat completions (`POST /v1/chat/completions`): request, response and chunk models."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from engine.sampling_params import SamplingParams
+from handlers.protocol.base import (
+    ChunkModel,
+    FieldError,
+    OpenAIBaseModel,
+    ResponseFormat,
+    UsageInfo,
+    WireModel,
+    limits_from,
+    reject_unsupported,
+)
+from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+# Parameters of OpenAI or vLLM that would change the output if honoured; ignoring them
+# silently would hand back something the client did not ask for, so they are a 400.
+_UNSUPPORTED_CHAT_FIELDS = {
+    "functions": "function calling is not supported yet",
+    "function_call": "function calling is not supported yet",
+    "guided_json": "structured output is not supported yet",
+    "guided_regex": "structured output is not supported yet",
+    "guided_choice": "structured output is not supported yet",
+    "guided_grammar": "structured output is not supported yet",
+    "structured_outputs": "structured output is not supported yet",
+    "prompt_logprobs": "prompt logprobs are not supported yet",
+    "allowed_token_ids": "allowed_token_ids is not supported yet",
+    "bad_words": "bad_words is not supported yet",
+    "logprob_token_ids": "logprob_token_ids is not supported yet",
+    "audio": "audio output is not supported",
+}
+
+
+class TextContentPart(OpenAIBaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ToolCallFunction(OpenAIBaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallParam(OpenAIBaseModel):
+    """A tool call of an earlier assistant turn (rendered by the template, never parsed)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessageParam(OpenAIBaseModel):
+    role: Role
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                if not isinstance(part, dict):
+                    raise FieldError(i, "content parts must be objects")
+                kind = part.get("type")
+                if kind != "text":
+                    raise FieldError(
+                        (i, "type"),
+                        f"content part type {kind!r} is not supported; only 'text' parts are",
+                    )
+        elif value is not None and not isinstance(value, str):
+            raise FieldError(None, "must be a string or a list of text parts")
+        return value
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> ChatMessageParam:
+        if self.role == "tool" and not self.tool_call_id:
+            raise FieldError("tool_call_id", "tool messages need a tool_call_id")
+        if self.content is None and self.role != "assistant":
+            raise FieldError("content", f"{self.role} messages need content")
+        return self
+
+    def text(self) -> str | None:
+        """The content as one string: text parts joined by newlines (vLLM's string format)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+    def to_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it (content always a string or None)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if message["content"] is None and not self.tool_calls:
+            message["content"] = ""
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatToolParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """OpenAI's chat request plus vLLM's extras; see docs/api.md for every field."""
+
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0)
+    response_format: ResponseFormat | None = None
+    tools: list[ChatToolParam] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    echo: bool = False
+    """vLLM: prepend the last message's content when it has the response role."""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        reject_unsupported(data, _UNSUPPORTED_CHAT_FIELDS)
+        return data
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _check_tool_choice(cls, value: Any) -> Any:
+        if value is None or value == "none":
+            return value
+        if value in ("auto", "required") or isinstance(value, dict):
+            raise FieldError(
+                None, "tool calling is not supported yet; use tool_choice 'none' or omit it"
+            )
+        raise FieldError(None, "must be 'none', 'auto', 'required' or a named tool")
+
+    @model_validator(mode="after")
+    def _check_chat(self, info: ValidationInfo) -> ChatCompletionRequest:
+        limits = limits_from(info.context)
+        if self.top_logprobs is not None:
+            if self.top_logprobs > limits.max_logprobs:
+                raise FieldError(
+                    "top_logprobs", f"top_logprobs must be at most {limits.max_logprobs}"
+                )
+            if not self.logprobs:
+                raise FieldError(
+                    "top_logprobs", "when using top_logprobs, logprobs must be set to true"
+                )
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true",
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise FieldError(
+                "continue_final_message", "continue_final_message needs a final assistant message"
+            )
+        return self
+
+    @property
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        """(value, parameter name): max_completion_tokens wins over the deprecated max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def to_sampling_params(
+        self,
+        *,
+        max_model_len: int,
+        prompt_len: int,
+        vocab_size: int,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> SamplingParams:
+        requested, param = self.requested_max_tokens
+        max_tokens = resolve_max_tokens(
+            requested,
+            param=param,
+            prompt_len=prompt_len,
+            max_model_len=max_model_len,
+            default=(defaults or {}).get("max_tokens"),
+        )
+        return self.build_sampling_params(
+            max_tokens=max_tokens,
+            vocab_size=vocab_size,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            defaults=defaults,
+        )
+
+
+# -- responses ------------------------------------------------------------------------
+class ChatCompletionLogProb(WireModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatCompletionLogProbsContent(ChatCompletionLogProb):
+    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
+
+
+class ChatCompletionLogProbs(WireModel):
+    content: list[ChatCompletionLogProbsContent] | None = None
+
+
+class ChatMessage(WireModel):
+    role: str
+    content: str | None = None
+
+
+class ChatCompletionResponseChoice(WireModel):
+    index: int
+    message: ChatMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = "stop"
+    stop_reason: int | str | None = None
+    """vLLM: the stop string or stop token id that ended the choice (None for EOS/length)."""
+
+
+class ChatCompletionResponse(WireModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(WireModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(WireModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(ChunkModel):
+    """One SSE event of a chat stream (serialized with exclude_unset, like vLLM)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: UsageInfo | None = None

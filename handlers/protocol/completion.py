@@ -1,0 +1,169 @@
+"""Text completions (`POST /v1/completions`): request, response and stream models."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from engine.sampling_params import SamplingParams
+from handlers.protocol.base import (
+    ChunkModel,
+    FieldError,
+    UsageInfo,
+    WireModel,
+    limits_from,
+    reject_unsupported,
+)
+from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
+
+MAX_PROMPTS = 256
+"""Prompts in one batched completion request; each one is n engine requests."""
+
+_UNSUPPORTED_COMPLETION_FIELDS = {
+    "suffix": "suffix (fill-in-the-middle) is not supported",
+    "guided_json": "structured output is not supported yet",
+    "guided_regex": "structured output is not supported yet",
+    "guided_choice": "structured output is not supported yet",
+    "guided_grammar": "structured output is not supported yet",
+    "structured_outputs": "structured output is not supported yet",
+    "response_format": "structured output is not supported yet",
+    "prompt_logprobs": "prompt logprobs are not supported yet",
+    "prompt_embeds": "prompt embeddings are not supported",
+    "allowed_token_ids": "allowed_token_ids is not supported yet",
+    "bad_words": "bad_words is not supported yet",
+}
+
+Prompt = str | list[int]
+"""One prompt: text, or token ids."""
+
+
+class CompletionRequest(SamplingRequest):
+    """OpenAI's legacy completion request plus vLLM's extras; see docs/api.md."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    max_tokens: int | None = Field(default=16, ge=1)
+    """OpenAI's default of 16; null fills the context (vLLM)."""
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0)
+    best_of: int | None = Field(default=None, ge=1)
+    add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        reject_unsupported(data, _UNSUPPORTED_COMPLETION_FIELDS)
+        return data
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise FieldError(
+                None, "must be a string, a list of strings, a list of token ids or a list of lists"
+            )
+        if not value:
+            raise FieldError(None, "must not be empty")
+        if len(value) > MAX_PROMPTS:
+            raise FieldError(None, f"at most {MAX_PROMPTS} prompts per request")
+        if all(isinstance(p, str) for p in value):
+            return value
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in value):
+            if any(p < 0 for p in value):
+                raise FieldError(None, "token ids must be >= 0")
+            return value
+        if all(isinstance(p, list) for p in value):
+            for i, ids in enumerate(value):
+                if not ids:
+                    raise FieldError(i, "token id lists must not be empty")
+                if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                    raise FieldError(i, "token ids must be integers >= 0")
+            return value
+        raise FieldError(None, "mixes strings, token ids and lists; use one kind")
+
+    @model_validator(mode="after")
+    def _check_completion(self, info: ValidationInfo) -> CompletionRequest:
+        limits = limits_from(info.context)
+        if self.logprobs is not None and self.logprobs > limits.max_logprobs:
+            raise FieldError("logprobs", f"logprobs must be at most {limits.max_logprobs}")
+        if self.best_of is not None and self.best_of != self.n:
+            raise FieldError("best_of", "best_of other than n is not supported")
+        if self.echo and self.logprobs is not None:
+            raise FieldError("echo", "echo with logprobs needs prompt logprobs (not supported yet)")
+        return self
+
+    def prompts(self) -> list[Prompt]:
+        """The batch as a list: one entry per prompt (text or token ids)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], int):
+            return [list(self.prompt)]  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+    def to_sampling_params(
+        self,
+        *,
+        max_model_len: int,
+        prompt_len: int,
+        vocab_size: int,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> SamplingParams:
+        max_tokens = resolve_max_tokens(
+            self.max_tokens,
+            param="max_tokens",
+            prompt_len=prompt_len,
+            max_model_len=max_model_len,
+        )
+        return self.build_sampling_params(
+            max_tokens=max_tokens,
+            vocab_size=vocab_size,
+            logprobs=self.logprobs,
+            defaults=defaults,
+        )
+
+
+# -- responses ------------------------------------------------------------------------
+class CompletionLogProbs(WireModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(WireModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(WireModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo
+
+
+class CompletionResponseStreamChoice(WireModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionStreamResponse(ChunkModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionResponseStreamChoice]
+    usage: UsageInfo | None = None

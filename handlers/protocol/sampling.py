@@ -1,0 +1,194 @@
+"""Sampling fields shared by chat and completion requests, and SamplingParams building.
+
+Ranges are OpenAI's where OpenAI defines the parameter and vLLM's for vLLM's extras.
+Checks that need the server's limits read them from the validation context; checks that
+need the model (vocabulary, context length) run in `to_sampling_params`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from engine.sampling_params import SamplingParams
+from handlers.errors import BadRequestError
+from handlers.protocol.base import FieldError, OpenAIBaseModel, StreamOptions, limits_from
+
+INT64_MAX = 2**63 - 1
+
+# Fields of the model's generation_config.json that vLLM turns into default sampling
+# parameters (`--generation-config auto`), by their SamplingParams names.
+GENERATION_CONFIG_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class SamplingRequest(OpenAIBaseModel):
+    """Fields every generation request (chat and completion) accepts."""
+
+    n: int = Field(default=1, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    """-1 or 0: disabled (vLLM treats 0 as disabled)."""
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings, matched on the detokenized text in the API worker."""
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    """Accepted for vLLM compatibility; the tokenizer's decoder decides spacing."""
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    """Accepted and ignored, as vLLM does."""
+    priority: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
+    """Lower runs first under --scheduling-policy priority."""
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _normalize_stop(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise FieldError(None, "must be a string or a list of strings")
+        limit = limits_from(info.context).max_stop_strings
+        if len(value) > limit:
+            raise FieldError(None, f"at most {limit} stop strings are allowed, got {len(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise FieldError(i, "stop strings must be strings")
+            if not item:
+                raise FieldError(i, "stop strings must not be empty")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _non_negative_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(t < 0 for t in value):
+            raise FieldError(None, "token ids must be >= 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        for key, bias in value.items():
+            try:
+                token_id = int(key)
+            except ValueError:
+                raise FieldError(None, f"keys must be token ids, got {key!r}") from None
+            if token_id < 0:
+                raise FieldError(None, f"token id {key} is negative")
+            if not -100.0 <= bias <= 100.0:
+                raise FieldError(None, f"bias {bias} for token {key} is outside [-100, 100]")
+        return value
+
+    @model_validator(mode="after")
+    def _check_shared(self, info: ValidationInfo) -> SamplingRequest:
+        limits = limits_from(info.context)
+        if self.n > limits.max_n:
+            raise FieldError("n", f"n must be at most {limits.max_n}, got {self.n}")
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "stream_options is only allowed with stream=true")
+        return self
+
+    # -- building ---------------------------------------------------------------------
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Token ids named in the request must exist in the model's vocabulary."""
+        for token_id in self.stop_token_ids or ():
+            if token_id >= vocab_size:
+                raise BadRequestError(
+                    f"stop_token_ids: token id {token_id} is outside the vocabulary "
+                    f"(size {vocab_size})",
+                    param="stop_token_ids",
+                )
+        for key in self.logit_bias or {}:
+            if int(key) >= vocab_size:
+                raise BadRequestError(
+                    f"logit_bias: token id {key} is outside the vocabulary (size {vocab_size})",
+                    param="logit_bias",
+                )
+
+    def build_sampling_params(
+        self,
+        *,
+        max_tokens: int,
+        vocab_size: int,
+        logprobs: int | None,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> SamplingParams:
+        """SamplingParams for one choice; request values win over the model's defaults."""
+        self.check_token_ids(vocab_size)
+        if self.min_tokens > max_tokens:
+            raise BadRequestError(
+                f"min_tokens ({self.min_tokens}) must be at most max_tokens ({max_tokens})",
+                param="min_tokens",
+            )
+        defaults = defaults or {}
+
+        def pick(name: str, fallback: Any) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else defaults.get(name, fallback)
+
+        top_k = pick("top_k", -1)
+        return SamplingParams(
+            temperature=float(pick("temperature", 1.0)),
+            top_p=float(pick("top_p", 1.0)),
+            top_k=-1 if top_k == 0 else int(top_k),
+            min_p=float(pick("min_p", 0.0)),
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop_token_ids=list(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            presence_penalty=float(self.presence_penalty or 0.0),
+            frequency_penalty=float(self.frequency_penalty or 0.0),
+            repetition_penalty=float(pick("repetition_penalty", 1.0)),
+            logit_bias={int(k): float(v) for k, v in self.logit_bias.items()}
+            if self.logit_bias
+            else None,
+            logprobs=logprobs,
+        )
+
+
+def resolve_max_tokens(
+    requested: int | None,
+    *,
+    param: str,
+    prompt_len: int,
+    max_model_len: int,
+    default: int | None = None,
+) -> int:
+    """vLLM's rule: the default fills the context; an explicit value must fit in it."""
+    room = max_model_len - prompt_len
+    if requested is None:
+        return room if default is None else max(1, min(default, room))
+    if requested > room:
+        raise BadRequestError(
+            f"'{param}' is too large: {requested}. This model's maximum context length is "
+            f"{max_model_len} tokens and your request has {prompt_len} input tokens "
+            f"({requested} > {max_model_len} - {prompt_len}).",
+            param=param,
+        )
+    return requested
+
+
+def seed_for_choice(seed: int | None, index: int) -> int | None:
+    """Each choice of n gets its own seed (seed + index), so n seeded choices differ but
+    the whole response stays reproducible."""
+    if seed is None:
+        return None
+    return (seed + index) % (INT64_MAX + 1)

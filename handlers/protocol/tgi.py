@@ -1,0 +1,96 @@
+"""Hugging Face TGI's generate API, as SageMaker clients of TGI containers send it to
+/invocations: `{"inputs": str, "parameters": {...}, "stream": bool}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, RootModel, field_validator
+
+from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel
+from handlers.protocol.sampling import INT64_MAX
+
+DEFAULT_MAX_NEW_TOKENS = 100
+"""TGI's default when `max_new_tokens` is not given."""
+
+
+class TGIParameters(OpenAIBaseModel):
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, gt=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, gt=0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    do_sample: bool = False
+    details: bool = False
+    return_full_text: bool = False
+    decoder_input_details: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=1)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _check_stop(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise FieldError(None, "must be a list of strings")
+        if len(value) > 64:
+            raise FieldError(None, "at most 64 stop sequences are allowed")
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise FieldError(i, "stop sequences must be non-empty strings")
+        return value
+
+    @property
+    def is_sampling(self) -> bool:
+        """TGI samples when asked to, or when any sampling warper is set."""
+        return self.do_sample or any(
+            v is not None and v != neutral
+            for v, neutral in ((self.temperature, 1.0), (self.top_p, 1.0), (self.top_k, 0))
+        )
+
+
+class TGIRequest(OpenAIBaseModel):
+    inputs: str = Field(min_length=1)
+    parameters: TGIParameters = Field(default_factory=TGIParameters)
+    stream: bool = False
+
+
+class TGIToken(WireModel):
+    id: int
+    text: str
+    logprob: float | None = None
+    special: bool = False
+
+
+class TGIDetails(WireModel):
+    finish_reason: str
+    """'length', 'eos_token' or 'stop_sequence'."""
+    generated_tokens: int
+    seed: int | None = None
+    prefill: list[TGIToken] = Field(default_factory=list)
+    tokens: list[TGIToken] = Field(default_factory=list)
+
+
+class TGIResponse(WireModel):
+    generated_text: str
+    details: TGIDetails | None = None
+
+
+class TGIResponses(RootModel[list[TGIResponse]]):
+    """SageMaker TGI containers answer a list with one entry."""
+
+
+class TGIStreamDetails(WireModel):
+    finish_reason: str
+    generated_tokens: int
+    seed: int | None = None
+
+
+class TGIStreamResponse(WireModel):
+    index: int
+    token: TGIToken
+    generated_text: str | None = None
+    details: TGIStreamDetails | None = None

@@ -1,0 +1,63 @@
+"""`POST /tokenize` and `POST /detokenize` (vLLM's shapes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel
+from handlers.protocol.chat import ChatMessageParam, ChatToolParam
+
+
+class TokenizeCompletionRequest(OpenAIBaseModel):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(OpenAIBaseModel):
+    """Renders `messages` with the same chat template path as /v1/chat/completions."""
+
+    model: str | None = None
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatToolParam] | None = None
+
+    @model_validator(mode="after")
+    def _check_flags(self) -> TokenizeChatRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true",
+            )
+        return self
+
+
+class TokenizeResponse(WireModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+    @field_validator("tokens")
+    @classmethod
+    def _non_negative(cls, value: list[int]) -> list[int]:
+        if any(t < 0 for t in value):
+            raise FieldError(None, "token ids must be >= 0")
+        return value
+
+
+class DetokenizeResponse(WireModel):
+    prompt: str

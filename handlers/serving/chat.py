@@ -1,0 +1,197 @@
+"""Chat completions: render the conversation, admit n choices, answer or stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.outputs import TokenLogprob
+from handlers.protocol.base import UsageInfo
+from handlers.protocol.chat import (
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionLogProbs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatMessage,
+    DeltaMessage,
+)
+from handlers.serving.base import Run, ServingBase
+from handlers.serving.context import RequestContext
+from handlers.serving.logprobs import chat_logprobs
+from handlers.serving.render import render_chat
+from handlers.serving.sequence import Sequence, SequenceDelta
+from handlers.serving.sse import SSEStream, encode_chunk
+
+
+class ServingChat(ServingBase):
+    """`POST /v1/chat/completions` (and `/invocations` bodies with `messages`)."""
+
+    kind = "chat"
+
+    async def create(
+        self, request: ChatCompletionRequest, ctx: RequestContext
+    ) -> ChatCompletionResponse | SSEStream:
+        """Validate against the model, admit, then answer (or return the SSE stream).
+
+        Everything that can be refused is refused before this returns, so a streaming
+        caller only ever starts a 200 response for an admitted request.
+        """
+        served = self.served
+        model_name = served.resolve_name(request.model)
+        info = served.info()
+        prompt_text = render_chat(
+            served,
+            request.messages,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template=request.chat_template,
+            chat_template_kwargs=request.chat_template_kwargs,
+            tools=request.tools,
+            documents=request.documents,
+        )
+        prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
+        served.check_prompt_len(len(prompt_ids), "messages")
+        params = request.to_sampling_params(
+            max_model_len=info.max_model_len,
+            prompt_len=len(prompt_ids),
+            vocab_size=served.vocab_size(),
+            defaults=served.sampling_defaults(),
+        )
+        sequences = self.new_sequences(request.n, self.sequence_options(request))
+        response_id, engine_id = self.request_ids("chatcmpl", ctx, request.request_id)
+        served.log_prompt(response_id, prompt_text)
+        tracker = self.tracker(response_id, ctx)
+        generation = await self.admit(
+            engine_id,
+            [prompt_ids] * request.n,
+            self.choice_params(params, request.n),
+            request.priority,
+        )
+        run = Run(
+            response_id=response_id,
+            model_name=model_name,
+            generation=generation,
+            sequences=sequences,
+            tracker=tracker,
+            prompt_lens=[len(prompt_ids)],
+            n=request.n,
+        )
+        if request.stream:
+            return self._stream(run, request)
+        return await self._respond(run, request)
+
+    def _echo_text(self, request: ChatCompletionRequest) -> str:
+        """vLLM's chat echo: the last message's content, if it has the response role."""
+        if not request.echo:
+            return ""
+        last = request.messages[-1]
+        if last.role != self.served.config.response_role:
+            return ""
+        return last.text() or ""
+
+    def _logprobs(
+        self, request: ChatCompletionRequest, delta_logprobs: list[TokenLogprob] | None
+    ) -> ChatCompletionLogProbs | None:
+        if not request.logprobs:
+            return None
+        content = chat_logprobs(
+            delta_logprobs or [], self.served.token_texts(), request.top_logprobs or 0
+        )
+        return ChatCompletionLogProbs(content=content)
+
+    # -- non-streaming ----------------------------------------------------------------
+    async def _respond(self, run: Run, request: ChatCompletionRequest) -> ChatCompletionResponse:
+        await self.collect(run)
+        echo = self._echo_text(request)
+        role = self.served.config.response_role
+        choices = [
+            ChatCompletionResponseChoice(
+                index=seq.index,
+                message=ChatMessage(role=role, content=echo + seq.text),
+                logprobs=self._logprobs(request, seq.logprobs),
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            )
+            for seq in run.sequences
+        ]
+        return ChatCompletionResponse(
+            id=run.response_id,
+            created=run.created,
+            model=run.model_name,
+            choices=choices,
+            usage=run.usage(include_cached=self.served.config.enable_prompt_tokens_details),
+        )
+
+    # -- streaming --------------------------------------------------------------------
+    def _stream(self, run: Run, request: ChatCompletionRequest) -> SSEStream:
+        options = request.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(options and options.include_usage and options.continuous_usage_stats)
+        include_cached = self.served.config.enable_prompt_tokens_details
+
+        def chunk(choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None) -> bytes:
+            fields: dict[str, Any] = {
+                "id": run.response_id,
+                "created": run.created,
+                "model": run.model_name,
+            }
+            if usage is not None:
+                return encode_chunk(ChatCompletionChunk(**fields, choices=choices, usage=usage))
+            return encode_chunk(ChatCompletionChunk(**fields, choices=choices))
+
+        def running_usage() -> UsageInfo | None:
+            return run.usage(include_cached=include_cached) if continuous else None
+
+        role = self.served.config.response_role
+        head = [
+            chunk(
+                [
+                    ChatCompletionChunkChoice(
+                        index=seq.index,
+                        delta=DeltaMessage(role=role, content=""),
+                        logprobs=None,
+                        finish_reason=None,
+                    )
+                ],
+                running_usage(),
+            )
+            for seq in run.sequences
+        ]
+        echo = self._echo_text(request)
+        if echo:
+            head += [
+                chunk(
+                    [
+                        ChatCompletionChunkChoice(
+                            index=seq.index,
+                            delta=DeltaMessage(content=echo),
+                            logprobs=None,
+                            finish_reason=None,
+                        )
+                    ],
+                    running_usage(),
+                )
+                for seq in run.sequences
+            ]
+
+        def chunk_for(seq: Sequence, delta: SequenceDelta) -> bytes | None:
+            if not (delta.text or delta.logprobs or delta.finish_reason):
+                return None
+            message = DeltaMessage(content=delta.text) if delta.text else DeltaMessage()
+            choice_fields: dict[str, Any] = {
+                "index": seq.index,
+                "delta": message,
+                "logprobs": self._logprobs(request, delta.logprobs),
+                "finish_reason": delta.finish_reason,
+            }
+            if delta.finish_reason is not None:
+                choice_fields["stop_reason"] = delta.stop_reason
+            return chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
+
+        def tail() -> list[bytes]:
+            if not include_usage:
+                return []
+            return [chunk([], run.usage(include_cached=include_cached))]
+
+        return self.sse(run, head=head, chunk_for=chunk_for, tail=tail)

@@ -1,0 +1,199 @@
+"""Text completions: one or more prompts (text or token ids), n choices each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.protocol.base import UsageInfo
+from handlers.protocol.completion import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+)
+from handlers.serving.base import Run, ServingBase
+from handlers.serving.context import RequestContext
+from handlers.serving.logprobs import completion_logprobs
+from handlers.serving.sequence import Sequence, SequenceDelta
+from handlers.serving.sse import SSEStream, encode_chunk
+
+
+@dataclass(slots=True)
+class _PromptInput:
+    text: str | None
+    """The prompt as text when the client sent text (for echo without a decode)."""
+    token_ids: list[int]
+
+
+class ServingCompletion(ServingBase):
+    """`POST /v1/completions` (and `/invocations` bodies with `prompt`)."""
+
+    kind = "completion"
+
+    async def create(
+        self, request: CompletionRequest, ctx: RequestContext
+    ) -> CompletionResponse | SSEStream:
+        served = self.served
+        model_name = served.resolve_name(request.model)
+        info = served.info()
+        prompts = await self._tokenize(request)
+        defaults = served.sampling_defaults()
+        params = []
+        for i, prompt in enumerate(prompts):
+            param_name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            served.check_prompt_len(len(prompt.token_ids), param_name)
+            params.append(
+                request.to_sampling_params(
+                    max_model_len=info.max_model_len,
+                    prompt_len=len(prompt.token_ids),
+                    vocab_size=served.vocab_size(),
+                    defaults=defaults,
+                )
+            )
+        n = request.n
+        sequences = self.new_sequences(len(prompts) * n, self.sequence_options(request))
+        response_id, engine_id = self.request_ids("cmpl", ctx, request.request_id)
+        for prompt in prompts:
+            served.log_prompt(response_id, prompt.text or prompt.token_ids)
+        tracker = self.tracker(response_id, ctx)
+        generation = await self.admit(
+            engine_id,
+            [p.token_ids for p in prompts for _ in range(n)],
+            [c for param in params for c in self.choice_params(param, n)],
+            request.priority,
+        )
+        run = Run(
+            response_id=response_id,
+            model_name=model_name,
+            generation=generation,
+            sequences=sequences,
+            tracker=tracker,
+            prompt_lens=[len(p.token_ids) for p in prompts],
+            n=n,
+        )
+        echoes = [self._echo_text(request, p) for p in prompts]
+        if request.stream:
+            return self._stream(run, request, echoes)
+        return await self._respond(run, request, echoes)
+
+    async def _tokenize(self, request: CompletionRequest) -> list[_PromptInput]:
+        out = []
+        for i, prompt in enumerate(request.prompts()):
+            if isinstance(prompt, str):
+                ids = await self.served.encode(
+                    prompt, add_special_tokens=request.add_special_tokens
+                )
+                out.append(_PromptInput(prompt, ids))
+            else:
+                param = "prompt" if isinstance(request.prompt[0], int) else f"prompt[{i}]"
+                self.served.check_token_ids(prompt, param)
+                out.append(_PromptInput(None, prompt))
+        return out
+
+    def _echo_text(self, request: CompletionRequest, prompt: _PromptInput) -> str:
+        if not request.echo:
+            return ""
+        if prompt.text is not None:
+            return prompt.text
+        return self.served.tokenizer().decode(
+            prompt.token_ids, skip_special_tokens=request.skip_special_tokens
+        )
+
+    def _logprobs(
+        self, request: CompletionRequest, delta: SequenceDelta, offset: int
+    ) -> CompletionLogProbs | None:
+        if request.logprobs is None:
+            return None
+        return completion_logprobs(
+            delta.logprobs or [],
+            delta.token_ids,
+            self.served.token_texts(),
+            request.logprobs,
+            offset,
+        )
+
+    # -- non-streaming ----------------------------------------------------------------
+    async def _respond(
+        self, run: Run, request: CompletionRequest, echoes: list[str]
+    ) -> CompletionResponse:
+        await self.collect(run)
+        choices = []
+        for seq in run.sequences:
+            echo = echoes[seq.index // run.n]
+            logprobs = None
+            if request.logprobs is not None:
+                logprobs = completion_logprobs(
+                    seq.logprobs,
+                    seq.token_ids,
+                    self.served.token_texts(),
+                    request.logprobs,
+                    len(echo),
+                )
+            choices.append(
+                CompletionResponseChoice(
+                    index=seq.index,
+                    text=echo + seq.text,
+                    logprobs=logprobs,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                )
+            )
+        return CompletionResponse(
+            id=run.response_id,
+            created=run.created,
+            model=run.model_name,
+            choices=choices,
+            usage=run.usage(include_cached=self.served.config.enable_prompt_tokens_details),
+        )
+
+    # -- streaming --------------------------------------------------------------------
+    def _stream(self, run: Run, request: CompletionRequest, echoes: list[str]) -> SSEStream:
+        options = request.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(options and options.include_usage and options.continuous_usage_stats)
+        include_cached = self.served.config.enable_prompt_tokens_details
+        pending_echo = {seq.index: echoes[seq.index // run.n] for seq in run.sequences}
+        offsets = {index: len(text) for index, text in pending_echo.items()}
+
+        def chunk(choices: list[CompletionResponseStreamChoice], usage: UsageInfo | None) -> bytes:
+            fields: dict[str, Any] = {
+                "id": run.response_id,
+                "created": run.created,
+                "model": run.model_name,
+            }
+            if usage is not None:
+                return encode_chunk(
+                    CompletionStreamResponse(**fields, choices=choices, usage=usage)
+                )
+            return encode_chunk(CompletionStreamResponse(**fields, choices=choices))
+
+        def chunk_for(seq: Sequence, delta: SequenceDelta) -> bytes | None:
+            echo = pending_echo.pop(seq.index, "")
+            text = echo + delta.text
+            if not (text or delta.logprobs or delta.finish_reason):
+                pending_echo[seq.index] = echo
+                return None
+            logprobs = self._logprobs(request, delta, offsets[seq.index])
+            if logprobs is not None and logprobs.text_offset:
+                last = logprobs.tokens[-1]
+                offsets[seq.index] = logprobs.text_offset[-1] + len(last)
+            choice_fields: dict[str, Any] = {
+                "index": seq.index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": delta.finish_reason,
+            }
+            if delta.finish_reason is not None:
+                choice_fields["stop_reason"] = delta.stop_reason
+            usage = run.usage(include_cached=include_cached) if continuous else None
+            return chunk([CompletionResponseStreamChoice(**choice_fields)], usage)
+
+        def tail() -> list[bytes]:
+            if not include_usage:
+                return []
+            return [chunk([], run.usage(include_cached=include_cached))]
+
+        return self.sse(run, head=[], chunk_for=chunk_for, tail=tail)

@@ -1,0 +1,16 @@
+"""Per-request facts that come from the transport, not from the body."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What the HTTP (or Lambda) layer knows about a request before the serving class runs."""
+
+    request_id: str | None = None
+    """The client's id (`X-Request-Id`); it becomes the response id, as in vLLM."""
+    arrival_time: float = field(default_factory=time.monotonic)
+    """Monotonic clock at arrival: the start of TTFT and end-to-end latency."""

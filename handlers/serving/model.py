@@ -1,0 +1,154 @@
+"""The one model this server serves, as the serving classes see it.
+
+Shared by every serving class of a worker: the names a request may use, the engine's
+`ModelInfo` (known once the engine is warm), the tokenizer (loaded once, lazily, from
+the directory the engine reports when the config names none) and the default
+sampling parameters of the model's generation_config.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from engine.client import EngineClient
+from engine.config import ModelInfo
+from engine.tokenizer import Tokenizer
+from handlers.config import ServerConfig
+from handlers.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from handlers.protocol.base import RequestLimits
+from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS
+from handlers.serving.logprobs import TokenTexts
+
+logger = logging.getLogger(__name__)
+
+_THREAD_ENCODE_CHARS = 32_768
+"""Texts longer than this are tokenized in a thread so the event loop keeps streaming."""
+
+
+class ServedModel:
+    """Names, engine, tokenizer and defaults of the served model."""
+
+    def __init__(
+        self, config: ServerConfig, engine: EngineClient, tokenizer: Tokenizer | None = None
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self._tokenizer = tokenizer
+        self._token_texts: TokenTexts | None = None
+        self._defaults: dict[str, Any] | None = None
+        self.limits = RequestLimits(
+            max_n=config.max_n,
+            max_logprobs=config.max_logprobs,
+            max_stop_strings=config.max_stop_strings,
+        )
+
+    # -- names ------------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.config.served_model_names
+
+    def resolve_name(self, requested: str | None) -> str:
+        """The name to report; 404 for a name this server does not serve."""
+        if not requested:
+            return self.config.default_model_name
+        if requested in self.config.served_model_names:
+            return requested
+        raise NotFoundError(f"The model `{requested}` does not exist.", param="model")
+
+    # -- engine facts -----------------------------------------------------------------
+    def info(self) -> ModelInfo:
+        """The engine's ModelInfo; 503 while it is loading or once it is dead."""
+        if self.engine.is_dead():
+            raise ServiceUnavailableError("The engine has stopped; the server is restarting.")
+        info = self.engine.model_info
+        if info is None:
+            raise ServiceUnavailableError("The model is still loading; retry shortly.")
+        return info
+
+    @property
+    def model_dir(self) -> str:
+        return self.config.model_dir or self.info().model_dir
+
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.model_dir)
+        return self._tokenizer
+
+    def token_texts(self) -> TokenTexts:
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer())
+        return self._token_texts
+
+    def vocab_size(self) -> int:
+        """Ids the model can take: the engine's embedding size, or the tokenizer's."""
+        info = self.engine.model_info
+        return info.vocab_size if info is not None else self.tokenizer().vocab_size
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """vLLM's `--generation-config auto`: the model's own sampling defaults."""
+        if self._defaults is None:
+            self._defaults = {}
+            if self.config.generation_config == "auto":
+                self._defaults = _read_generation_defaults(Path(self.model_dir))
+        return self._defaults
+
+    # -- token helpers ----------------------------------------------------------------
+    async def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        tokenizer = self.tokenizer()
+        if len(text) > _THREAD_ENCODE_CHARS:
+            return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens)
+        return tokenizer.encode(text, add_special_tokens)
+
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        vocab_size = self.vocab_size()
+        for token_id in token_ids:
+            if not 0 <= token_id < vocab_size:
+                raise BadRequestError(
+                    f"{param}: token id {token_id} is outside the vocabulary (size {vocab_size})",
+                    param=param,
+                )
+
+    def check_prompt_len(self, num_tokens: int, param: str) -> None:
+        """vLLM's rule: a prompt must leave room for at least one generated token."""
+        max_model_len = self.info().max_model_len
+        if num_tokens == 0:
+            raise BadRequestError(f"{param}: the prompt is empty after tokenization", param=param)
+        if num_tokens >= max_model_len:
+            raise BadRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"your request has {num_tokens} input tokens. Please reduce the length of "
+                f"the input.",
+                param=param,
+            )
+
+    def log_prompt(self, request_id: str, prompt: str | list[int]) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            shown = prompt if isinstance(prompt, str) else str(prompt)
+            limit = self.config.max_log_len
+            if limit is not None:
+                shown = shown[:limit]
+            logger.debug("request %s prompt: %r", request_id, shown)
+
+
+def _read_generation_defaults(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "generation_config.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    defaults: dict[str, Any] = {
+        name: data[name]
+        for name in GENERATION_CONFIG_DEFAULTS
+        if isinstance(data.get(name), (int, float)) and not isinstance(data.get(name), bool)
+    }
+    if isinstance(data.get("max_new_tokens"), int):
+        defaults["max_tokens"] = data["max_new_tokens"]
+    if defaults:
+        logger.info("default sampling parameters from %s: %s", path, defaults)
+    return defaults

@@ -1,0 +1,80 @@
+"""Chat messages to prompt text: one path for /v1/chat/completions and /tokenize."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from engine.tokenizer import ChatTemplateError
+from handlers.errors import BadRequestError
+from handlers.protocol.chat import ChatMessageParam, ChatToolParam
+from handlers.serving.model import ServedModel
+
+logger = logging.getLogger(__name__)
+
+# Names the renderer passes itself; a chat_template_kwargs entry may not replace them
+# (it would be a TypeError deep in the template call otherwise).
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+    }
+)
+
+
+def render_chat(
+    served: ServedModel,
+    messages: list[ChatMessageParam],
+    *,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    chat_template: str | None,
+    chat_template_kwargs: dict[str, Any] | None,
+    tools: list[ChatToolParam] | None,
+    documents: list[dict[str, str]] | None = None,
+) -> str:
+    """The prompt text (special tokens included as text); 400 when it cannot render."""
+    kwargs = dict(chat_template_kwargs or {})
+    requested_template = chat_template or kwargs.pop("chat_template", None)
+    if requested_template is not None and not served.config.trust_request_chat_template:
+        raise BadRequestError(
+            "chat_template: a chat template was passed with the request, but the server "
+            "does not trust request chat templates (--trust-request-chat-template).",
+            param="chat_template",
+        )
+    if not isinstance(requested_template, (str, type(None))):
+        raise BadRequestError("chat_template: must be a string", param="chat_template")
+    kwargs = {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    template = requested_template or served.config.chat_template
+    try:
+        return served.tokenizer().apply_chat_template(
+            [m.to_template() for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=template,
+            tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
+            documents=documents,
+            **kwargs,
+        )
+    except ChatTemplateError as exc:
+        raise BadRequestError(f"messages: {exc}", param="messages") from None
+    except RecursionError:
+        raise BadRequestError(
+            "messages: the chat template recursed too deeply", param="messages"
+        ) from None
+    except Exception as exc:
+        # NOTE: templates raise TypeError and friends on messages they do not expect
+        # (a None content, say); that is the request's fault, as in vLLM.
+        logger.info("chat template failed: %r", exc)
+        raise BadRequestError(
+            f"messages: the chat template could not render these messages ({type(exc).__name__})",
+            param="messages",
+        ) from None

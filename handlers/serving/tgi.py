@@ -1,0 +1,139 @@
+"""TGI's generate API on /invocations, for clients written against HF's SageMaker
+TGI containers: `[{"generated_text": ...}]`, or TGI's token events when streaming."""
+
+from __future__ import annotations
+
+import orjson
+
+from engine.sampling_params import SamplingParams
+from handlers.errors import ServingError
+from handlers.protocol.sampling import resolve_max_tokens
+from handlers.protocol.tgi import (
+    DEFAULT_MAX_NEW_TOKENS,
+    TGIDetails,
+    TGIRequest,
+    TGIResponse,
+    TGIResponses,
+    TGIStreamDetails,
+    TGIStreamResponse,
+    TGIToken,
+)
+from handlers.serving.base import Run, ServingBase
+from handlers.serving.context import RequestContext
+from handlers.serving.sequence import Sequence, SequenceDelta, SequenceOptions
+from handlers.serving.sse import SSEStream, encode_chunk
+
+
+def _finish_reason(seq: Sequence) -> str:
+    if seq.finish_reason == "stop":
+        return "stop_sequence" if seq.stopped_by_string else "eos_token"
+    return "length"
+
+
+def _tgi_error(error: ServingError) -> bytes:
+    return orjson.dumps({"error": error.message, "error_type": "generation"})
+
+
+class ServingTGI(ServingBase):
+    kind = "tgi"
+
+    async def generate(self, request: TGIRequest, ctx: RequestContext) -> TGIResponses | SSEStream:
+        served = self.served
+        model_name = served.config.default_model_name
+        info = served.info()
+        prompt_ids = await served.encode(request.inputs, add_special_tokens=True)
+        served.check_prompt_len(len(prompt_ids), "inputs")
+        p = request.parameters
+        max_tokens = resolve_max_tokens(
+            p.max_new_tokens,
+            param="parameters.max_new_tokens",
+            prompt_len=len(prompt_ids),
+            max_model_len=info.max_model_len,
+            default=DEFAULT_MAX_NEW_TOKENS,
+        )
+        want_logprobs = request.stream or p.details
+        params = SamplingParams(
+            temperature=(p.temperature or 1.0) if p.is_sampling else 0.0,
+            top_p=p.top_p or 1.0,
+            top_k=p.top_k or -1,
+            seed=p.seed,
+            max_tokens=max_tokens,
+            repetition_penalty=p.repetition_penalty or 1.0,
+            frequency_penalty=p.frequency_penalty or 0.0,
+            logprobs=0 if want_logprobs else None,
+        )
+        # NOTE: TGI keeps the stop sequence in the generated text.
+        options = SequenceOptions(
+            stop=p.stop,
+            include_stop_str_in_output=True,
+            stop_token_ids=frozenset(info.eos_token_ids),
+        )
+        response_id, engine_id = self.request_ids("tgi", ctx)
+        served.log_prompt(response_id, request.inputs)
+        tracker = self.tracker(response_id, ctx)
+        generation = await self.admit(engine_id, [prompt_ids], [params])
+        run = Run(
+            response_id=response_id,
+            model_name=model_name,
+            generation=generation,
+            sequences=self.new_sequences(1, options),
+            tracker=tracker,
+            prompt_lens=[len(prompt_ids)],
+            n=1,
+        )
+        if request.stream:
+            return self._stream(run, request)
+        return await self._respond(run, request)
+
+    def _token(self, token_id: int, text: str, logprob: float | None) -> TGIToken:
+        special = token_id in self.served.tokenizer().all_special_ids
+        return TGIToken(id=token_id, text=text, logprob=logprob, special=special)
+
+    async def _respond(self, run: Run, request: TGIRequest) -> TGIResponses:
+        await self.collect(run)
+        seq = run.sequences[0]
+        p = request.parameters
+        text = (request.inputs if p.return_full_text else "") + seq.text
+        details = None
+        if p.details:
+            texts = self.served.token_texts()
+            logprobs = {i: lp.logprob for i, lp in enumerate(seq.logprobs)}
+            details = TGIDetails(
+                finish_reason=_finish_reason(seq),
+                generated_tokens=len(seq.token_ids),
+                seed=p.seed,
+                tokens=[
+                    self._token(tid, texts.text(tid), logprobs.get(i))
+                    for i, tid in enumerate(seq.token_ids)
+                ],
+            )
+        return TGIResponses([TGIResponse(generated_text=text, details=details)])
+
+    def _stream(self, run: Run, request: TGIRequest) -> SSEStream:
+        count = 0
+
+        def chunk_for(seq: Sequence, delta: SequenceDelta) -> bytes | None:
+            nonlocal count
+            if not delta.token_ids and not delta.finish_reason:
+                return None
+            ids = delta.token_ids or seq.token_ids[-1:] or [0]
+            token_id = ids[-1]
+            logprob = delta.logprobs[-1].logprob if delta.logprobs else None
+            event = TGIStreamResponse(
+                index=count,
+                token=self._token(token_id, delta.text, logprob),
+                generated_text=seq.text if delta.finish_reason else None,
+                details=TGIStreamDetails(
+                    finish_reason=_finish_reason(seq),
+                    generated_tokens=len(seq.token_ids),
+                    seed=request.parameters.seed,
+                )
+                if delta.finish_reason
+                else None,
+            )
+            count += 1
+            return encode_chunk(event)
+
+        return self.sse(
+            run, head=[], chunk_for=chunk_for, tail=list, error_for=_tgi_error, done=False
+        )

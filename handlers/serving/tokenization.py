@@ -1,0 +1,55 @@
+"""`/tokenize` and `/detokenize` with the same template and tokenizer as generation."""
+
+from __future__ import annotations
+
+from handlers.protocol.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+)
+from handlers.serving.model import ServedModel
+from handlers.serving.render import render_chat
+
+
+class ServingTokenization:
+    def __init__(self, served: ServedModel) -> None:
+        self.served = served
+
+    async def tokenize(
+        self, request: TokenizeCompletionRequest | TokenizeChatRequest
+    ) -> TokenizeResponse:
+        served = self.served
+        served.resolve_name(request.model)
+        info = served.info()
+        if isinstance(request, TokenizeChatRequest):
+            text = render_chat(
+                served,
+                request.messages,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template=request.chat_template,
+                chat_template_kwargs=request.chat_template_kwargs,
+                tools=request.tools,
+            )
+        else:
+            text = request.prompt
+        tokens = await served.encode(text, add_special_tokens=request.add_special_tokens)
+        return TokenizeResponse(
+            count=len(tokens),
+            max_model_len=info.max_model_len,
+            tokens=tokens,
+            token_strs=served.tokenizer().convert_ids_to_tokens(tokens)
+            if request.return_token_strs
+            else None,
+        )
+
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        served = self.served
+        served.resolve_name(request.model)
+        served.info()
+        served.check_token_ids(request.tokens, "tokens")
+        # NOTE: special tokens are kept, so /detokenize inverts /tokenize (as in vLLM).
+        text = served.tokenizer().decode(request.tokens, skip_special_tokens=False)
+        return DetokenizeResponse(prompt=text)

@@ -1,0 +1,222 @@
+"""A scripted EngineClient for the handler tests.
+
+It keeps the real `RequestStream` (so the serving layer's consumption, aclose and
+abort paths are the production ones) and emulates the engine's token-level rules:
+EOS and `stop_token_ids` stop a sequence (after `min_tokens`, unless `ignore_eos`),
+`max_tokens` ends it with 'length'. Each test scripts the tokens a request produces;
+the fake records admissions and aborts, can refuse admission, fail mid-stream, or
+die, and reports which requests are still live (never aborted nor finished).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.client import EngineClient, RequestStream
+from engine.config import ModelInfo
+from engine.errors import (
+    EngineDeadError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+)
+from engine.outputs import RequestOutput, TokenLogprob
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class Script:
+    """What the fake engine produces for one request."""
+
+    token_ids: list[int]
+    """Tokens to sample, in order; the engine rules may stop earlier."""
+    tokens_per_step: int = 1
+    step_delay: float = 0.0
+    hold: asyncio.Event | None = None
+    """Wait for this event before the first output (a long prefill)."""
+    fail_at_step: int | None = None
+    """Report finish_reason='error' at this step."""
+    raise_at_step: int | None = None
+    """Put EngineDeadError into the stream at this step (the engine died)."""
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class AddedRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+
+
+ScriptFn = Callable[[AddedRequest], Script]
+
+
+@dataclass
+class FakeEngine(EngineClient):
+    """EngineClient whose "engine" is a coroutine per request following a Script."""
+
+    info: ModelInfo
+    script: ScriptFn | Script | None = None
+    ready: bool = True
+    refuse_after: int | None = None
+    """Admit this many requests, then raise EngineOverloadedError."""
+    added: list[AddedRequest] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    started: bool = False
+    closed: bool = False
+    _dead: bool = False
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        EngineClient.__init__(self)
+
+    # -- EngineClient -----------------------------------------------------------------
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self.info if self.ready else None
+
+    def is_ready(self) -> bool:
+        return self.ready and not self._dead
+
+    def is_dead(self) -> bool:
+        return self._dead
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self._tasks.values():
+            task.cancel()
+
+    async def wait_ready(self, timeout: float | None = None) -> ModelInfo:
+        return self.info
+
+    def _send(self, message: object) -> None:  # the real clients' transport hook
+        raise NotImplementedError
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> RequestStream:
+        await asyncio.sleep(0)  # admission is a round trip in the real clients
+        if self._dead:
+            raise EngineDeadError("engine is dead")
+        if not self.ready:
+            raise EngineNotReadyError("engine is loading")
+        if self.refuse_after is not None and len(self.added) >= self.refuse_after:
+            raise EngineOverloadedError("The waiting queue is full; retry later.")
+        assert request_id not in self._streams, f"duplicate request id {request_id}"
+        request = AddedRequest(request_id, list(prompt_token_ids), params, priority)
+        self.added.append(request)
+        stream = RequestStream(request_id, self)
+        self._streams[request_id] = stream
+        script = self._script_for(request)
+        self._tasks[request_id] = asyncio.create_task(self._produce(stream, request, script))
+        return stream
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.aborted.append(request_id)
+            self._streams.pop(request_id, None)
+            task = self._tasks.get(request_id)
+            if task is not None:
+                task.cancel()
+
+    # -- test controls ----------------------------------------------------------------
+    def die(self) -> None:
+        """The engine core is gone: every live stream gets EngineDeadError."""
+        self._dead = True
+        for task in self._tasks.values():
+            task.cancel()
+        for stream in list(self._streams.values()):
+            stream.put(EngineDeadError("The engine core has died."))
+        self._streams.clear()
+
+    @property
+    def live(self) -> set[str]:
+        """Requests still producing or unread: neither finished and consumed nor aborted."""
+        running = {rid for rid, task in self._tasks.items() if not task.done()}
+        return running | set(self._streams)
+
+    async def settle(self) -> None:
+        """Let scheduled aborts and producers run (the SSE generator is closed by the
+        event loop's async-generator finalizer, a task of its own)."""
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+
+    # -- the "engine" -----------------------------------------------------------------
+    def _script_for(self, request: AddedRequest) -> Script:
+        if callable(self.script):
+            return self.script(request)
+        if isinstance(self.script, Script):
+            return self.script
+        return Script(token_ids=[5, 6, 7, self.info.eos_token_ids[0]])
+
+    async def _produce(self, stream: RequestStream, request: AddedRequest, script: Script) -> None:
+        params = request.params
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids.update(self.info.eos_token_ids)
+        if script.hold is not None:
+            await script.hold.wait()
+        generated: list[int] = []
+        remaining = list(script.token_ids)
+        step = 0
+        first = True
+        while True:
+            if script.step_delay:
+                await asyncio.sleep(script.step_delay)
+            else:
+                await asyncio.sleep(0)
+            if script.raise_at_step == step:
+                stream.put(EngineDeadError("The engine core has died."))
+                self._streams.pop(request.request_id, None)
+                return
+            new: list[int] = []
+            finish: str | None = None
+            stop_reason: int | None = None
+            if script.fail_at_step == step:
+                finish = "error"
+            while finish is None and len(new) < script.tokens_per_step:
+                if not remaining:
+                    finish = "length"  # the script ran dry: treat as the length limit
+                    break
+                token = remaining.pop(0)
+                new.append(token)
+                generated.append(token)
+                if token in stop_ids and len(generated) > params.min_tokens:
+                    finish = "stop"
+                    stop_reason = token if token in params.stop_token_ids else None
+                elif len(generated) >= params.max_tokens:
+                    finish = "length"
+            output = RequestOutput(
+                request_id=request.request_id,
+                new_token_ids=new,
+                new_logprobs=_logprobs(new, params.logprobs),
+                finish_reason=finish,
+                stop_reason=stop_reason,
+                num_prompt_tokens=len(request.prompt_token_ids) if first else 0,
+                num_cached_tokens=script.num_cached_tokens if first else 0,
+                error="scripted failure" if finish == "error" else None,
+            )
+            first = False
+            stream.put(output)
+            step += 1
+            if finish is not None:
+                return
+
+
+def _logprobs(token_ids: list[int], k: int | None) -> list[TokenLogprob] | None:
+    if k is None:
+        return None
+    out = []
+    for token_id in token_ids:
+        top = [(token_id, -0.5)] + [(token_id + j, -0.5 - j) for j in range(1, k)]
+        out.append(TokenLogprob(token_id=token_id, logprob=-0.5, rank=1, top=top[:k]))
+    return out

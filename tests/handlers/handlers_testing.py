@@ -1,0 +1,180 @@
+"""Helpers of the handler tests: a tiny real model directory, SSE parsing, error checks.
+
+The model directory is built offline in a few ms: a byte-level BPE tokenizer trained on a handful of sentences (with emoji and CJK, so
+multi-byte characters split across tokens happen), ChatML special tokens and template,
+and a config.json. Nothing is downloaded; nothing depends on a real checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import falcon.testing
+import orjson
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from engine.tokenizer import Tokenizer as HearthTokenizer
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOS_ID = 2
+MAX_MODEL_LEN = 256
+
+CORPUS = [
+    "The capital of France is Paris.",
+    "Hello world! How are you today?",
+    "Stop here. STOP now. The end is near, the END.",
+    "Emoji are fun 😀🎉 and so is 你好世界 in Chinese.",
+    "Numbers like 12345 and words like banana, apple, cherry.",
+    "You are a helpful assistant. Answer briefly and politely.",
+]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tiny_model(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "unk_token": "<|endoftext|>",
+                "pad_token": "<|im_end|>",
+            }
+        )
+    )
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "max_position_embeddings": MAX_MODEL_LEN,
+                "vocab_size": tokenizer.get_vocab_size(),
+                "eos_token_id": EOS_ID,
+            }
+        )
+    )
+    return directory
+
+
+def encode(tokenizer: HearthTokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def sse_events(body: bytes) -> list[Any]:
+    """The data payloads of an SSE body, JSON-decoded except `[DONE]`; comments dropped."""
+    events: list[Any] = []
+    for block in body.decode().split("\n\n"):
+        data = [line[6:] for line in block.split("\n") if line.startswith("data: ")]
+        if not data:
+            continue
+        payload = "\n".join(data)
+        events.append(payload if payload == "[DONE]" else orjson.loads(payload))
+    return events
+
+
+def assert_openai_error(result: Any, status: int, param: str | None = ...) -> dict[str, Any]:
+    """Status, the OpenAI error shape, and (when given) the param naming the field."""
+    assert result.status_code == status, (result.status_code, result.text)
+    body = result.json
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["code"] == status
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"].endswith("Error")
+    if param is not ...:
+        assert error["param"] == param, error
+    return error
+
+
+@dataclass
+class StreamResult:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def events(self) -> list[Any]:
+        return sse_events(self.body)
+
+    @property
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+async def call_asgi(
+    app: Any,
+    path: str,
+    body: Any = None,
+    *,
+    method: str = "POST",
+    headers: dict[str, str] | None = None,
+    disconnect_when: Callable[[bytes], bool] | None = None,
+    timeout: float = 5.0,
+    content_length: bool = True,
+) -> StreamResult:
+    """One request straight through the ASGI app, reading the response as it streams.
+
+    falcon.testing's plain simulate_* calls mark the client disconnected as soon as
+    the request is sent, which ends an SSE response after its first event; this keeps
+    the client connected until the response ends or `disconnect_when(body so far)`.
+    """
+    raw = body if isinstance(body, bytes) else (b"" if body is None else orjson.dumps(body))
+    all_headers = {"content-type": "application/json"} if body is not None else {}
+    all_headers.update(headers or {})
+    scope = falcon.testing.create_scope(
+        path=path,
+        method=method,
+        headers=all_headers,
+        content_length=len(raw) if content_length else None,
+    )
+    emitter = falcon.testing.ASGIRequestEventEmitter(
+        raw, disconnect_at=time.time() + 3600, chunk_size=65536
+    )
+    collector = falcon.testing.ASGIResponseEventCollector()
+    task = asyncio.create_task(app(scope, emitter, collector))
+    deadline = time.monotonic() + timeout
+    disconnected = False
+    while not task.done():
+        if time.monotonic() > deadline:
+            task.cancel()
+            raise TimeoutError(f"{method} {path} did not finish in {timeout}s")
+        if (
+            not disconnected
+            and disconnect_when is not None
+            and disconnect_when(b"".join(collector.body_chunks))
+        ):
+            emitter.disconnect()
+            disconnected = True
+        await asyncio.sleep(0.001)
+    await task
+    headers_out = {
+        (k.decode() if isinstance(k, bytes) else k).lower(): (
+            v.decode() if isinstance(v, bytes) else v
+        )
+        for k, v in collector.headers
+    }
+    return StreamResult(collector.status, headers_out, b"".join(collector.body_chunks))

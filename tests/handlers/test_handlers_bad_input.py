@@ -1,0 +1,295 @@
+"""Bad input of every kind: the right status, the OpenAI error shape, the field named,
+and nothing left running in the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import falcon.testing
+import orjson
+import pytest
+from handlers_testing import assert_openai_error
+
+from engine.tokenizer import Tokenizer
+
+USER = [{"role": "user", "content": "Hello"}]
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    body: Any
+    status: int
+    param: str | None
+    path: str = CHAT
+    method: str = "POST"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"messages": USER, **fields}
+
+
+def nested(depth: int) -> bytes:
+    return b'{"messages": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+CASES = [
+    # -- transport ------------------------------------------------------------------------
+    Case("invalid-json", b'{"messages": [', 400, None),
+    Case("non-utf8", b'{"messages": "\xff\xfe"}', 400, None),
+    Case("wrong-content-type", b"{}", 415, None, headers=(("content-type", "text/plain"),)),
+    Case(
+        "form-content-type",
+        b"a=b",
+        415,
+        None,
+        headers=(("content-type", "application/x-www-form-urlencoded"),),
+    ),
+    Case("empty-body", b"", 400, None),
+    Case("whitespace-body", b"  \n ", 400, None),
+    Case("nested-10k", b"[" * 10_000 + b"]" * 10_000, 400, None),
+    Case("nested-500-in-field", nested(500), 400, None),
+    Case("body-array", [1, 2], 400, None),
+    Case("body-string", "hello", 400, None),
+    Case("body-null", None, 400, None),
+    Case("huge-int", b'{"messages": [], "n": 123456789012345678901234567890}', 400, "n"),
+    # -- messages ------------------------------------------------------------------------
+    Case("messages-missing", {}, 400, "messages"),
+    Case("messages-empty", chat(messages=[]), 400, "messages"),
+    Case("messages-not-list", chat(messages="hi"), 400, "messages"),
+    Case("message-not-object", chat(messages=["hi"]), 400, "messages[0]"),
+    Case(
+        "unknown-role", chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages[0].role"
+    ),
+    Case("role-missing", chat(messages=[{"content": "x"}]), 400, "messages[0].role"),
+    Case(
+        "content-number",
+        chat(messages=[{"role": "user", "content": 5}]),
+        400,
+        "messages[0].content",
+    ),
+    Case("content-missing", chat(messages=[{"role": "user"}]), 400, "messages[0].content"),
+    Case(
+        "image-part",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        400,
+        "messages[0].content[0].type",
+    ),
+    Case(
+        "part-without-text",
+        chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        400,
+        "messages[0].content[0].text",
+    ),
+    Case(
+        "tool-without-id",
+        chat(messages=[*USER, {"role": "tool", "content": "42"}]),
+        400,
+        "messages[1].tool_call_id",
+    ),
+    Case(
+        "too-long-prompt",
+        chat(messages=[{"role": "user", "content": "word " * 400}]),
+        400,
+        "messages",
+    ),
+    # -- sampling ranges -------------------------------------------------------------------
+    Case("temperature-negative", chat(temperature=-0.1), 400, "temperature"),
+    Case("temperature-high", chat(temperature=2.5), 400, "temperature"),
+    Case("temperature-string", chat(temperature="0.5"), 400, "temperature"),
+    Case("top-p-zero", chat(top_p=0), 400, "top_p"),
+    Case("top-p-high", chat(top_p=1.5), 400, "top_p"),
+    Case("top-k-low", chat(top_k=-2), 400, "top_k"),
+    Case("min-p-high", chat(min_p=1.5), 400, "min_p"),
+    Case("presence-high", chat(presence_penalty=3), 400, "presence_penalty"),
+    Case("frequency-low", chat(frequency_penalty=-3), 400, "frequency_penalty"),
+    Case("repetition-zero", chat(repetition_penalty=0), 400, "repetition_penalty"),
+    Case("repetition-high", chat(repetition_penalty=2.5), 400, "repetition_penalty"),
+    Case("n-zero", chat(n=0), 400, "n"),
+    Case("n-over-max", chat(n=17), 400, "n"),
+    Case("n-bool", chat(n=True), 400, "n"),
+    Case("seed-negative", chat(seed=-1), 400, "seed"),
+    Case("seed-over-int64", chat(seed=2**63), 400, "seed"),
+    Case("min-tokens-negative", chat(min_tokens=-1), 400, "min_tokens"),
+    Case("min-tokens-over-max", chat(min_tokens=10, max_tokens=5), 400, "min_tokens"),
+    Case("max-tokens-zero", chat(max_tokens=0), 400, "max_tokens"),
+    Case("max-tokens-over-context", chat(max_tokens=250), 400, "max_tokens"),
+    Case(
+        "max-completion-over-context",
+        chat(max_completion_tokens=10_000),
+        400,
+        "max_completion_tokens",
+    ),
+    Case("max-tokens-float", chat(max_tokens=1.5), 400, "max_tokens"),
+    Case("stream-string", chat(stream="yes"), 400, "stream"),
+    Case(
+        "stream-options-without-stream",
+        chat(stream_options={"include_usage": True}),
+        400,
+        "stream_options",
+    ),
+    Case("model-number", chat(model=5), 400, "model"),
+    Case("priority-string", chat(priority="high"), 400, "priority"),
+    # -- stop ---------------------------------------------------------------------------------
+    Case("stop-empty", chat(stop=""), 400, "stop[0]"),
+    Case("stop-empty-in-list", chat(stop=["a", ""]), 400, "stop[1]"),
+    Case("stop-5000", chat(stop=[f"s{i}" for i in range(5000)]), 400, "stop"),
+    Case("stop-number", chat(stop=5), 400, "stop"),
+    Case("stop-list-of-numbers", chat(stop=[5]), 400, "stop[0]"),
+    Case("stop-token-ids-out-of-vocab", chat(stop_token_ids=[100_000]), 400, "stop_token_ids"),
+    Case("stop-token-ids-negative", chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
+    # -- logit bias, logprobs ------------------------------------------------------------------
+    Case("logit-bias-key-text", chat(logit_bias={"hello": 1}), 400, "logit_bias"),
+    Case("logit-bias-key-out-of-vocab", chat(logit_bias={"100000": 1}), 400, "logit_bias"),
+    Case("logit-bias-value-high", chat(logit_bias={"5": 101}), 400, "logit_bias"),
+    Case("top-logprobs-over-max", chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    Case("top-logprobs-without-logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
+    Case("top-logprobs-negative", chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs"),
+    # -- unsupported features ---------------------------------------------------------------
+    Case("json-object", chat(response_format={"type": "json_object"}), 400, "response_format.type"),
+    Case(
+        "json-schema",
+        chat(response_format={"type": "json_schema", "json_schema": {}}),
+        400,
+        "response_format.type",
+    ),
+    Case("tool-choice-auto", chat(tool_choice="auto"), 400, "tool_choice"),
+    Case("tool-choice-required", chat(tool_choice="required"), 400, "tool_choice"),
+    Case(
+        "tool-choice-named",
+        chat(tool_choice={"type": "function", "function": {"name": "f"}}),
+        400,
+        "tool_choice",
+    ),
+    Case("guided-json", chat(guided_json={"type": "object"}), 400, "guided_json"),
+    Case("beam-search", chat(use_beam_search=True), 400, "use_beam_search"),
+    Case("untrusted-template", chat(chat_template="{{ messages }}"), 400, "chat_template"),
+    Case(
+        "untrusted-template-kwarg",
+        chat(chat_template_kwargs={"chat_template": "x"}),
+        400,
+        "chat_template",
+    ),
+    Case(
+        "continue-and-generation-prompt",
+        chat(continue_final_message=True),
+        400,
+        "continue_final_message",
+    ),
+    # -- model, routes -----------------------------------------------------------------------
+    Case("unknown-model", chat(model="gpt-4o"), 404, "model"),
+    Case("unknown-route", chat(), 404, None, path="/v1/embeddings"),
+    Case("wrong-method", None, 405, None, path=CHAT, method="GET"),
+    Case("wrong-method-models", chat(), 405, None, path="/v1/models"),
+    # -- completions -------------------------------------------------------------------------
+    Case("prompt-missing", {"max_tokens": 5}, 400, "prompt", path=COMPLETIONS),
+    Case("prompt-empty-list", {"prompt": []}, 400, "prompt", path=COMPLETIONS),
+    Case("prompt-empty-string", {"prompt": ""}, 400, "prompt", path=COMPLETIONS),
+    Case("prompt-ids-out-of-vocab", {"prompt": [1, 100_000]}, 400, "prompt", path=COMPLETIONS),
+    Case("prompt-ids-negative", {"prompt": [1, -5]}, 400, "prompt", path=COMPLETIONS),
+    Case(
+        "prompt-lists-out-of-vocab",
+        {"prompt": [[1], [100_000]]},
+        400,
+        "prompt[1]",
+        path=COMPLETIONS,
+    ),
+    Case("prompt-mixed", {"prompt": ["a", 1]}, 400, "prompt", path=COMPLETIONS),
+    Case("prompt-number", {"prompt": 5}, 400, "prompt", path=COMPLETIONS),
+    Case("suffix", {"prompt": "a", "suffix": "b"}, 400, "suffix", path=COMPLETIONS),
+    Case("best-of", {"prompt": "a", "best_of": 2}, 400, "best_of", path=COMPLETIONS),
+    Case(
+        "completion-logprobs-high",
+        {"prompt": "a", "logprobs": 21},
+        400,
+        "logprobs",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "echo-with-logprobs",
+        {"prompt": "a", "echo": True, "logprobs": 1},
+        400,
+        "echo",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "completion-max-tokens",
+        {"prompt": "a", "max_tokens": 300},
+        400,
+        "max_tokens",
+        path=COMPLETIONS,
+    ),
+    Case("completion-unknown-model", {"prompt": "a", "model": "x"}, 404, "model", path=COMPLETIONS),
+    # -- tokenize, TGI --------------------------------------------------------------------
+    Case("tokenize-nothing", {}, 400, "prompt", path="/tokenize"),
+    Case("detokenize-negative", {"tokens": [-1]}, 400, "tokens", path="/detokenize"),
+    Case("detokenize-strings", {"tokens": ["a"]}, 400, "tokens[0]", path="/detokenize"),
+    Case("tgi-empty-inputs", {"inputs": ""}, 400, "inputs", path="/invocations"),
+    Case(
+        "tgi-temperature-zero",
+        {"inputs": "x", "parameters": {"temperature": 0}},
+        400,
+        "parameters.temperature",
+        path="/invocations",
+    ),
+    Case(
+        "tgi-max-new-tokens",
+        {"inputs": "x", "parameters": {"max_new_tokens": 10**6}},
+        400,
+        "parameters.max_new_tokens",
+        path="/invocations",
+    ),
+    Case(
+        "tgi-top-k-zero",
+        {"inputs": "x", "parameters": {"top_k": 0}},
+        400,
+        "parameters.top_k",
+        path="/invocations",
+    ),
+    Case("invocations-garbage", {"hello": "world"}, 400, None, path="/invocations"),
+    Case("invocations-bad-json", b"{nope", 400, None, path="/invocations"),
+]
+
+
+def send(client: falcon.testing.TestClient, case: Case) -> falcon.testing.Result:
+    headers = dict(case.headers)
+    if isinstance(case.body, bytes):
+        body = case.body
+    else:
+        body = orjson.dumps(case.body)
+    headers.setdefault("content-type", "application/json")
+    return client.simulate_request(case.method, case.path, body=body, headers=headers)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(client, engine, case: Case) -> None:
+    result = send(client, case)
+    assert_openai_error(result, case.status, case.param)
+    assert engine.added == [], "refused before admission"
+    assert engine.live == set()
+
+
+def test_matrix_is_broad() -> None:
+    assert len(CASES) >= 50
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+def test_one_engine_survives_the_whole_matrix(client, engine, tokenizer: Tokenizer) -> None:
+    for case in CASES:
+        send(client, case)
+    assert engine.live == set() and engine.num_in_flight == 0
+    # ... and still serves.
+    result = client.simulate_post(CHAT, json=chat())
+    assert result.status_code == 200
+    assert engine.live == set()
+
+
+def test_unknown_fields_are_ignored(client) -> None:
+    result = client.simulate_post(
+        CHAT, json=chat(some_vendor_extra={"x": 1}, reasoning_effort="low")
+    )
+    assert result.status_code == 200

@@ -1,0 +1,58 @@
+"""ServerConfig: the JSON environment transport from the CLI to the workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from handlers.config import ENV_VAR, ServerConfig, digest_api_key
+
+
+def test_round_trip_through_the_environment() -> None:
+    config = ServerConfig.with_api_keys(
+        ["k1", "k2"],
+        model_dir="/models/x",
+        served_model_names=["a", "b"],
+        allowed_origins=["https://x.example"],
+        sse_keep_alive_interval=2.5,
+        max_log_len=100,
+    )
+    env = config.to_env()
+    assert list(env) == [ENV_VAR]
+    rebuilt = ServerConfig.from_env(env)
+    assert rebuilt == config
+    assert rebuilt.served_model_names == ("a", "b")
+    assert rebuilt.api_key_digests == (digest_api_key("k1"), digest_api_key("k2"))
+    assert "k1" not in env[ENV_VAR]  # only digests travel
+
+
+def test_defaults() -> None:
+    config = ServerConfig.from_env({})
+    assert config.served_model_names == ("default",)
+    assert config.max_request_body_bytes == 6 * 1024 * 1024
+    assert config.allowed_origins == () and config.api_key_digests == ()
+    assert ServerConfig(model_dir="/m/llama").default_model_name == "/m/llama"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "not json",
+        "[]",
+        '{"no_such_setting": 1}',
+        '{"max_n": "16"}',
+        '{"served_model_names": "one"}',
+        '{"api_key_digests": ["plain-key"]}',
+        '{"sse_keep_alive_interval": 0}',
+        '{"generation_config": "maybe"}',
+        '{"root_path": "api"}',
+    ],
+)
+def test_bad_values_fail_loudly(value: str) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        ServerConfig.from_env({ENV_VAR: value})
+
+
+def test_config_is_immutable() -> None:
+    config = ServerConfig(served_model_names=["a"])
+    with pytest.raises(AttributeError):
+        config.max_n = 3  # type: ignore[misc]

@@ -1,0 +1,220 @@
+"""HTTP concerns: auth, ids, limits, probes, metrics, CORS, root path, headers."""
+
+from __future__ import annotations
+
+import falcon.testing
+import pytest
+from fake_engine import FakeEngine
+from handlers_testing import assert_openai_error, call_asgi
+
+from handlers.config import ServerConfig
+from handlers.http.app import create_app
+
+CHAT_BODY = {"messages": [{"role": "user", "content": "Hello"}]}
+KEY = "sk-test-123"
+
+
+@pytest.fixture
+def secured(make_client) -> falcon.testing.TestClient:
+    return make_client(api_key_digests=ServerConfig.with_api_keys([KEY, "other"]).api_key_digests)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": "Basic x"}],
+)
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("GET", "/v1/models"),
+        ("POST", "/invocations"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("GET", "/no/such/route"),
+    ],
+)
+def test_every_inference_route_needs_the_key(secured, engine, headers, method, path):
+    result = secured.simulate_request(method, path, json=CHAT_BODY, headers=headers)
+    error = assert_openai_error(result, 401, None)
+    assert error["type"] == "AuthenticationError"
+    assert result.headers["www-authenticate"] == "Bearer"
+    assert engine.added == []
+
+
+def test_right_key_passes(secured, engine):
+    result = secured.simulate_post(
+        "/v1/chat/completions", json=CHAT_BODY, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert result.status_code == 200
+    second = secured.simulate_get("/v1/models", headers={"Authorization": "bearer other"})
+    assert second.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/ping", "/health", "/version", "/metrics"])
+def test_probes_and_metrics_are_open(secured, path):
+    assert secured.simulate_get(path).status_code == 200
+
+
+def test_ping_follows_readiness_and_health_follows_death(client, engine: FakeEngine):
+    engine.ready = False
+    for method in ("GET", "POST"):
+        assert_openai_error(client.simulate_request(method, "/ping"), 503)
+    assert client.simulate_get("/health").status_code == 200  # loading is alive
+    result = client.simulate_post("/v1/chat/completions", json=CHAT_BODY)
+    assert_openai_error(result, 503)
+    engine.ready = True
+    assert client.simulate_get("/ping").status_code == 200
+    assert client.simulate_post("/ping").status_code == 200
+    engine.die()
+    assert_openai_error(client.simulate_get("/health"), 503)
+    assert_openai_error(client.simulate_get("/ping"), 503)
+    assert_openai_error(client.simulate_post("/v1/chat/completions", json=CHAT_BODY), 503)
+
+
+@pytest.mark.anyio
+async def test_lifespan_starts_and_closes_the_engine(client, engine: FakeEngine):
+    engine.ready = False  # startup must not wait for warm-up
+    async with falcon.testing.ASGIConductor(client.app) as conductor:
+        assert engine.started and not engine.closed
+        assert (await conductor.simulate_get("/ping")).status_code == 503
+    assert engine.closed
+
+
+def test_request_id_echo(make_client):
+    client = make_client(enable_request_id_headers=True)
+    result = client.simulate_get("/v1/models", headers={"X-Request-Id": "req-42"})
+    assert result.headers["x-request-id"] == "req-42"
+    generated = client.simulate_post("/v1/chat/completions", json=CHAT_BODY)
+    assert generated.json["id"] == "chatcmpl-" + generated.headers["x-request-id"]
+    error = client.simulate_get("/nowhere", headers={"X-Request-Id": "req-43"})
+    assert error.headers["x-request-id"] == "req-43"
+
+
+def test_request_id_not_echoed_by_default(client):
+    result = client.simulate_get("/v1/models", headers={"X-Request-Id": "req-42"})
+    assert "x-request-id" not in result.headers
+
+
+def test_too_large_body_by_content_length(client, engine):
+    result = client.simulate_post("/v1/chat/completions", body=b"x" * (7 << 20))
+    error = assert_openai_error(result, 413, None)
+    assert error["type"] == "RequestTooLargeError"
+
+
+@pytest.mark.anyio
+async def test_too_large_body_without_content_length(client, engine):
+    body = b'{"messages": "' + b"x" * (7 << 20) + b'"}'
+    result = await call_asgi(client.app, "/v1/chat/completions", body, content_length=False)
+    assert result.status == 413
+    assert result.json["error"]["code"] == 413
+
+
+def test_body_limit_is_configurable(make_client):
+    client = make_client(max_request_body_bytes=100)
+    result = client.simulate_post("/invocations", json={"prompt": "x" * 200})
+    assert_openai_error(result, 413)
+
+
+def test_unknown_route_and_wrong_method(client):
+    error = assert_openai_error(client.simulate_get("/v2/nothing"), 404, None)
+    assert error["type"] == "NotFoundError"
+    result = client.simulate_get("/v1/chat/completions")
+    error = assert_openai_error(result, 405, None)
+    assert "POST" in result.headers["allow"]
+    assert_openai_error(client.simulate_delete("/v1/models"), 405)
+
+
+def test_models_list(client, model_dir):
+    body = client.simulate_get("/v1/models").json
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["tiny", "tiny-alias"]
+    assert body["data"][0]["max_model_len"] == 256
+    assert body["data"][0]["root"] == str(model_dir)
+
+
+def test_version(client):
+    assert isinstance(client.simulate_get("/version").json["version"], str)
+
+
+def test_load_route_only_with_the_flag(client, make_client, engine):
+    assert_openai_error(client.simulate_get("/load"), 404)
+    tracked = make_client(enable_server_load_tracking=True)
+    assert tracked.simulate_get("/load").json == {"server_load": 0}
+
+
+def test_metrics_have_hearth_names(model_dir, tokenizer, engine):
+    app = create_app(
+        ServerConfig(model_dir=str(model_dir), served_model_names=["m"]), engine, tokenizer
+    )
+    client = falcon.testing.TestClient(app)
+    assert client.simulate_post("/v1/chat/completions", json=CHAT_BODY).status_code == 200
+    result = client.simulate_get("/metrics")
+    assert result.headers["content-type"].startswith("text/plain")
+    text = result.text
+    for name in (
+        "hearth:time_to_first_token_seconds_bucket",
+        "hearth:inter_token_latency_seconds_bucket",
+        "hearth:e2e_request_latency_seconds_count",
+        'hearth:request_success_total{finished_reason="stop",model_name="m"}',
+        'hearth:prompt_tokens_total{model_name="m"}',
+        'hearth:generation_tokens_total{model_name="m"}',
+    ):
+        assert name in text, name
+
+
+def test_metrics_multiprocess_mode(monkeypatch, tmp_path, client):
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    result = client.simulate_get("/metrics")
+    assert result.status_code == 200  # an empty directory aggregates to an empty page
+
+
+def test_cors_off_by_default(client):
+    result = client.simulate_get("/v1/models", headers={"Origin": "https://example.com"})
+    assert "access-control-allow-origin" not in result.headers
+
+
+def test_cors_with_configured_origin(make_client):
+    client = make_client(
+        allowed_origins=["https://ok.example"],
+        allowed_methods=["GET", "POST"],
+        api_key_digests=ServerConfig.with_api_keys([KEY]).api_key_digests,
+    )
+    preflight = client.simulate_options(
+        "/v1/chat/completions",
+        headers={
+            "Origin": "https://ok.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+    assert preflight.status_code == 200  # preflights carry no credentials
+    assert preflight.headers["access-control-allow-origin"] == "https://ok.example"
+    assert preflight.headers["access-control-allow-methods"] == "GET, POST"
+    other = client.simulate_get("/version", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_root_path_is_stripped(make_client):
+    client = make_client(root_path="/api")
+    assert client.simulate_get("/api/v1/models").status_code == 200
+    assert client.simulate_get("/v1/models").status_code == 200  # proxy already stripped it
+    assert client.simulate_get("/api/ping").status_code == 200
+
+
+def test_sagemaker_custom_attributes_echoed(client):
+    headers = {"X-Amzn-SageMaker-Custom-Attributes": "trace=1"}
+    result = client.simulate_post("/invocations", json={"prompt": "x"}, headers=headers)
+    assert result.status_code == 200
+    assert result.headers["x-amzn-sagemaker-custom-attributes"] == "trace=1"
+
+
+def test_unhandled_bug_is_a_500_without_internals(client, engine: FakeEngine, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(engine, "add_request", broken)
+    result = client.simulate_post("/v1/chat/completions", json=CHAT_BODY)
+    error = assert_openai_error(result, 500, None)
+    assert "secret" not in error["message"] and error["type"] == "InternalServerError"
