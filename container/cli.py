@@ -56,7 +56,9 @@ def _read_chat_template(value: str | None) -> str | None:
     if len(value) < 4096 and path.is_file():
         return path.read_text()
     if "{" not in value:
-        raise SystemExit(f"hearth: --chat-template {value!r} is neither a file nor a Jinja template")
+        raise SystemExit(
+            f"hearth: --chat-template {value!r} is neither a file nor a Jinja template"
+        )
     return value
 
 
@@ -143,7 +145,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ssl_keyfile or args.ssl_certfile:
         options.update(keyfile=args.ssl_keyfile, certfile=args.ssl_certfile)
     supervisor = EngineSupervisor(engine_env)
-    logger.info("serving %s as %s on %s", model_dir, ", ".join(server_config.served_model_names), bind)
+    logger.info(
+        "serving %s as %s on %s", model_dir, ", ".join(server_config.served_model_names), bind
+    )
     code = 0
     try:
         HearthApplication(options, supervisor).run()
@@ -154,8 +158,10 @@ def run_serve(args: argparse.Namespace) -> int:
         shutil.rmtree(runtime_dir, ignore_errors=True)
         shutil.rmtree(metrics_dir, ignore_errors=True)
     if supervisor.died:
-        print("hearth: the engine core died; exiting non-zero so the platform restarts us",
-              file=sys.stderr)
+        print(
+            "hearth: the engine core died; exiting non-zero so the platform restarts us",
+            file=sys.stderr,
+        )
         return 3
     return code
 

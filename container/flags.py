@@ -40,29 +40,41 @@ class FlagAdder:
     def __init__(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         self.parser = parser
 
-    def value(self, flag: str, type: Callable[[str], Any], default: Any, help: str,
-              **kwargs: Any) -> None:
+    def value(
+        self, flag: str, type: Callable[[str], Any], default: Any, help: str, **kwargs: Any
+    ) -> None:
         raw = os.environ.get(env_name(flag))
         if raw is not None:
             try:
                 default = type(raw)
             except ValueError as exc:
                 raise SystemExit(f"hearth: {env_name(flag)}={raw!r}: {exc}") from exc
-        self.parser.add_argument(flag, type=type, default=default,
-                                 help=f"{help} [env {env_name(flag)}]", **kwargs)
+        self.parser.add_argument(
+            flag, type=type, default=default, help=f"{help} [env {env_name(flag)}]", **kwargs
+        )
 
     def switch(self, flag: str, default: bool, help: str) -> None:
         raw = os.environ.get(env_name(flag))
         if raw is not None:
             default = parse_bool(raw, flag)
-        self.parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                 help=f"{help} [env {env_name(flag)}]")
+        self.parser.add_argument(
+            flag,
+            action=argparse.BooleanOptionalAction,
+            default=default,
+            help=f"{help} [env {env_name(flag)}]",
+        )
 
     def many(self, flag: str, help: str, **kwargs: Any) -> None:
         raw = os.environ.get(env_name(flag))
         default = [v for v in raw.split(",") if v] if raw else []
-        self.parser.add_argument(flag, nargs="+", action="extend", default=None,
-                                 help=f"{help} [env {env_name(flag)}, comma-separated]", **kwargs)
+        self.parser.add_argument(
+            flag,
+            nargs="+",
+            action="extend",
+            default=None,
+            help=f"{help} [env {env_name(flag)}, comma-separated]",
+            **kwargs,
+        )
         self.parser.set_defaults(**{"_default_" + flag.lstrip("-").replace("-", "_"): default})
 
 
@@ -78,17 +90,22 @@ def finish_many(args: argparse.Namespace) -> None:
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", nargs="?", default=os.environ.get("HEARTH_MODEL"),
+        "model",
+        nargs="?",
+        default=os.environ.get("HEARTH_MODEL"),
         help="Hugging Face model directory or .gguf file; default: the embedded "
-             "SmolLM2-135M-Instruct [env HEARTH_MODEL]",
+        "SmolLM2-135M-Instruct [env HEARTH_MODEL]",
     )
     net = FlagAdder(parser.add_argument_group("server"))
     net.value("--host", str, "127.0.0.1", "Address to bind")
     net.value("--port", int, 8000, "Port to bind")
     net.value("--uds", str, None, "Serve on this Unix domain socket instead of host:port")
     net.value("--workers", int, 1, "API worker processes (they share one engine)")
-    net.many("--api-key", "Require 'Authorization: Bearer KEY' on every route but "
-                          "/ping, /health, /version and /metrics (repeatable)")
+    net.many(
+        "--api-key",
+        "Require 'Authorization: Bearer KEY' on every route but "
+        "/ping, /health, /version and /metrics (repeatable)",
+    )
     net.value("--root-path", str, "", "Path prefix set by a proxy in front of the server")
     net.value("--ssl-keyfile", str, None, "TLS private key file")
     net.value("--ssl-certfile", str, None, "TLS certificate file")
@@ -96,42 +113,78 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     net.many("--allowed-methods", "CORS methods (default all, when origins are set)")
     net.many("--allowed-headers", "CORS headers (default all, when origins are set)")
     net.switch("--allow-credentials", False, "CORS: allow credentials")
-    net.value("--timeout-graceful-shutdown", float, 20.0,
-              "Seconds SIGTERM lets in-flight requests finish (SageMaker kills at 30)")
+    net.value(
+        "--timeout-graceful-shutdown",
+        float,
+        20.0,
+        "Seconds SIGTERM lets in-flight requests finish (SageMaker kills at 30)",
+    )
 
     api = FlagAdder(parser.add_argument_group("OpenAI API"))
     api.many("--served-model-name", "Names clients use in 'model' (the first is reported)")
     api.value("--chat-template", str, None, "Chat template: a file path or the template text")
-    api.switch("--trust-request-chat-template", False,
-               "Accept 'chat_template' in request bodies (arbitrary Jinja from clients)")
+    api.switch(
+        "--trust-request-chat-template",
+        False,
+        "Accept 'chat_template' in request bodies (arbitrary Jinja from clients)",
+    )
     api.value("--response-role", str, "assistant", "Role of generated chat messages")
     api.switch("--enable-request-id-headers", False, "Echo X-Request-Id in responses")
-    api.value("--sse-keep-alive-interval", float, 5.0,
-              "Seconds between SSE keep-alive comments while a stream waits")
+    api.value(
+        "--sse-keep-alive-interval",
+        float,
+        5.0,
+        "Seconds between SSE keep-alive comments while a stream waits",
+    )
     api.switch("--enable-server-load-tracking", False, "Expose GET /load")
-    api.switch("--enable-prompt-tokens-details", False,
-               "Report usage.prompt_tokens_details.cached_tokens")
+    api.switch(
+        "--enable-prompt-tokens-details", False, "Report usage.prompt_tokens_details.cached_tokens"
+    )
     api.value("--max-log-len", int, None, "Characters of prompts shown in logs")
     api.switch("--disable-log-requests", False, "No per-request log line")
 
     eng = FlagAdder(parser.add_argument_group("engine"))
     eng.value("--device", str, "auto", "auto, cpu or cuda[:N]")
-    eng.value("--dtype", str, "auto", "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16",
-              choices=["auto", "float32", "bfloat16", "float16"])
-    eng.value("--max-model-len", int, None, "Context length (prompt + output); default: the model's")
+    eng.value(
+        "--dtype",
+        str,
+        "auto",
+        "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+    eng.value(
+        "--max-model-len", int, None, "Context length (prompt + output); default: the model's"
+    )
     eng.value("--max-num-seqs", int, 256, "Sequences in the running batch at most")
-    eng.value("--max-num-batched-tokens", int, 2048,
-              "Token budget of one step, shared by decodes and prefill chunks")
+    eng.value(
+        "--max-num-batched-tokens",
+        int,
+        2048,
+        "Token budget of one step, shared by decodes and prefill chunks",
+    )
     eng.value("--block-size", int, 16, "Tokens per KV cache block")
     eng.switch("--enable-prefix-caching", True, "Reuse KV blocks of shared prompt prefixes")
-    eng.value("--kv-cache-memory", parse_bytes, None,
-              "Bytes of KV cache on CPU, e.g. 4GiB (default: up to 2 GiB)")
+    eng.value(
+        "--kv-cache-memory",
+        parse_bytes,
+        None,
+        "Bytes of KV cache on CPU, e.g. 4GiB (default: up to 2 GiB)",
+    )
     eng.value("--gpu-memory-utilization", float, 0.9, "Fraction of GPU memory hearth may use")
     eng.value("--seed", int, 0, "Engine random seed")
     eng.value("--max-num-queued-reqs", int, None, "Refuse (503) when this many requests wait")
-    eng.value("--max-num-queued-tokens", int, None,
-              "Refuse (503) when waiting prompts hold this many tokens")
-    eng.value("--scheduling-policy", str, "fcfs", "fcfs or priority (lower value runs first)",
-              choices=["fcfs", "priority"])
+    eng.value(
+        "--max-num-queued-tokens",
+        int,
+        None,
+        "Refuse (503) when waiting prompts hold this many tokens",
+    )
+    eng.value(
+        "--scheduling-policy",
+        str,
+        "fcfs",
+        "fcfs or priority (lower value runs first)",
+        choices=["fcfs", "priority"],
+    )
     eng.value("--num-threads", int, None, "torch threads of the engine (CPU; default all cores)")
     eng.switch("--disable-log-stats", False, "No periodic engine statistics line")

@@ -49,7 +49,9 @@ class EngineSupervisor:
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while not engine_is_alive(runtime_dir):
             if self.process.poll() is not None:
-                raise RuntimeError(f"the engine core exited at start-up (code {self.process.returncode})")
+                raise RuntimeError(
+                    f"the engine core exited at start-up (code {self.process.returncode})"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError("the engine core did not start")
             time.sleep(0.05)

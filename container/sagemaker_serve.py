@@ -21,9 +21,7 @@ PREFIX = "SM_HEARTH_"
 
 
 def _has_model(path: Path) -> bool:
-    return path.is_dir() and (
-        (path / "config.json").is_file() or any(path.glob("*.gguf"))
-    )
+    return path.is_dir() and ((path / "config.json").is_file() or any(path.glob("*.gguf")))
 
 
 def sagemaker_argv(environ: Mapping[str, str], model_dir: Path = SAGEMAKER_MODEL_DIR) -> list[str]:
@@ -31,9 +29,12 @@ def sagemaker_argv(environ: Mapping[str, str], model_dir: Path = SAGEMAKER_MODEL
     if "HEARTH_MODEL" not in environ and _has_model(model_dir):
         argv.append(str(model_dir))
     argv += ["--host", "0.0.0.0", "--port", environ.get("SAGEMAKER_BIND_TO_PORT", "8080")]
-    if "HEARTH_SERVED_MODEL_NAME" not in environ and not any(
-        k == PREFIX + "SERVED_MODEL_NAME" for k in environ
-    ) and len(argv) > 1 and argv[1] == str(model_dir):
+    if (
+        "HEARTH_SERVED_MODEL_NAME" not in environ
+        and not any(k == PREFIX + "SERVED_MODEL_NAME" for k in environ)
+        and len(argv) > 1
+        and argv[1] == str(model_dir)
+    ):
         argv += ["--served-model-name", "model"]
     for key in sorted(environ):
         if not key.startswith(PREFIX):

@@ -18,7 +18,9 @@ from engine.request import Request
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks = num_blocks
@@ -93,7 +95,9 @@ class BlockManager:
         reusable_free = sum(1 for b in cached if self._ref_counts[b] == 0)
         return needed <= self.num_free_blocks - reusable_free
 
-    def allocate(self, request: Request, num_new_tokens: int, cached: list[int] | None = None) -> bool:
+    def allocate(
+        self, request: Request, num_new_tokens: int, cached: list[int] | None = None
+    ) -> bool:
         """Give the request slots for num_new_tokens more tokens (after any cached prefix).
 
         Returns False, changing nothing, when there are not enough free blocks.

@@ -9,6 +9,7 @@ messages with the core; this module holds everything but the transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
@@ -132,10 +133,8 @@ class EngineClient(ABC):
             while not self.is_ready():
                 if self._dead:
                     raise dead_error()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._ready_event.wait(), 0.2)
-                except TimeoutError:
-                    pass
         assert self._model_info is not None
         return self._model_info
 

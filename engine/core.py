@@ -135,7 +135,9 @@ class EngineCore:
         cfg, sched = self.config, self.scheduler
         if cfg.max_num_queued_reqs is not None and sched.num_waiting >= cfg.max_num_queued_reqs:
             return Admission(
-                request_id=rid, accepted=False, error_kind="overloaded",
+                request_id=rid,
+                accepted=False,
+                error_kind="overloaded",
                 message=f"The server is at capacity ({sched.num_waiting} requests waiting); retry later.",
             )
         if (
@@ -143,11 +145,17 @@ class EngineCore:
             and sched.num_waiting_tokens + len(msg.prompt_token_ids) > cfg.max_num_queued_tokens
         ):
             return Admission(
-                request_id=rid, accepted=False, error_kind="overloaded",
+                request_id=rid,
+                accepted=False,
+                error_kind="overloaded",
                 message=f"The server is at capacity ({sched.num_waiting_tokens} prompt tokens waiting); retry later.",
             )
         request = Request(
-            rid, msg.prompt_token_ids, msg.params, client_id, msg.priority,
+            rid,
+            msg.prompt_token_ids,
+            msg.params,
+            client_id,
+            msg.priority,
             msg.arrival_time or None,
         )
         sched.add(request)

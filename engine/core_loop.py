@@ -33,8 +33,9 @@ class EngineTransport(Protocol):
     def send(self, client_id: bytes, message: WorkerMessage) -> None: ...
 
 
-def handle_message(core: EngineCore, transport: EngineTransport, client_id: bytes,
-                   message: EngineMessage) -> None:
+def handle_message(
+    core: EngineCore, transport: EngineTransport, client_id: bytes, message: EngineMessage
+) -> None:
     if isinstance(message, AddRequest):
         transport.send(client_id, core.add_request(message, client_id))
     elif isinstance(message, AbortRequest):

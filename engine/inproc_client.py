@@ -31,7 +31,9 @@ class _QueueTransport:
     def poll(self, timeout_ms: int) -> list[tuple[bytes, EngineMessage]]:
         messages: list[tuple[bytes, EngineMessage]] = []
         try:
-            first = self.inbox.get(timeout=timeout_ms / 1000) if timeout_ms else self.inbox.get_nowait()
+            first = (
+                self.inbox.get(timeout=timeout_ms / 1000) if timeout_ms else self.inbox.get_nowait()
+            )
         except queue.Empty:
             return messages
         messages.append((_CLIENT_ID, first))
@@ -76,8 +78,9 @@ class InprocEngineClient(EngineClient):
             self.core = core
             loop.call_soon_threadsafe(self._set_ready, core.model_info)
             assert self._transport is not None
-            run_engine_loop(core, self._transport, self._stop,
-                            log_stats=not self.config.disable_log_stats)
+            run_engine_loop(
+                core, self._transport, self._stop, log_stats=not self.config.disable_log_stats
+            )
         except BaseException as exc:  # the thread is the engine: report, never vanish
             logger.exception("in-process engine core failed")
             self.error = exc

@@ -24,19 +24,38 @@ class EngineMetrics:
     _instance: EngineMetrics | None = None
 
     def __init__(self) -> None:
-        self.running = Gauge("hearth:num_requests_running", "Sequences in the running batch",
-                             multiprocess_mode=_GAUGE_MODE)
-        self.waiting = Gauge("hearth:num_requests_waiting", "Sequences waiting to be scheduled",
-                             multiprocess_mode=_GAUGE_MODE)
-        self.kv_usage = Gauge("hearth:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)",
-                              multiprocess_mode=_GAUGE_MODE)
-        self.kv_used_blocks = Gauge("hearth:kv_cache_used_blocks", "KV cache blocks held by sequences",
-                                    multiprocess_mode=_GAUGE_MODE)
-        self.kv_total_blocks = Gauge("hearth:kv_cache_total_blocks", "KV cache blocks in the pool",
-                                     multiprocess_mode=_GAUGE_MODE)
+        self.running = Gauge(
+            "hearth:num_requests_running",
+            "Sequences in the running batch",
+            multiprocess_mode=_GAUGE_MODE,
+        )
+        self.waiting = Gauge(
+            "hearth:num_requests_waiting",
+            "Sequences waiting to be scheduled",
+            multiprocess_mode=_GAUGE_MODE,
+        )
+        self.kv_usage = Gauge(
+            "hearth:kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use (0-1)",
+            multiprocess_mode=_GAUGE_MODE,
+        )
+        self.kv_used_blocks = Gauge(
+            "hearth:kv_cache_used_blocks",
+            "KV cache blocks held by sequences",
+            multiprocess_mode=_GAUGE_MODE,
+        )
+        self.kv_total_blocks = Gauge(
+            "hearth:kv_cache_total_blocks",
+            "KV cache blocks in the pool",
+            multiprocess_mode=_GAUGE_MODE,
+        )
         self.preemptions = Counter("hearth:num_preemptions", "Sequences preempted by recompute")
-        self.prefix_queries = Counter("hearth:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
-        self.prefix_hits = Counter("hearth:prefix_cache_hits", "Prompt tokens served from the prefix cache")
+        self.prefix_queries = Counter(
+            "hearth:prefix_cache_queries", "Prompt tokens looked up in the prefix cache"
+        )
+        self.prefix_hits = Counter(
+            "hearth:prefix_cache_hits", "Prompt tokens served from the prefix cache"
+        )
         # Prompt/generation token counters are the API workers' (labelled by model).
         self._last = {"pre": 0, "pq": 0, "ph": 0}
 
@@ -59,8 +78,11 @@ class EngineMetrics:
             "pq": bm.num_prefix_queries,
             "ph": bm.num_prefix_hits,
         }
-        for key, counter in (("pre", self.preemptions), ("pq", self.prefix_queries),
-                             ("ph", self.prefix_hits)):
+        for key, counter in (
+            ("pre", self.preemptions),
+            ("pq", self.prefix_queries),
+            ("ph", self.prefix_hits),
+        ):
             delta = now[key] - self._last[key]
             if delta > 0:
                 counter.inc(delta)
@@ -86,8 +108,11 @@ class StatsLogger:
             logger.info(
                 "engine: prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, "
                 "KV cache %.1f%%, preemptions %d",
-                (prompt - self._prompt) / dt, (gen - self._gen) / dt,
-                core.scheduler.num_running, core.scheduler.num_waiting,
-                100 * core.block_manager.usage, core.scheduler.num_preemptions,
+                (prompt - self._prompt) / dt,
+                (gen - self._gen) / dt,
+                core.scheduler.num_running,
+                core.scheduler.num_waiting,
+                100 * core.block_manager.usage,
+                core.scheduler.num_preemptions,
             )
         self._t, self._prompt, self._gen = now, prompt, gen

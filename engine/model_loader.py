@@ -205,22 +205,50 @@ def _cache_key(gguf: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
+def _cache_roots(cache_dir: str | None) -> list[Path]:
+    """Where conversions may live, in order of preference.
+
+    An explicit `cache_dir` or `$HEARTH_CACHE_DIR` is the only choice. The implicit
+    default falls back to the temp dir, for read-only homes (AWS Lambda, locked-down
+    containers), where only /tmp is writable.
+    """
+    if cache_dir:
+        return [Path(cache_dir).expanduser()]
+    if os.environ.get("HEARTH_CACHE_DIR"):
+        return [default_cache_dir()]
+    return [default_cache_dir(), Path(tempfile.gettempdir()) / "hearth-models"]
+
+
+def _writable_root(roots: list[Path]) -> Path:
+    for root in roots:
+        with contextlib.suppress(OSError):
+            root.mkdir(parents=True, exist_ok=True)
+        if root.is_dir() and os.access(root, os.W_OK | os.X_OK):
+            return root
+    raise ModelLoadError(
+        f"no writable cache directory for the converted GGUF (tried {', '.join(map(str, roots))}); "
+        "set HEARTH_CACHE_DIR to a writable directory."
+    )
+
+
 def _convert_cached(gguf: Path, cache_dir: str | None, say: Progress) -> str:
     """Return the cached conversion of `gguf`, converting it first when there is none.
 
     The conversion writes into a temp dir inside the cache dir and renames it into
     place, so a crash or a concurrent start never leaves a half-written entry; a lock
-    file keeps two processes from doing the same 3-10 s of work twice.
+    file keeps two processes from doing the same several seconds of work twice.
     """
-    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    roots = _cache_roots(cache_dir)
     gguf = gguf.resolve()
     key = _cache_key(gguf)
     stem = gguf.name[: -len(".gguf")] if gguf.name.lower().endswith(".gguf") else gguf.name
-    final = root / f"{stem}-{key}"
-    if (final / _MARKER).is_file():
-        return str(final)
+    name = f"{stem}-{key}"
+    for root in roots:
+        if (root / name / _MARKER).is_file():
+            return str(root / name)
 
-    root.mkdir(parents=True, exist_ok=True)
+    root = _writable_root(roots)
+    final = root / name
     with _file_lock(root / f".{key}.lock"):
         if (final / _MARKER).is_file():  # another process finished while we waited
             return str(final)

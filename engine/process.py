@@ -66,7 +66,9 @@ def main() -> int:
     write_ready(runtime_dir, core.model_info)
     logger.info(
         "engine core ready in %.1f s (warm-up %.2f s), pid %d",
-        time.monotonic() - start, warm, os.getpid(),
+        time.monotonic() - start,
+        warm,
+        os.getpid(),
     )
     try:
         run_engine_loop(core, transport, stop, log_stats=not config.disable_log_stats)

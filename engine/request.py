@@ -23,6 +23,7 @@ class Request:
     """
 
     __slots__ = (
+        "all_token_ids",
         "arrival_time",
         "block_hashes",
         "block_ids",
@@ -31,7 +32,6 @@ class Request:
         "num_cached_tokens",
         "num_computed_tokens",
         "num_prompt_tokens",
-        "all_token_ids",
         "params",
         "priority",
         "request_id",

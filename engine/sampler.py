@@ -56,7 +56,9 @@ class Sampler:
         else:
             token_ids = self._sample_random(logits, requests, temperatures)
         ids = token_ids.tolist()
-        return SamplerOutput(ids, self._logprobs(logprobs, ids, requests) if want_logprobs else None)
+        return SamplerOutput(
+            ids, self._logprobs(logprobs, ids, requests) if want_logprobs else None
+        )
 
     # -- logits processing ------------------------------------------------------------
     def _apply_penalties_and_bias(
@@ -67,7 +69,9 @@ class Sampler:
         for row, request in enumerate(requests):
             p = request.params
             needs_penalty = (
-                p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+                p.presence_penalty != 0.0
+                or p.frequency_penalty != 0.0
+                or p.repetition_penalty != 1.0
             )
             needs_min_tokens = p.min_tokens > 0 and request.num_output_tokens < p.min_tokens
             if not (needs_penalty or p.logit_bias or needs_min_tokens):

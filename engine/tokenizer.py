@@ -30,10 +30,16 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -97,7 +103,8 @@ class Tokenizer:
             if content:
                 self.special_tokens[key] = content
         self.all_special_ids: frozenset[int] = frozenset(
-            token_id for token_id, added in self._tok.get_added_tokens_decoder().items()
+            token_id
+            for token_id, added in self._tok.get_added_tokens_decoder().items()
             if added.special
         )
         self.eos_token_ids: list[int] = _eos_ids(self, generation, model_config)
@@ -192,7 +199,9 @@ def _cut_after_final_message(rendered: str, messages: list[dict[str, Any]]) -> s
     return rendered[: index + len(content)]
 
 
-def _eos_ids(tokenizer: Tokenizer, generation: dict[str, Any], model_config: dict[str, Any]) -> list[int]:
+def _eos_ids(
+    tokenizer: Tokenizer, generation: dict[str, Any], model_config: dict[str, Any]
+) -> list[int]:
     for source in (generation, model_config):
         value = source.get("eos_token_id")
         if isinstance(value, int):

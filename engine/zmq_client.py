@@ -36,7 +36,9 @@ class ZmqEngineClient(EngineClient):
     def from_env(cls) -> ZmqEngineClient:
         runtime_dir = os.environ.get(ENV_RUNTIME_DIR)
         if not runtime_dir:
-            raise RuntimeError(f"{ENV_RUNTIME_DIR} is not set: start the server with `hearth serve`")
+            raise RuntimeError(
+                f"{ENV_RUNTIME_DIR} is not set: start the server with `hearth serve`"
+            )
         return cls(runtime_dir)
 
     async def start(self) -> None:

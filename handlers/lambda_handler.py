@@ -16,6 +16,7 @@ limit); for token streaming use the image with the Lambda Web Adapter (README).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -53,7 +54,9 @@ def server_config_from_env(environ: dict[str, str] | os._Environ[str] = os.envir
         return ServerConfig.from_env(environ)
     names = [n for n in environ.get("HEARTH_SERVED_MODEL_NAME", "").split(",") if n]
     if not names:
-        names = [environ["HEARTH_MODEL"].rstrip("/")] if environ.get("HEARTH_MODEL") else ["smollm2"]
+        names = (
+            [environ["HEARTH_MODEL"].rstrip("/")] if environ.get("HEARTH_MODEL") else ["smollm2"]
+        )
     key = environ.get("HEARTH_API_KEY")
     return ServerConfig(
         served_model_names=tuple(names),
@@ -81,8 +84,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if not engine.is_ready() and not engine.is_dead():
         remaining_ms = context.get_remaining_time_in_millis() if context is not None else 900_000
         timeout = max((remaining_ms - READY_MARGIN_MS) / 1000, 1.0)
-        try:
+        # On failure the app itself answers 503 (loading / dead) in OpenAI's error shape.
+        with contextlib.suppress(Exception):
             _event_loop().run_until_complete(engine.wait_ready(timeout))
-        except (TimeoutError, Exception):
-            pass  # the app answers 503 (loading / dead) in OpenAI's error shape
     return _mangum(event, context)

@@ -18,7 +18,8 @@ def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def default_server(server_logs: Path, model_smollm2_dir: str) -> Iterator[Server]:
     """`hearth serve` with the embedded default model and two API workers."""
-    server = start_server(server_logs, "--workers", "2", "--max-model-len", "2048",
-                          "--enable-server-load-tracking")
+    server = start_server(
+        server_logs, "--workers", "2", "--max-model-len", "2048", "--enable-server-load-tracking"
+    )
     yield server
     server.stop()

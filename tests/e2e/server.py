@@ -45,7 +45,9 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"hearth serve exited with {self.process.returncode}:\n{self.log()[-4000:]}")
+                raise RuntimeError(
+                    f"hearth serve exited with {self.process.returncode}:\n{self.log()[-4000:]}"
+                )
             try:
                 if httpx.get(self.url + "/ping", timeout=2).status_code == 200:
                     return
@@ -65,16 +67,22 @@ class Server:
         return self.process.returncode
 
 
-def start_server(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None,
-                 wait: bool = True) -> Server:
+def start_server(
+    tmp_dir: Path, *flags: str, env: dict[str, str] | None = None, wait: bool = True
+) -> Server:
     port = free_port()
     log_path = tmp_dir / f"hearth-{port}.log"
     cmd = [sys.executable, "-m", "container.cli", "serve", "--port", str(port), *flags]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                   start_new_session=True,
-                                   cwd=Path(__file__).resolve().parents[2])
+        process = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
     server = Server(process, port, log_path, list(flags))
     if wait:
         try:

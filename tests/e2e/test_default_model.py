@@ -37,16 +37,20 @@ def test_chat_answers_paris_and_stream_matches(default_server: Server) -> None:
     assert reply.object == "chat.completion" and reply.choices[0].finish_reason == "stop"
     assert reply.usage.prompt_tokens > 10 and reply.usage.completion_tokens > 3
 
-    chunks = list(client.chat.completions.create(model="smollm2", messages=FRANCE,
-                                                 temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(model="smollm2", messages=FRANCE, temperature=0, stream=True)
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
     assert all(c.object == "chat.completion.chunk" for c in chunks)
 
 
 def test_invocations_returns_chat_completion(default_server: Server) -> None:
-    r = httpx.post(default_server.url + "/invocations",
-                   json={"messages": FRANCE, "temperature": 0}, timeout=120)
+    r = httpx.post(
+        default_server.url + "/invocations",
+        json={"messages": FRANCE, "temperature": 0},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "chat.completion"
@@ -56,8 +60,9 @@ def test_invocations_returns_chat_completion(default_server: Server) -> None:
 def test_completions_and_models(default_server: Server) -> None:
     client = _client(default_server)
     assert [m.id for m in client.models.list()] == ["smollm2"]
-    out = client.completions.create(model="smollm2", prompt="The capital of France is",
-                                    max_tokens=5, temperature=0)
+    out = client.completions.create(
+        model="smollm2", prompt="The capital of France is", max_tokens=5, temperature=0
+    )
     assert out.object == "text_completion" and out.usage.completion_tokens == 5
     assert out.choices[0].finish_reason == "length"
     raw = httpx.get(default_server.url + "/v1/models", timeout=10)
@@ -78,7 +83,11 @@ async def _stream_all(server: Server, n: int, max_tokens: int) -> list[str]:
 
     async def one(i: int) -> str:
         stream = await client.chat.completions.create(
-            model="smollm2", temperature=0.7, seed=i, max_tokens=max_tokens, stream=True,
+            model="smollm2",
+            temperature=0.7,
+            seed=i,
+            max_tokens=max_tokens,
+            stream=True,
             messages=[{"role": "user", "content": f"Tell me fact number {i} about rivers."}],
         )
         parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
@@ -100,8 +109,13 @@ async def _cut_streams(server: Server, n: int) -> None:
     async with httpx.AsyncClient(timeout=120) as client:
 
         async def one(i: int) -> None:
-            body = {"model": "smollm2", "prompt": f"Count slowly from {i} to one thousand:",
-                    "max_tokens": 400, "ignore_eos": True, "stream": True}
+            body = {
+                "model": "smollm2",
+                "prompt": f"Count slowly from {i} to one thousand:",
+                "max_tokens": 400,
+                "ignore_eos": True,
+                "stream": True,
+            }
             async with client.stream("POST", server.v1 + "/completions", json=body) as r:
                 assert r.status_code == 200
                 seen = 0

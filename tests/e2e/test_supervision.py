@@ -20,32 +20,39 @@ pytestmark = pytest.mark.slow
 
 
 def test_api_key_guards_inference_but_not_health(server_logs: Path, model_smollm2_dir: str) -> None:
-    server = start_server(server_logs, "--api-key", "s3cret", "--max-model-len", "1024",
-                          "--kv-cache-memory", "256MiB")
+    server = start_server(
+        server_logs, "--api-key", "s3cret", "--max-model-len", "1024", "--kv-cache-memory", "256MiB"
+    )
     try:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         for route in ("/v1/chat/completions", "/invocations"):
             r = httpx.post(server.url + route, json=body, timeout=60)
             assert r.status_code == 401, (route, r.text)
             assert r.json()["error"]["code"] == 401
-            wrong = httpx.post(server.url + route, json=body, timeout=60,
-                               headers={"Authorization": "Bearer nope"})
+            wrong = httpx.post(
+                server.url + route, json=body, timeout=60, headers={"Authorization": "Bearer nope"}
+            )
             assert wrong.status_code == 401
         assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401
         for route in ("/ping", "/health", "/version", "/metrics"):
             assert httpx.get(server.url + route, timeout=10).status_code == 200, route
         client = openai.OpenAI(base_url=server.v1, api_key="s3cret", timeout=60)
-        reply = client.chat.completions.create(model="smollm2", max_tokens=2,
-                                               messages=body["messages"])
+        reply = client.chat.completions.create(
+            model="smollm2", max_tokens=2, messages=body["messages"]
+        )
         assert reply.usage.completion_tokens == 2
     finally:
         server.stop()
 
 
-def test_engine_death_fails_health_and_exits_nonzero(server_logs: Path, model_smollm2_dir: str) -> None:
+def test_engine_death_fails_health_and_exits_nonzero(
+    server_logs: Path, model_smollm2_dir: str
+) -> None:
     server = start_server(server_logs, "--max-model-len", "1024", "--kv-cache-memory", "256MiB")
     try:
-        engine = [pid for pid, _, cmd in _process_table(server.process.pid) if "engine.process" in cmd]
+        engine = [
+            pid for pid, _, cmd in _process_table(server.process.pid) if "engine.process" in cmd
+        ]
         assert len(engine) == 1
         os.kill(engine[0], signal.SIGKILL)
         deadline = time.monotonic() + 5

@@ -30,12 +30,12 @@ def test_allocation_refused_without_partial_change() -> None:
 def test_prefix_hit_shares_blocks_and_leaves_one_token_to_compute() -> None:
     bm = BlockManager(num_blocks=16, block_size=4)
     prompt = list(range(100, 112))  # exactly 3 blocks
-    first = _req("a", prompt + [1])
+    first = _req("a", [*prompt, 1])
     assert bm.allocate(first, first.num_tokens)
     first.num_computed_tokens = first.num_tokens
     bm.commit(first)
 
-    second = _req("b", prompt + [2])
+    second = _req("b", [*prompt, 2])
     cached = bm.find_cached_prefix(second)
     assert cached == first.block_ids[:3]
     assert bm.allocate(second, second.num_tokens - 12, cached)

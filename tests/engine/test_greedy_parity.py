@@ -31,8 +31,13 @@ CHATS: list[list[dict[str, str]]] = [
     [{"role": "user", "content": "def fib(n):\n    # complete this Python function\n"}],
     [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Why is the sky blue?"}],
     [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Why do cats purr?"}],
-    [{"role": "user", "content": " ".join(f"Item {i}: a line of a long list." for i in range(60))
-      + "\nSummarise the list above."}],
+    [
+        {
+            "role": "user",
+            "content": " ".join(f"Item {i}: a line of a long list." for i in range(60))
+            + "\nSummarise the list above.",
+        }
+    ],
 ]
 
 
@@ -53,9 +58,14 @@ def reference(model_smollm2_dir: str, prompts: list[list[int]]) -> list[list[int
     with torch.inference_mode():
         for ids in prompts:
             x = torch.tensor([ids])
-            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                               max_new_tokens=NEW_TOKENS, pad_token_id=2)
-            outs.append(y[0, len(ids):].tolist())
+            y = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                pad_token_id=2,
+            )
+            outs.append(y[0, len(ids) :].tolist())
     return outs
 
 
@@ -71,7 +81,9 @@ def _generate(core, prompts: list[list[int]], tag: str, at_once: bool) -> list[l
                 results.setdefault(out.request_id, []).extend(out.new_token_ids)
 
     for rid, ids in zip(order, prompts, strict=True):
-        admission = core.add_request(AddRequest(request_id=rid, prompt_token_ids=ids, params=params))
+        admission = core.add_request(
+            AddRequest(request_id=rid, prompt_token_ids=ids, params=params)
+        )
         assert admission.accepted, admission.message
         if not at_once:
             run_until_done()
@@ -93,8 +105,14 @@ def chunked_core(model_smollm2_dir: str):
 
     # 40-token budget: every prompt (60-800 tokens) is prefilled in several chunks,
     # interleaved with the other sequences' decodes.
-    return EngineCore(EngineConfig(model=model_smollm2_dir, max_model_len=2048,
-                                   max_num_batched_tokens=40, enable_prefix_caching=False))
+    return EngineCore(
+        EngineConfig(
+            model=model_smollm2_dir,
+            max_model_len=2048,
+            max_num_batched_tokens=40,
+            enable_prefix_caching=False,
+        )
+    )
 
 
 def test_each_alone_matches_transformers(core, prompts, reference) -> None:
@@ -119,4 +137,7 @@ def test_prefix_cache_hits_give_the_same_tokens(core, prompts, reference) -> Non
     assert first == [reference[8]]
     assert second == [reference[9], reference[8]]
     shared = len(Tokenizer(core.model_info.model_dir).encode(SYSTEM, add_special_tokens=False))
-    assert core.block_manager.num_prefix_hits - hits_before >= shared - 2 * core.block_manager.block_size
+    assert (
+        core.block_manager.num_prefix_hits - hits_before
+        >= shared - 2 * core.block_manager.block_size
+    )

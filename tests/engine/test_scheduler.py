@@ -9,8 +9,13 @@ from engine.scheduler import Scheduler
 
 
 def _req(rid: str, n: int, priority: int = 0, t: float = 0.0) -> Request:
-    return Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=100), priority=priority,
-                   arrival_time=t)
+    return Request(
+        rid,
+        list(range(1, n + 1)),
+        SamplingParams(max_tokens=100),
+        priority=priority,
+        arrival_time=t,
+    )
 
 
 def _run_step(s: Scheduler) -> dict[str, int]:
@@ -72,7 +77,9 @@ def test_abort_frees_blocks_anywhere() -> None:
 
 
 def test_priority_policy_runs_lower_value_first() -> None:
-    s = Scheduler(BlockManager(64, 4), max_num_seqs=1, max_num_batched_tokens=100, policy="priority")
+    s = Scheduler(
+        BlockManager(64, 4), max_num_seqs=1, max_num_batched_tokens=100, policy="priority"
+    )
     s.add(_req("low", 2, priority=5, t=1))
     s.add(_req("high", 2, priority=-1, t=2))
     assert set(_run_step(s)) == {"high"}

@@ -22,19 +22,41 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def responses(tmp_path_factory: pytest.TempPathFactory, model_smollm2_dir: str) -> dict:
     ping = tmp_path_factory.mktemp("events") / "ping_v2.json"
-    ping.write_text(json.dumps({
-        "version": "2.0", "routeKey": "$default", "rawPath": "/ping", "rawQueryString": "",
-        "headers": {"host": "x.lambda-url.us-east-1.on.aws"},
-        "requestContext": {"http": {"method": "GET", "path": "/ping", "protocol": "HTTP/1.1",
-                                    "sourceIp": "203.0.113.1", "userAgent": "t"},
-                           "requestId": "p", "routeKey": "$default", "stage": "$default"},
-        "isBase64Encoded": False,
-    }))
-    events = sorted(str(p) for p in EVENTS.glob("*.json")) + [str(ping)]
+    ping.write_text(
+        json.dumps(
+            {
+                "version": "2.0",
+                "routeKey": "$default",
+                "rawPath": "/ping",
+                "rawQueryString": "",
+                "headers": {"host": "x.lambda-url.us-east-1.on.aws"},
+                "requestContext": {
+                    "http": {
+                        "method": "GET",
+                        "path": "/ping",
+                        "protocol": "HTTP/1.1",
+                        "sourceIp": "203.0.113.1",
+                        "userAgent": "t",
+                    },
+                    "requestId": "p",
+                    "routeKey": "$default",
+                    "stage": "$default",
+                },
+                "isBase64Encoded": False,
+            }
+        )
+    )
+    events = [*sorted(str(p) for p in EVENTS.glob("*.json")), str(ping)]
     env = {**os.environ, "HEARTH_MAX_MODEL_LEN": "1024", "PYTHONPATH": str(ROOT)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name("drive_lambda.py")), *events],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("drive_lambda.py")), *events],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     line = next(x for x in run.stdout.splitlines() if x.startswith("RESULTS "))
     return json.loads(line.removeprefix("RESULTS "))
