@@ -1,0 +1,399 @@
+"""Pure-torch implementations of every kernel op: the CPU production path and the test oracle.
+
+These functions run the whole model on CPU, so they are written for speed as much as for
+clarity: no Python loop over sequences or tokens, one ``scaled_dot_product_attention`` call
+for all decodes of a step and one for all prefill chunks, and every tensor derived from the
+step's ``AttentionMetadata`` (gather indices, masks) built once and cached in
+``meta.scratch`` for the other layers. ``kernels/bench_reference.py`` holds the alternative
+formulations that were measured against these; see its docstring for the numbers.
+
+Numerics follow Hugging Face transformers' Llama code operation for operation (same dtype
+casts in the same places), so a float32 model reproduces transformers bit for bit and greedy
+decoding stays token-identical.
+
+This module must not import triton: it is what runs when triton is absent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels.metadata import AttentionMetadata
+
+__all__ = [
+    "build_cos_sin_cache",
+    "compute_inv_freq",
+    "fused_add_rms_norm",
+    "paged_attention",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "write_kv_cache",
+]
+
+
+# ----------------------------------------------------------------------------- norms
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm exactly as transformers' ``LlamaRMSNorm``.
+
+    The statistics are taken in float32 and the normalised value is cast back to the input
+    dtype *before* the weight multiply; doing the multiply in float32 instead would change
+    bf16 results in the last bit and break token-identity with transformers.
+    """
+    # x: [num_tokens, hidden]; weight: [hidden]
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(input_dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``new_residual = x + residual`` (in the input dtype, as the model's residual stream
+    is), then ``rms_norm(new_residual)``. Returns ``(normed, new_residual)``; inputs are not
+    modified."""
+    new_residual = x + residual  # [num_tokens, hidden]
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+# ----------------------------------------------------------------------------- rotary
+
+
+def compute_inv_freq(
+    head_dim: int, base: float, rope_scaling: dict[str, Any] | None = None
+) -> torch.Tensor:
+    """Rotary inverse frequencies ``[head_dim // 2]`` float32 on CPU, computed with the very
+    same float32 operations as transformers (default rope, ``linear`` and ``llama3``), which
+    is what keeps our angles bit-identical to theirs."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    rope_type = "default"
+    if rope_scaling:
+        rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / rope_scaling["factor"]  # type: ignore[index]
+    if rope_type == "llama3":
+        assert rope_scaling is not None
+        # transformers.modeling_rope_utils._compute_llama3_parameters, line for line.
+        factor = rope_scaling["factor"]
+        low_freq_factor = rope_scaling["low_freq_factor"]
+        high_freq_factor = rope_scaling["high_freq_factor"]
+        old_context_len = rope_scaling["original_max_position_embeddings"]
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth_factor = (old_context_len / wavelen - low_freq_factor) / (
+            high_freq_factor - low_freq_factor
+        )
+        smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + (
+            smooth_factor * inv_freq_llama
+        )
+        is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    raise NotImplementedError(f"rope_type {rope_type!r} is not supported")
+
+
+def build_cos_sin_cache(
+    head_dim: int,
+    max_position: int,
+    base: float,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    rope_scaling: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """``[max_position, head_dim]``: row p is ``cat(cos(p * inv_freq), sin(p * inv_freq))``.
+
+    Built the way ``LlamaRotaryEmbedding.forward`` builds cos/sin: inv_freq on CPU, angles
+    ``positions.float() * inv_freq`` in float32 on the target device, cos/sin of the
+    duplicated angle vector (same tensor layout, hence the same vectorised math path), then
+    cast to ``dtype``.
+    """
+    inv_freq = compute_inv_freq(head_dim, base, rope_scaling).to(device)  # [head_dim // 2]
+    positions = torch.arange(max_position, device=device, dtype=torch.int64)
+    freqs = positions[:, None].float() * inv_freq  # [max_position, head_dim // 2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+    half = head_dim // 2
+    cos = emb.cos()[:, :half]
+    sin = emb.sin()[:, :half]
+    return torch.cat((cos, sin), dim=-1).to(dtype).contiguous()
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-NeoX / HF-Llama ``rotate_half`` rotary; returns new ``(query, key)``.
+
+    ``x * cos + rotate_half(x) * sin`` with cos/sin cast to x's dtype first, as
+    ``apply_rotary_pos_emb`` does. Written per half (``x1*c - x2*s``, ``x2*c + x1*s``),
+    which is bitwise the same float arithmetic without building ``rotate_half(x)`` and the
+    duplicated cos/sin. A cache narrower than head_dim rotates only the leading dims.
+    """
+    # positions: [T]; query: [T, num_heads, head_dim]; key: [T, num_kv_heads, head_dim]
+    rot_dim = cos_sin_cache.shape[-1]
+    half = rot_dim // 2
+    cs = cos_sin_cache.index_select(0, positions.long())  # [T, rot_dim]
+    return _rotate(query, cs, half), _rotate(key, cs, half)
+
+
+def _rotate(x: torch.Tensor, cs: torch.Tensor, half: int) -> torch.Tensor:
+    # x: [T, heads, head_dim]; cs: [T, 2 * half]
+    cos = cs[:, None, :half].to(x.dtype)  # [T, 1, half]
+    sin = cs[:, None, half:].to(x.dtype)
+    x1 = x[..., :half]
+    x2 = x[..., half : 2 * half]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    torch.sub(x1 * cos, x2 * sin, out=out[..., :half])
+    torch.add(x2 * cos, x1 * sin, out=out[..., half : 2 * half])
+    if 2 * half < x.shape[-1]:
+        out[..., 2 * half :] = x[..., 2 * half :]
+    return out
+
+
+# ----------------------------------------------------------------------------- activation
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for the fused gate/up projection output ``[T, 2 * I]``.
+
+    transformers applies silu to a contiguous ``gate_proj`` output. torch's vectorised exp
+    and its scalar tail loop differ in the last bit, and a row-strided ``gate`` view gets a
+    scalar tail in every row when I is not a multiple of the vector loop; such gates are
+    made contiguous first so the bits stay identical (real widths skip the copy).
+    """
+    d = x.shape[-1] // 2
+    gate = x[..., :d]
+    if d % 64 != 0:
+        gate = gate.contiguous()
+    return F.silu(gate) * x[..., d:]
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter the step's new K/V into their cache slots in place; slots < 0 are padding."""
+    # key/value: [T, num_kv_heads, head_dim]; caches: [num_blocks, block_size, nkv, head_dim]
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # view: raises if not contiguous
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    slots = slot_mapping.long()
+    n = slots.shape[0]
+    key, value = key[:n], value[:n]
+    if n and bool((slots < 0).any()):
+        keep = slots >= 0
+        slots, key, value = slots[keep], key[keep], value[keep]
+    k_flat.index_copy_(0, slots, key.to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of a mixed decode + prefill step over the paged cache (see ``AttentionMetadata``).
+
+    Decodes: every sequence's blocks are gathered at once with one ``index_select`` over the
+    cache's block axis (``[num_decodes, blocks * block_size, nkv, hd]``, the tail past each
+    seq_len masked), and one SDPA call does all of them; GQA never copies K/V (float32: a
+    KV group's query heads become the query rows of their kv head, ``[B, nkv, group, hd]``;
+    16-bit: SDPA's ``enable_gqa``, whichever measured faster).
+    Prefill chunks: padded to ``[num_prefills, max_query_len]`` and done in one SDPA call with
+    a causal-with-offset mask; a lone chunk without a cached prefix uses ``is_causal``.
+
+    Whole blocks are read, so slots past a sequence's length and block-table padding
+    (block 0) go through the masked math: they must hold finite numbers. Allocate the cache
+    with ``torch.zeros`` (stale K/V of freed sequences is fine; ``torch.empty`` garbage may
+    be NaN/inf and would poison the rows). The Triton kernels never read those slots.
+    """
+    # query: [num_tokens, num_heads, head_dim]
+    num_tokens = query.shape[0]
+    nd = meta.num_decode_tokens
+    parts: list[torch.Tensor] = []
+    if nd > 0:
+        parts.append(_decode_attention(query[:nd], k_cache, v_cache, meta, scale))
+    if meta.num_prefills > 0:
+        parts.append(_prefill_attention(query, k_cache, v_cache, meta, scale))
+    covered = sum(p.shape[0] for p in parts)
+    if covered < num_tokens:  # trailing padding tokens (none today): defined zeros
+        parts.append(query.new_zeros((num_tokens - covered, *query.shape[1:])))
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:  # an empty step
+        return query.new_zeros(query.shape)
+    return torch.cat(parts, dim=0)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """``[num_seqs, nkv, blocks * block_size, hd]`` (a strided view of one contiguous copy).
+
+    Gathering whole blocks copies ``block_size * nkv * hd`` contiguous elements per index,
+    which measured as fast as a per-slot gather while needing 16x fewer indices.
+    """
+    # cache: [num_blocks, block_size, nkv, hd]; block_ids: [num_seqs * blocks] int64
+    nkv, hd = cache.shape[2:]
+    g = cache.index_select(0, block_ids)  # [num_seqs * blocks, block_size, nkv, hd]
+    return g.view(num_seqs, -1, nkv, hd).transpose(1, 2)
+
+
+def _decode_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> dict[str, Any]:
+    """Per-step decode gather indices and additive mask, built once and cached for all layers."""
+    key = f"ref.decode.{dtype}"
+    plan = meta.scratch.get(key)
+    if plan is not None:
+        return plan
+    b = meta.num_decode_tokens
+    seq_lens = meta.decode_seq_lens[:b].long()  # [B]
+    num_blocks = max(1, _cdiv(meta.decode_max_seq_len, block_size))
+    table = meta.decode_block_tables[:b, :num_blocks].long()  # [B, num_blocks]
+    if table.shape[1] < num_blocks:  # a narrower table than max_seq_len: pad with block 0
+        table = F.pad(table, (0, num_blocks - table.shape[1]))
+    pos = torch.arange(num_blocks * block_size, device=seq_lens.device)
+    valid = pos[None, :] < seq_lens[:, None]  # [B, L]
+    # An additive mask measured faster than a boolean one in the CPU flash kernel.
+    mask = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
+    mask.masked_fill_(~valid, float("-inf"))
+    plan = {"block_ids": table.reshape(-1), "mask": mask[:, None, None, :]}  # [B, 1, 1, L]
+    meta.scratch[key] = plan
+    return plan
+
+
+def _decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    # query: [B, num_heads, hd] (one token per decoding sequence)
+    b, num_heads, hd = query.shape
+    nkv = k_cache.shape[2]
+    plan = _decode_plan(meta, k_cache.shape[1], query.dtype)
+    k = _gather_blocks(k_cache, plan["block_ids"], b)  # [B, nkv, L, hd]
+    v = _gather_blocks(v_cache, plan["block_ids"], b)
+    if query.dtype == torch.float32:
+        # Head h uses kv head h // group, so a group's heads are contiguous: [B, nkv, group,
+        # hd] is a free view, and the group's heads become the query rows of their kv head.
+        # Measured fastest in float32 (see bench_reference.py).
+        q = query.view(b, nkv, num_heads // nkv, hd)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan["mask"], scale=scale)
+    else:
+        # In bf16/fp16 the CPU kernel's own GQA path measured ~10% faster than the above.
+        q = query[:, :, None]  # [B, num_heads, 1, hd]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=plan["mask"], scale=scale, enable_gqa=nkv != num_heads
+        )
+    return out.reshape(b, num_heads, hd)
+
+
+def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> dict[str, Any]:
+    """Per-step prefill padding indices and causal-with-offset mask, cached for all layers."""
+    key = f"ref.prefill.{dtype}"
+    plan = meta.scratch.get(key)
+    if plan is not None:
+        return plan
+    p = meta.num_prefills
+    qsl = meta.prefill_query_start_loc[: p + 1].long()  # [P + 1]
+    q_lens = qsl[1:] - qsl[:-1]  # [P]
+    seq_lens = meta.prefill_seq_lens[:p].long()  # [P]
+    device = seq_lens.device
+    num_tokens = int(qsl[-1])
+    max_q = meta.prefill_max_query_len
+    num_blocks = max(1, _cdiv(meta.prefill_max_seq_len, block_size))
+    table = meta.prefill_block_tables[:p, :num_blocks].long()  # [P, num_blocks]
+    if table.shape[1] < num_blocks:
+        table = F.pad(table, (0, num_blocks - table.shape[1]))
+    plan: dict[str, Any] = {"num_tokens": num_tokens}
+    if p == 1 and int(seq_lens[0]) == num_tokens:
+        # A lone chunk with no cached prefix: plain causal attention over its own keys.
+        n_blk = _cdiv(num_tokens, block_size)
+        plan.update(fast=True, block_ids=table[0, :n_blk].reshape(-1))
+    else:
+        j = torch.arange(max_q, device=device)
+        # Padded layout [P, max_q]: row i, column j holds token qsl[i] + j of the prefill
+        # part; columns past q_len point at any valid token and are dropped afterwards.
+        tok_idx = (qsl[:-1, None] + j).clamp_(max=max(num_tokens - 1, 0))
+        chunk_of_token = torch.repeat_interleave(torch.arange(p, device=device), q_lens)
+        t = torch.arange(num_tokens, device=device)
+        out_idx = chunk_of_token * max_q + (t - qsl[chunk_of_token])  # [num_tokens]
+        # Query j of chunk i sits at position prefix_i + j and sees keys 0..prefix_i + j.
+        # Padding rows (j >= q_len) sit at >= seq_len and so see all real keys: never a
+        # fully masked row, hence never a NaN.
+        q_pos = (seq_lens - q_lens)[:, None] + j  # [P, max_q]
+        k_pos = torch.arange(num_blocks * block_size, device=device)
+        valid = (k_pos[None, None, :] <= q_pos[:, :, None]) & (
+            k_pos[None, None, :] < seq_lens[:, None, None]
+        )  # [P, max_q, L]
+        mask = torch.zeros(valid.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~valid, float("-inf"))
+        plan.update(
+            fast=False,
+            block_ids=table.reshape(-1),
+            tok_idx=tok_idx.reshape(-1),
+            out_idx=out_idx,
+            mask=mask[:, None],  # [P, 1, max_q, L]
+        )
+    meta.scratch[key] = plan
+    return plan
+
+
+def _prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    # query: the whole step [num_tokens, num_heads, hd]; returns the prefill part's output.
+    _, num_heads, hd = query.shape
+    nkv = k_cache.shape[2]
+    plan = _prefill_plan(meta, k_cache.shape[1], query.dtype)
+    n = plan["num_tokens"]
+    nd = meta.num_decode_tokens
+    q_all = query[nd : nd + n]  # [n, num_heads, hd]
+    p = meta.num_prefills
+    k = _gather_blocks(k_cache, plan["block_ids"], p)  # [P, nkv, L, hd]
+    v = _gather_blocks(v_cache, plan["block_ids"], p)
+    if plan["fast"]:
+        q = q_all.view(1, n, num_heads, hd).transpose(1, 2)  # [1, num_heads, n, hd]
+        out = F.scaled_dot_product_attention(
+            q, k[:, :, :n], v[:, :, :n], is_causal=True, scale=scale, enable_gqa=nkv != num_heads
+        )  # [1, num_heads, n, hd]
+        return out.transpose(1, 2).reshape(n, num_heads, hd)
+    max_q = meta.prefill_max_query_len
+    single = p == 1 and max_q == n  # one chunk (after a cached prefix): no padding needed
+    q = q_all if single else q_all.index_select(0, plan["tok_idx"])  # [P * max_q, heads, hd]
+    q = q.view(p, max_q, num_heads, hd).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=plan["mask"], scale=scale, enable_gqa=nkv != num_heads
+    )  # [P, num_heads, max_q, hd]
+    out = out.transpose(1, 2).reshape(p * max_q, num_heads, hd)
+    return out if single else out.index_select(0, plan["out_idx"])

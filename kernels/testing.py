@@ -1,0 +1,152 @@
+"""Helpers that build a paged-cache step the way the engine would: for tests and benchmarks.
+
+Not used by the serving path. A step is described by a list of ``(seq_len, query_len)``
+pairs, decodes first (``query_len == 1``); blocks are handed out from a shuffled pool so
+block tables are non-contiguous, as they are after the engine has run for a while.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.metadata import AttentionMetadata
+
+__all__ = ["PagedStep", "make_step", "naive_attention", "scatter_dense_kv"]
+
+
+@dataclass
+class PagedStep:
+    """One step's metadata plus the per-sequence layout it was built from."""
+
+    meta: AttentionMetadata
+    block_tables: list[list[int]]
+    """Per sequence, its cache block ids in position order."""
+    seq_lens: list[int]
+    query_lens: list[int]
+    positions: torch.Tensor
+    """[num_tokens] int64: position of every query token of the step."""
+
+
+def make_step(
+    seqs: list[tuple[int, int]],
+    block_size: int,
+    num_blocks: int,
+    *,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+    table_pad: int = 0,
+    num_decodes: int | None = None,
+) -> PagedStep:
+    """Build ``AttentionMetadata`` for ``seqs`` = ``[(seq_len, query_len), ...]``.
+
+    Sequences with ``query_len == 1`` must come first and are the decodes; the rest are
+    prefill chunks whose cached prefix is ``seq_len - query_len``. ``table_pad`` adds
+    extra zero columns to the block tables (the engine pads tables to a common width).
+    ``num_decodes`` overrides the count of leading decodes, e.g. to make a 1-token prefill.
+    """
+    assert all(1 <= q_len <= seq_len for seq_len, q_len in seqs)
+    if num_decodes is None:
+        num_decodes = 0
+        while num_decodes < len(seqs) and seqs[num_decodes][1] == 1:
+            num_decodes += 1
+    assert all(q_len == 1 for _, q_len in seqs[:num_decodes])
+    prefills = seqs[num_decodes:]
+
+    need = [-(-s // block_size) for s, _ in seqs]
+    assert sum(need) <= num_blocks, "not enough cache blocks"
+    pool = torch.randperm(num_blocks, generator=generator).tolist()
+    tables: list[list[int]] = []
+    for n in need:
+        tables.append(pool[:n])
+        pool = pool[n:]
+
+    slots: list[int] = []
+    positions: list[int] = []
+    for (seq_len, q_len), table in zip(seqs, tables, strict=True):
+        for pos in range(seq_len - q_len, seq_len):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+            positions.append(pos)
+
+    def pad_tables(rows: list[list[int]]) -> torch.Tensor:
+        width = max((len(r) for r in rows), default=0) + table_pad
+        out = torch.zeros((len(rows), max(width, 1)), dtype=torch.int32)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+        return out.to(device)
+
+    dec_lens = [s for s, _ in seqs[:num_decodes]]
+    pre_lens = [s for s, _ in prefills]
+    pre_q = [q for _, q in prefills]
+    qsl = [0]
+    for q in pre_q:
+        qsl.append(qsl[-1] + q)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        block_size=block_size,
+        num_decode_tokens=num_decodes,
+        decode_block_tables=pad_tables(tables[:num_decodes]),
+        decode_seq_lens=torch.tensor(dec_lens, dtype=torch.int32, device=device),
+        decode_max_seq_len=max(dec_lens, default=0),
+        num_prefills=len(prefills),
+        prefill_query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        prefill_block_tables=pad_tables(tables[num_decodes:]),
+        prefill_seq_lens=torch.tensor(pre_lens, dtype=torch.int32, device=device),
+        prefill_max_query_len=max(pre_q, default=0),
+        prefill_max_seq_len=max(pre_lens, default=0),
+    )
+    return PagedStep(
+        meta=meta,
+        block_tables=tables,
+        seq_lens=[s for s, _ in seqs],
+        query_lens=[q for _, q in seqs],
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+    )
+
+
+def scatter_dense_kv(
+    step: PagedStep,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> None:
+    """Put each sequence's whole dense K/V (``[seq_len, nkv, hd]``) at its pages, by plain
+    indexing per sequence: independent of ``write_kv_cache``."""
+    block_size = k_cache.shape[1]
+    for table, k, v in zip(step.block_tables, keys, values, strict=True):
+        pos = torch.arange(k.shape[0])
+        blocks = torch.tensor(table, dtype=torch.int64)[pos // block_size]
+        k_cache[blocks.to(k_cache.device), (pos % block_size).to(k_cache.device)] = k
+        v_cache[blocks.to(v_cache.device), (pos % block_size).to(v_cache.device)] = v
+
+
+def naive_attention(
+    step: PagedStep,
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """Dense causal attention per sequence and per head in float64, no paging: the oracle.
+
+    Sequence i's queries are its ``query_lens[i]`` consecutive rows of ``query`` (decodes
+    first, then prefill chunks, the step's token order) at positions
+    ``seq_len - q_len .. seq_len - 1``; each sees keys ``0 ..`` its own position.
+    """
+    num_heads = query.shape[1]
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    row = 0
+    for seq_len, q_len, k, v in zip(step.seq_lens, step.query_lens, keys, values, strict=True):
+        group = num_heads // k.shape[1]
+        for h in range(num_heads):
+            q_h = query[row : row + q_len, h].double().cpu()  # [q_len, hd]
+            k_h = k[:seq_len, h // group].double().cpu()  # [seq_len, hd]
+            v_h = v[:seq_len, h // group].double().cpu()
+            scores = q_h @ k_h.T * scale  # [q_len, seq_len]
+            q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+            scores = scores.masked_fill(torch.arange(seq_len)[None, :] > q_pos, float("-inf"))
+            out[row : row + q_len, h] = torch.softmax(scores, dim=-1) @ v_h
+        row += q_len
+    return out

@@ -1,0 +1,271 @@
+"""Every Triton kernel against the torch reference.
+
+On CPU the kernels run in the Triton interpreter (``TRITON_INTERPRET=1``, set by this
+directory's conftest), so shapes are kept small; on a CUDA machine the same tests run the
+compiled kernels. The reference itself is checked against independent oracles in
+``test_kernels_reference.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+from kernels.testing import make_step, naive_attention, scatter_dense_kv
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    # bf16: the interpreter rounds float32 -> bf16 toward zero (the GPU to nearest-even), so
+    # results can sit a few bf16 ulps from the reference.
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+
+
+# ------------------------------------------------------------------------- rms norm
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 100])
+def test_rms_norm(triton_device: str, dtype: torch.dtype, hidden: int) -> None:
+    from kernels.rms_norm import rms_norm_triton
+
+    torch.manual_seed(0)
+    x = (torch.randn(5, hidden) * 4).to(dtype=dtype, device=triton_device)
+    w = (torch.rand(hidden) + 0.5).to(dtype=dtype, device=triton_device)
+    got = rms_norm_triton(x, w, 1e-6)
+    expected = reference.rms_norm(x, w, 1e-6)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    # one rounding step of the normalised value may differ (float32 reduction order)
+    torch.testing.assert_close(got, expected, **_tol(dtype))
+
+
+def test_rms_norm_strided_rows(triton_device: str) -> None:
+    from kernels.rms_norm import rms_norm_triton
+
+    big = torch.randn(4, 96, device=triton_device)
+    x = big[:, 16:80]  # row stride 96
+    w = torch.rand(64, device=triton_device)
+    torch.testing.assert_close(rms_norm_triton(x, w, 1e-5), reference.rms_norm(x, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm(triton_device: str, dtype: torch.dtype) -> None:
+    from kernels.rms_norm import fused_add_rms_norm_triton
+
+    torch.manual_seed(1)
+    x = torch.randn(6, 80).to(dtype=dtype, device=triton_device)
+    r = torch.randn(6, 80).to(dtype=dtype, device=triton_device)
+    w = torch.rand(80).to(dtype=dtype, device=triton_device)
+    x0, r0 = x.clone(), r.clone()
+    normed, new_res = fused_add_rms_norm_triton(x, r, w, 1e-6)
+    ref_normed, ref_res = reference.fused_add_rms_norm(x, r, w, 1e-6)
+    # One rounding of the sum; bitwise in float32. (The interpreter rounds float32 -> bf16
+    # toward zero, the GPU to nearest-even: allow one bf16 ulp.)
+    torch.testing.assert_close(
+        new_res, ref_res, atol=0.0, rtol=0.0 if dtype == torch.float32 else 1e-2
+    )
+    torch.testing.assert_close(normed, ref_normed, **_tol(dtype))
+    assert torch.equal(x, x0) and torch.equal(r, r0)
+
+
+# ------------------------------------------------------------------------- rotary
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_heads", "num_kv", "rot_dim"), [(9, 3, 64), (4, 4, 32), (6, 1, 48)])
+def test_rotary_embedding(
+    triton_device: str, dtype: torch.dtype, num_heads: int, num_kv: int, rot_dim: int
+) -> None:
+    from kernels.rotary import rotary_embedding_triton
+
+    torch.manual_seed(2)
+    head_dim = 64
+    t = 7
+    qkv = torch.randn(t, (num_heads + 2 * num_kv) * head_dim).to(dtype=dtype, device=triton_device)
+    q = qkv[:, : num_heads * head_dim].view(t, num_heads, head_dim)  # strided views
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv) * head_dim].view(t, num_kv, head_dim)
+    positions = torch.tensor([0, 5, 3, 99, 1, 64, 17], device=triton_device)
+    cache = reference.build_cos_sin_cache(rot_dim, 128, 10000.0, torch.float32, triton_device, None)
+    q_out, k_out = rotary_embedding_triton(positions, q, k, cache)
+    q_ref, k_ref = reference.rotary_embedding(positions, q, k, cache)
+    torch.testing.assert_close(q_out, q_ref, **_tol(dtype))
+    torch.testing.assert_close(k_out, k_ref, **_tol(dtype))
+
+
+# ------------------------------------------------------------------------- activation
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [24, 1536])
+def test_silu_and_mul(triton_device: str, dtype: torch.dtype, width: int) -> None:
+    from kernels.activation import silu_and_mul_triton
+
+    torch.manual_seed(3)
+    x = (torch.randn(4, 2 * width) * 3).to(dtype=dtype, device=triton_device)
+    torch.testing.assert_close(silu_and_mul_triton(x), reference.silu_and_mul(x), **_tol(dtype))
+
+
+# ------------------------------------------------------------------------- kv cache
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_cache(triton_device: str, dtype: torch.dtype) -> None:
+    from kernels.kv_cache import write_kv_cache_triton
+
+    torch.manual_seed(4)
+    nb, bs, kv, d = 8, 4, 3, 24
+    qkv = torch.randn(6, (6 + 2 * kv) * d).to(dtype=dtype, device=triton_device)
+    key = qkv[:, 6 * d : (6 + kv) * d].view(6, kv, d)
+    value = qkv[:, (6 + kv) * d :].view(6, kv, d)
+    slots = torch.tensor([5, -1, 31, 0, -1, 17], device=triton_device)
+    caches = [torch.randn(nb, bs, kv, d).to(dtype=dtype, device=triton_device) for _ in range(2)]
+    ref_caches = [c.clone() for c in caches]
+    write_kv_cache_triton(key, value, caches[0], caches[1], slots)
+    reference.write_kv_cache(key, value, ref_caches[0], ref_caches[1], slots)
+    assert torch.equal(caches[0], ref_caches[0]) and torch.equal(caches[1], ref_caches[1])
+
+
+# ------------------------------------------------------------------------- paged attention
+
+CASES = {
+    "decode_only": ([(1, 1), (17, 1), (40, 1), (5, 1)], None),
+    "single_prefill_no_prefix": ([(37, 37)], None),
+    "chunk_with_cached_prefix": ([(50, 21)], None),
+    "mixed": ([(12, 1), (45, 1), (29, 29), (40, 17), (3, 3)], None),
+    "one_token_prefill": ([(21, 1), (9, 1)], 1),
+}
+
+
+def _case(
+    name: str,
+    num_heads: int,
+    num_kv: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    garbage: float = 30.0,
+) -> tuple:
+    seqs, num_decodes = CASES[name]
+    gen = torch.Generator().manual_seed(11)
+    num_blocks = sum(-(-s // block_size) for s, _ in seqs) + 5
+    step = make_step(
+        seqs, block_size, num_blocks, generator=gen, table_pad=1, num_decodes=num_decodes
+    )
+    shape = (num_blocks, block_size, num_kv, head_dim)
+    kc = torch.full(shape, garbage) if garbage != garbage else torch.randn(shape) * garbage
+    vc = torch.full(shape, garbage) if garbage != garbage else torch.randn(shape) * garbage
+    keys = [torch.randn(s, num_kv, head_dim, generator=gen).to(dtype) for s, _ in seqs]
+    values = [torch.randn(s, num_kv, head_dim, generator=gen).to(dtype) for s, _ in seqs]
+    kc, vc = kc.to(dtype), vc.to(dtype)
+    scatter_dense_kv(step, keys, values, kc, vc)
+    meta = step.meta
+    for f in (
+        "slot_mapping",
+        "decode_block_tables",
+        "decode_seq_lens",
+        "prefill_query_start_loc",
+        "prefill_block_tables",
+        "prefill_seq_lens",
+    ):
+        setattr(meta, f, getattr(meta, f).to(device))
+    q = torch.randn(step.positions.shape[0], num_heads, head_dim, generator=gen).to(dtype)
+    return step, q.to(device), kc.to(device), vc.to(device), keys, values
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv", "head_dim", "block_size"),
+    [(6, 2, 32, 16), (4, 4, 16, 8), (3, 1, 24, 5)],
+    ids=["gqa3_bs16", "mha_bs8", "mqa_hd24_bs5"],
+)
+def test_paged_attention_fp32(
+    triton_device: str, case: str, num_heads: int, num_kv: int, head_dim: int, block_size: int
+) -> None:
+    from kernels.paged_attention import paged_attention_triton
+
+    step, q, kc, vc, _, _ = _case(
+        case, num_heads, num_kv, head_dim, block_size, torch.float32, triton_device
+    )
+    scale = head_dim**-0.5
+    # Small tiles so several K/V tiles, several query blocks and tiles spanning cache
+    # blocks are all exercised.
+    got = paged_attention_triton(q, kc, vc, step.meta, scale, block_m=16, block_n=16)
+    expected = reference.paged_attention(q, kc, vc, step.meta, scale)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("case", ["mixed", "decode_only"])
+def test_paged_attention_bf16_default_tiles(triton_device: str, case: str) -> None:
+    from kernels.paged_attention import paged_attention_triton
+
+    step, q, kc, vc, _, _ = _case(case, 9, 3, 64, 16, torch.bfloat16, triton_device)
+    got = paged_attention_triton(q, kc, vc, step.meta, 0.125)  # production tile sizes
+    expected = reference.paged_attention(q, kc, vc, step.meta, 0.125)
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_paged_attention_never_reads_unused_slots(triton_device: str) -> None:
+    """NaN in every slot no sequence owns (unwritten cache, block-table padding) must not
+    reach the output: the kernels mask their loads by seq_len."""
+    from kernels.paged_attention import paged_attention_triton
+
+    step, q, kc, vc, keys, values = _case(
+        "mixed", 4, 2, 16, 8, torch.float32, triton_device, garbage=float("nan")
+    )
+    got = paged_attention_triton(q, kc, vc, step.meta, 0.25, block_m=16, block_n=16)
+    assert torch.isfinite(got).all()
+    expected = naive_attention(step, q.cpu(), keys, values, 0.25)
+    torch.testing.assert_close(got.double().cpu(), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_empty_step_and_padding_only_slots(triton_device: str) -> None:
+    from kernels.kv_cache import write_kv_cache_triton
+    from kernels.paged_attention import paged_attention_triton
+
+    step = make_step([], 4, 4)
+    kc = torch.zeros(4, 4, 1, 16, device=triton_device)
+    q = torch.randn(0, 2, 16, device=triton_device)
+    assert paged_attention_triton(q, kc, kc, step.meta, 0.25).shape == (0, 2, 16)
+    key = torch.randn(3, 1, 16, device=triton_device)
+    write_kv_cache_triton(key, key, kc, kc, torch.full((3,), -1, device=triton_device))
+    assert not kc.any()
+
+
+# ------------------------------------------------------------------------- public API
+
+
+def test_public_api_routes_to_triton(force_triton: str) -> None:
+    """``HEARTH_KERNELS=triton``: one layer's worth of calls through ``kernels.*``."""
+    dev = force_triton
+    torch.manual_seed(5)
+    step, q, kc, vc, _, _ = _case("mixed", 6, 2, 32, 16, torch.float32, dev)
+    assert kernels.kernel_backend(q) == "triton"
+    x = torch.randn(q.shape[0], 48, device=dev)
+    w = torch.rand(48, device=dev)
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
+    a, b = kernels.fused_add_rms_norm(x, x, w, 1e-6)
+    ra, rb = reference.fused_add_rms_norm(x, x, w, 1e-6)
+    torch.testing.assert_close(a, ra)
+    assert torch.equal(b, rb)
+    g = torch.randn(3, 64, device=dev)
+    torch.testing.assert_close(kernels.silu_and_mul(g), reference.silu_and_mul(g))
+    cache = kernels.build_cos_sin_cache(32, 64, 10000.0, torch.float32, dev)
+    k = torch.randn(q.shape[0], 2, 32, device=dev)
+    qr, kr = kernels.rotary_embedding(step.positions.to(dev), q, k, cache)
+    qe, ke = reference.rotary_embedding(step.positions.to(dev), q, k, cache)
+    torch.testing.assert_close(qr, qe)
+    torch.testing.assert_close(kr, ke)
+    kc2, vc2 = kc.clone(), vc.clone()
+    kernels.write_kv_cache(kr, kr, kc, vc, step.meta.slot_mapping)
+    reference.write_kv_cache(kr, kr, kc2, vc2, step.meta.slot_mapping)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    torch.testing.assert_close(
+        kernels.paged_attention(q, kc, vc, step.meta, 0.2),
+        reference.paged_attention(q, kc, vc, step.meta, 0.2),
+        atol=2e-5,
+        rtol=2e-5,
+    )
