@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("HEARTH_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s [hearth] %(message)s",
     )
+    for noisy in ("httpx", "httpcore"):  # one line per request of `hearth bench`
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     parser = build_parser()
     args = parser.parse_args(argv)
     finish_many(args)

@@ -141,3 +141,48 @@ def test_prefix_cache_hits_give_the_same_tokens(core, prompts, reference) -> Non
         core.block_manager.num_prefix_hits - hits_before
         >= shared - 2 * core.block_manager.block_size
     )
+
+
+def test_preemption_by_recompute_gives_the_same_tokens(
+    model_smollm2_dir, prompts, reference
+) -> None:
+    from engine.core import EngineCore
+
+    # A pool far too small for all eleven sequences at once: running sequences must
+    # be preempted (blocks freed, recomputed later) for the batch to finish.
+    small = EngineCore(
+        EngineConfig(model=model_smollm2_dir, num_kv_blocks=64, max_num_batched_tokens=256)
+    )
+    assert small.max_model_len == 64 * 16
+    assert _generate(small, prompts, "preempt", at_once=True) == reference
+    assert small.scheduler.num_preemptions > 0
+
+
+def _run(core, ids: list[int], **params) -> tuple[list[int], str | None, int | None]:
+    rid = f"stops-{len(core.scheduler.requests)}-{params}"
+    core.add_request(
+        AddRequest(
+            request_id=rid, prompt_token_ids=ids, params=SamplingParams(temperature=0.0, **params)
+        )
+    )
+    tokens: list[int] = []
+    finish = stop_reason = None
+    while core.has_work():
+        for _, out in core.step():
+            tokens += out.new_token_ids
+            finish, stop_reason = out.finish_reason or finish, out.stop_reason
+    return tokens, finish, stop_reason
+
+
+def test_token_level_stops(core, prompts, reference) -> None:
+    ids, ref = prompts[0], reference[0]
+    assert ref[-1] == 2  # the France answer ends with EOS
+    assert _run(core, ids, max_tokens=64) == (ref, "stop", None)
+    assert _run(core, ids, max_tokens=3) == (ref[:3], "length", None)
+    assert _run(core, ids, max_tokens=64, stop_token_ids=[ref[2]]) == (ref[:3], "stop", ref[2])
+    tokens, finish, _ = _run(core, ids, max_tokens=len(ref) + 5, ignore_eos=True)
+    assert tokens[: len(ref)] == ref and len(tokens) == len(ref) + 5 and finish == "length"
+    tokens, finish, _ = _run(core, ids, max_tokens=len(ref) + 5, min_tokens=len(ref) + 2)
+    assert tokens[: len(ref) - 1] == ref[:-1] and 2 not in tokens[: len(ref) + 1]
+    assert len(tokens) >= len(ref) + 2
+    assert core.block_manager.num_used_blocks == 0

@@ -1,0 +1,152 @@
+"""Batched sampling on synthetic logits: each parameter changes the result the way it
+should, whole batches mix parameters, and seeds reproduce."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.request import Request
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+
+VOCAB = 32
+EOS = [0]
+
+
+def _req(
+    rid: str = "r",
+    output: list[int] | None = None,
+    prompt: list[int] | None = None,
+    **params: object,
+) -> Request:
+    r = Request(rid, prompt or [5, 6, 7], SamplingParams(**params))  # type: ignore[arg-type]
+    r.all_token_ids.extend(output or [])
+    return r
+
+
+def _logits(rows: int = 1, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, VOCAB, generator=g) * 3
+
+
+def test_greedy_is_argmax_for_every_row() -> None:
+    logits = _logits(4)
+    out = Sampler(torch.device("cpu"))(
+        logits, [_req(f"r{i}", temperature=0) for i in range(4)], EOS
+    )
+    assert out.token_ids == logits.argmax(-1).tolist() and out.logprobs is None
+
+
+def test_top_k_1_and_tiny_top_p_reduce_to_greedy() -> None:
+    logits = _logits(3)
+    reqs = [
+        _req("a", temperature=1.5, top_k=1),
+        _req("b", temperature=1.5, top_p=1e-6),
+        _req("c", temperature=1.5, min_p=0.999),
+    ]
+    for _ in range(20):
+        out = Sampler(torch.device("cpu"))(logits, reqs, EOS)
+        assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_top_k_limits_choices_to_the_k_best() -> None:
+    logits = _logits(1)
+    best3 = set(logits[0].topk(3).indices.tolist())
+    sampler = Sampler(torch.device("cpu"))
+    seen = {sampler(logits, [_req(temperature=5.0, top_k=3)], EOS).token_ids[0] for _ in range(300)}
+    assert seen == best3
+
+
+def test_top_p_keeps_the_smallest_set_covering_p() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (VOCAB - 4)]))
+    sampler = Sampler(torch.device("cpu"))
+    seen = {
+        sampler(logits, [_req(temperature=1.0, top_p=0.7)], EOS).token_ids[0] for _ in range(300)
+    }
+    assert seen == {0, 1}
+
+
+def test_temperature_sampling_follows_the_softmax() -> None:
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1] + [1e-12] * (VOCAB - 3)]))
+    sampler = Sampler(torch.device("cpu"))
+    rows = 4000
+    batch = logits.expand(rows, VOCAB).contiguous()
+    ids = sampler(batch, [_req(f"r{i}", temperature=1.0) for i in range(rows)], EOS).token_ids
+    freq = [ids.count(t) / rows for t in range(3)]
+    for got, want in zip(freq, [0.6, 0.3, 0.1], strict=True):
+        assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / rows)
+
+
+def test_seed_reproduces_and_differs_across_seeds() -> None:
+    logits = _logits(1).expand(1, VOCAB)
+
+    def draw(seed: int) -> list[int]:
+        sampler = Sampler(torch.device("cpu"))
+        req = _req("s", temperature=2.0, seed=seed)
+        return [sampler(logits, [req], EOS).token_ids[0] for _ in range(30)]
+
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_logit_bias_forces_and_bans_tokens() -> None:
+    logits = _logits(2)
+    best = logits.argmax(-1).tolist()
+    reqs = [
+        _req("a", temperature=0, logit_bias={best[0]: -100.0}),
+        _req("b", temperature=0, logit_bias={3: 100.0}),
+    ]
+    out = Sampler(torch.device("cpu"))(logits, reqs, EOS)
+    assert out.token_ids[0] != best[0] and out.token_ids[1] == 3
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 0] = 10.0  # EOS is the greedy choice
+    logits[0, 9] = 9.0  # then a stop token
+    logits[0, 1] = 8.0  # then an ordinary token
+    sampler = Sampler(torch.device("cpu"))
+    early = _req("a", output=[4], temperature=0, min_tokens=3, stop_token_ids=[9])
+    assert sampler(logits, [early], EOS).token_ids == [1]
+    done = _req("b", output=[4, 4, 4], temperature=0, min_tokens=3, stop_token_ids=[9])
+    assert sampler(logits, [done], EOS).token_ids == [0]
+
+
+def test_penalties_push_away_repeated_tokens() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 4] = 1.0
+    logits[0, 5] = 0.9
+    sampler = Sampler(torch.device("cpu"))
+    plain = _req("a", output=[4, 4, 4], prompt=[10, 11], temperature=0)
+    assert sampler(logits, [plain], EOS).token_ids == [4]
+    for params in (
+        {"frequency_penalty": 0.1},
+        {"presence_penalty": 0.5},
+        {"repetition_penalty": 1.5},
+    ):
+        req = _req("b", output=[4, 4, 4], prompt=[10, 11], temperature=0, **params)
+        assert sampler(logits, [req], EOS).token_ids == [5], params
+
+
+def test_logprobs_match_log_softmax_with_ranks_and_top_k() -> None:
+    logits = _logits(2)
+    reqs = [_req("a", temperature=0, logprobs=3), _req("b", temperature=0)]
+    out = Sampler(torch.device("cpu"))(logits, reqs, EOS)
+    assert out.logprobs is not None and out.logprobs[1] is None
+    lp = out.logprobs[0]
+    ref = torch.log_softmax(logits[0], -1)
+    assert lp.token_id == out.token_ids[0] and lp.rank == 1
+    assert lp.logprob == pytest.approx(ref.max().item(), abs=1e-5)
+    assert [t for t, _ in lp.top] == ref.topk(3).indices.tolist()
+    assert [v for _, v in lp.top] == pytest.approx(ref.topk(3).values.tolist(), abs=1e-5)
+
+
+def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
+    logits = _logits(6)
+    reqs = [_req(f"r{i}", temperature=0.0 if i % 2 == 0 else 1.0, top_p=0.9) for i in range(6)]
+    for _ in range(10):
+        ids = Sampler(torch.device("cpu"))(logits, reqs, EOS).token_ids
+        assert [ids[i] for i in (0, 2, 4)] == logits.argmax(-1)[[0, 2, 4]].tolist()
