@@ -76,6 +76,13 @@ class EngineCore:
                 )
             max_len = config.max_model_len
 
+        window = getattr(self.model, "sliding_window", None)
+        if window and max_len > window:
+            # Sliding-window attention is not implemented: beyond the window the
+            # outputs would differ from the reference model, so the context stops there.
+            say(f"max_model_len capped at the model's sliding window ({window})")
+            max_len = window
+
         block_size = config.block_size
         num_blocks = self._num_kv_blocks(max_len, block_size)
         # A single sequence must always fit, or preemption could never make room.
