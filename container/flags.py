@@ -25,13 +25,42 @@ def parse_bool(text: str, flag: str) -> bool:
     raise SystemExit(f"hearth: {env_name(flag)}={text!r} is not a boolean (use true or false)")
 
 
+_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
 def parse_bytes(text: str) -> int:
-    """Sizes like 4GiB, 512MiB, 2G or a plain byte count."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    s = text.strip().lower().removesuffix("ib").removesuffix("b")
-    if s and s[-1] in units:
-        return int(float(s[:-1]) * units[s[-1]])
-    return int(s)
+    """Sizes like 4GiB, 512MiB, 2G, 1.5g or a plain byte count (binary units)."""
+    s = text.strip().lower().removesuffix("ib").removesuffix("b").strip()
+    try:
+        if s and s[-1] in _SIZE_UNITS:
+            value = int(float(s[:-1]) * _SIZE_UNITS[s[-1]])
+        else:
+            value = int(s)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (use e.g. 4GiB, 512MiB or a byte count)"
+        )
+    return value
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number"}
+
+
+def _convert(type: Callable[[str], Any], raw: str, flag: str, choices: Any = None) -> Any:
+    """An environment value through the flag's type and choices, as argparse would."""
+    try:
+        value = type(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"hearth: {env_name(flag)}: {exc}") from None
+    except ValueError:
+        kind = _TYPE_NAMES.get(type, "a valid value")
+        raise SystemExit(f"hearth: {env_name(flag)}={raw!r} is not {kind}") from None
+    if choices is not None and value not in choices:
+        allowed = ", ".join(map(str, choices))
+        raise SystemExit(f"hearth: {env_name(flag)}={raw!r} is not one of: {allowed}")
+    return value
 
 
 class FlagAdder:
@@ -45,10 +74,7 @@ class FlagAdder:
     ) -> None:
         raw = os.environ.get(env_name(flag))
         if raw is not None:
-            try:
-                default = type(raw)
-            except ValueError as exc:
-                raise SystemExit(f"hearth: {env_name(flag)}={raw!r}: {exc}") from exc
+            default = _convert(type, raw, flag, kwargs.get("choices"))
         self.parser.add_argument(
             flag, type=type, default=default, help=f"{help} [env {env_name(flag)}]", **kwargs
         )
@@ -88,7 +114,13 @@ def finish_many(args: argparse.Namespace) -> None:
             delattr(args, key)
 
 
+SERVE_USAGE = "hearth serve [MODEL] [flags]   (hearth serve --help lists every flag)"
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    # A short usage line: argparse prints it above every error, and the full one is
+    # ~40 lines that would bury the one line that matters.
+    parser.usage = SERVE_USAGE
     parser.add_argument(
         "model",
         nargs="?",

@@ -6,10 +6,23 @@ holds its liveness lock (model loading continues while workers start, so /ping c
 answer 503 "loading" at once), watches it from a thread, and stops it in `on_exit`
 after the workers have drained. If the engine dies, the master shuts down and the
 CLI exits non-zero so the platform restarts the container.
+
+The master binds the port before it forks the workers, and from then on the kernel
+accepts connections that wait until a worker runs its event loop. So that a probe's
+wait stays far below SageMaker's 2 s /ping timeout even on a busy CPU, the master
+imports the worker's modules (not torch, no sockets, no ZMQ context, no metric values)
+in `on_starting`, before binding: a forked worker then only builds its app.
+
+SIGTERM: the master closes its listening socket and sends SIGTERM to the workers;
+each uvicorn worker closes its own, lets running responses (SSE streams included) finish
+for up to `--timeout-graceful-shutdown` minus 2 s (container/worker.py), then cancels
+what is left; gunicorn SIGKILLs a worker at `graceful_timeout`. Only then does `on_exit`
+stop the engine, so draining requests keep being served.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -26,6 +39,22 @@ from engine.ipc import ENV_RUNTIME_DIR, engine_is_alive
 logger = logging.getLogger("hearth")
 
 ENGINE_START_TIMEOUT_S = 120.0
+
+WORKER_MODULES = (
+    "handlers.http.asgi",
+    "handlers.http.app",
+    "engine.zmq_client",
+    "uvicorn.protocols.http.auto",
+    "uvicorn.protocols.websockets.auto",
+    "uvicorn.lifespan.on",
+    "uvicorn.loops.auto",
+)
+"""What a worker imports before it can answer; imported by the master ahead of the fork."""
+
+
+def preload_worker_modules() -> None:
+    for name in WORKER_MODULES:
+        importlib.import_module(name)
 
 
 class EngineSupervisor:
@@ -95,6 +124,7 @@ class HearthApplication(BaseApplication):
         def on_starting(server: Any) -> None:
             server.log.info("starting the engine core")
             supervisor.start()
+            preload_worker_modules()  # while the engine loads, before the port is bound
 
         def on_exit(server: Any) -> None:
             server.log.info("stopping the engine core")

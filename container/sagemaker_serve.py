@@ -1,57 +1,110 @@
 """`serve`: the command SageMaker runs (`docker run IMAGE serve`).
 
-Binds 0.0.0.0:${SAGEMAKER_BIND_TO_PORT:-8080}, serves the model in /opt/ml/model when
-that directory holds one (else the embedded default, or HEARTH_MODEL), and turns
-`SM_HEARTH_<FLAG>` variables into flags the way SageMaker users know from the vLLM
-container: `true` -> bare flag, `false` -> omitted, anything else -> `--flag value`.
-`HEARTH_<FLAG>` variables work as well (read by the flags themselves).
+SageMaker configures a container through its environment only, so `serve` turns the
+environment into `hearth serve` arguments:
+
+- binds `0.0.0.0:${SAGEMAKER_BIND_TO_PORT:-8080}` (`SAGEMAKER_BIND_TO_PORT`, set by the
+  platform for multi-container endpoints, always wins; otherwise `HEARTH_PORT` /
+  `SM_HEARTH_PORT` may move the port, e.g. for a local `docker run`);
+- serves the model in `/opt/ml/model` (where SageMaker extracts `ModelDataUrl`) when that
+  directory holds one, a Hugging Face directory or a `.gguf` file, under the served name
+  `model`; `HEARTH_MODEL` / `SM_HEARTH_MODEL` choose another, and without either the
+  embedded default is served;
+- `SM_HEARTH_<FLAG>` becomes `--<flag>` in the convention SageMaker users know from AWS's
+  vLLM container: `true` -> the bare flag, `false` -> the flag left out. For our on/off
+  flags whose default is *on* (`--enable-prefix-caching`), "left out" would silently keep
+  them on, so `false` gives `--no-<flag>` there: `false` always means off. List flags
+  (`--api-key`, `--served-model-name`, `--allowed-*`) take comma-separated values, as
+  their `HEARTH_<FLAG>` variables do;
+- `HEARTH_<FLAG>` variables work as well (read by the flags themselves);
+- arguments given after `serve` (`docker run IMAGE serve --max-model-len 4096`) come
+  last and so win over the environment.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from container.cli import main as hearth_main
+from container.flags import FALSE, TRUE, add_serve_flags
 
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
+SAGEMAKER_SERVED_NAME = "model"
 PREFIX = "SM_HEARTH_"
+DEFAULT_PORT = "8080"
 
 
 def _has_model(path: Path) -> bool:
     return path.is_dir() and ((path / "config.json").is_file() or any(path.glob("*.gguf")))
 
 
-def sagemaker_argv(environ: Mapping[str, str], model_dir: Path = SAGEMAKER_MODEL_DIR) -> list[str]:
+def _serve_flags() -> dict[str, argparse.Action]:
+    """`hearth serve`'s options by their long name, to map variables onto them."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_serve_flags(parser)
+    return {
+        option: action
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--") and not option.startswith("--no-")
+    }
+
+
+def _flag_args(key: str, value: str, flags: Mapping[str, argparse.Action]) -> list[str]:
+    """The arguments for one `SM_HEARTH_<FLAG>=value`."""
+    flag = "--" + key.removeprefix(PREFIX).lower().replace("_", "-")
+    action = flags.get(flag)
+    if action is None:
+        raise SystemExit(f"serve: {key} does not name a `hearth serve` flag ({flag} is unknown)")
+    if isinstance(action, argparse.BooleanOptionalAction):
+        word = value.strip().lower()
+        if word in TRUE:
+            return [flag]
+        if word in FALSE:
+            return ["--no-" + flag.removeprefix("--")]
+        raise SystemExit(f"serve: {key}={value!r} is not a boolean (use true or false)")
+    if action.nargs == "+":
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        return [flag, *items] if items else []
+    return [f"{flag}={value}"]
+
+
+def sagemaker_argv(environ: Mapping[str, str], model_dir: Path | None = None) -> list[str]:
+    """The `hearth serve` argument list for a SageMaker-style environment; `model_dir`
+    stands for /opt/ml/model."""
+    model_dir = SAGEMAKER_MODEL_DIR if model_dir is None else model_dir
+    flags = _serve_flags()
+    model = environ.get(PREFIX + "MODEL") or environ.get("HEARTH_MODEL")
     argv = ["serve"]
-    if "HEARTH_MODEL" not in environ and _has_model(model_dir):
+    if model:
+        argv.append(model)
+    elif _has_model(model_dir):
         argv.append(str(model_dir))
-    argv += ["--host", "0.0.0.0", "--port", environ.get("SAGEMAKER_BIND_TO_PORT", "8080")]
-    if (
-        "HEARTH_SERVED_MODEL_NAME" not in environ
-        and not any(k == PREFIX + "SERVED_MODEL_NAME" for k in environ)
-        and len(argv) > 1
-        and argv[1] == str(model_dir)
-    ):
-        argv += ["--served-model-name", "model"]
+        if (
+            "HEARTH_SERVED_MODEL_NAME" not in environ
+            and PREFIX + "SERVED_MODEL_NAME" not in environ
+        ):
+            argv += ["--served-model-name", SAGEMAKER_SERVED_NAME]
+    if "HEARTH_HOST" not in environ:
+        argv += ["--host", "0.0.0.0"]
+    if "HEARTH_PORT" not in environ:
+        argv += ["--port", DEFAULT_PORT]
     for key in sorted(environ):
-        if not key.startswith(PREFIX):
-            continue
-        flag = "--" + key.removeprefix(PREFIX).lower().replace("_", "-")
-        value = environ[key]
-        if value.strip().lower() == "true":
-            argv.append(flag)
-        elif value.strip().lower() == "false":
-            continue
-        else:
-            argv += [flag, value]
+        if key.startswith(PREFIX) and key != PREFIX + "MODEL":
+            argv += _flag_args(key, environ[key], flags)
+    if environ.get("SAGEMAKER_BIND_TO_PORT"):
+        argv += ["--port", environ["SAGEMAKER_BIND_TO_PORT"]]
     return argv
 
 
-def main() -> int:
-    return hearth_main(sagemaker_argv(os.environ))
+def main(argv: Sequence[str] | None = None) -> int:
+    from container.cli import main as hearth_main
+
+    extra = list(sys.argv[1:] if argv is None else argv)
+    return hearth_main(sagemaker_argv(os.environ) + extra)
 
 
 if __name__ == "__main__":

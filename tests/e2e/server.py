@@ -67,13 +67,18 @@ class Server:
         return self.process.returncode
 
 
-def start_server(
-    tmp_dir: Path, *flags: str, env: dict[str, str] | None = None, wait: bool = True
+def _launch(
+    cmd: list[str],
+    port: int,
+    tmp_dir: Path,
+    env: dict[str, str],
+    flags: list[str],
+    wait: bool,
+    drop: tuple[str, ...] = (),
 ) -> Server:
-    port = free_port()
     log_path = tmp_dir / f"hearth-{port}.log"
-    cmd = [sys.executable, "-m", "container.cli", "serve", "--port", str(port), *flags]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    full_env = {**inherited, "PYTHONUNBUFFERED": "1", **env}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             cmd,
@@ -83,7 +88,7 @@ def start_server(
             start_new_session=True,
             cwd=Path(__file__).resolve().parents[2],
         )
-    server = Server(process, port, log_path, list(flags))
+    server = Server(process, port, log_path, flags)
     if wait:
         try:
             server.wait_ready()
@@ -91,3 +96,24 @@ def start_server(
             server.stop()
             raise
     return server
+
+
+def start_server(
+    tmp_dir: Path, *flags: str, env: dict[str, str] | None = None, wait: bool = True
+) -> Server:
+    """`hearth serve --port <free port> FLAGS` (binds 127.0.0.1)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "container.cli", "serve", "--port", str(port), *flags]
+    return _launch(cmd, port, tmp_dir, env or {}, list(flags), wait)
+
+
+def start_sagemaker_serve(tmp_dir: Path, env: dict[str, str], wait: bool = True) -> Server:
+    """The `serve` console entry as SageMaker starts it: no arguments, its configuration
+    in the environment only, `SAGEMAKER_BIND_TO_PORT` set to a free port. It binds
+    0.0.0.0; `Server.url` talks to it on 127.0.0.1. Variables of this process that would
+    change what or where it serves are not passed on: `env` alone decides."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "container.sagemaker_serve"]
+    drop = ("SM_HEARTH_", "SAGEMAKER_", "HEARTH_MODEL", "HEARTH_HOST", "HEARTH_PORT")
+    env = {**env, "SAGEMAKER_BIND_TO_PORT": str(port)}
+    return _launch(cmd, port, tmp_dir, env, [], wait, drop)
