@@ -90,13 +90,15 @@ class FlagAdder:
             help=f"{help} [env {env_name(flag)}]",
         )
 
-    def many(self, flag: str, help: str, **kwargs: Any) -> None:
+    def many(self, flag: str, help: str, repeat_only: bool = False, **kwargs: Any) -> None:
+        """A list flag: `--flag a b` (vLLM style), or with repeat_only `--flag a --flag b`,
+        for flags that come before the positional MODEL and must not swallow it."""
         raw = os.environ.get(env_name(flag))
         default = [v for v in raw.split(",") if v] if raw else []
         self.parser.add_argument(
             flag,
-            nargs="+",
-            action="extend",
+            nargs=None if repeat_only else "+",
+            action="append" if repeat_only else "extend",
             default=None,
             help=f"{help} [env {env_name(flag)}, comma-separated]",
             **kwargs,
@@ -136,7 +138,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     net.many(
         "--api-key",
         "Require 'Authorization: Bearer KEY' on every route but "
-        "/ping, /health, /version and /metrics (repeatable)",
+        "/ping, /health, /version and /metrics (repeat the flag for several keys)",
+        repeat_only=True,
     )
     net.value("--root-path", str, "", "Path prefix set by a proxy in front of the server")
     net.value("--ssl-keyfile", str, None, "TLS private key file")

@@ -66,9 +66,11 @@ def _flag_args(key: str, value: str, flags: Mapping[str, argparse.Action]) -> li
         if word in FALSE:
             return ["--no-" + flag.removeprefix("--")]
         raise SystemExit(f"serve: {key}={value!r} is not a boolean (use true or false)")
-    if action.nargs == "+":
+    if action.nargs == "+" or isinstance(action, argparse._AppendAction):
         items = [item.strip() for item in value.split(",") if item.strip()]
-        return [flag, *items] if items else []
+        if action.nargs == "+":
+            return [flag, *items] if items else []
+        return [f"{flag}={item}" for item in items]
     return [f"{flag}={value}"]
 
 

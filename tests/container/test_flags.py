@@ -88,7 +88,7 @@ def _sample(action: argparse.Action) -> tuple[str, Any]:
     value it must parse to."""
     if isinstance(action, argparse.BooleanOptionalAction):
         return ("false", False) if action.default else ("true", True)
-    if action.nargs == "+":
+    if action.nargs == "+" or isinstance(action, argparse._AppendAction):
         return "alpha,beta", ["alpha", "beta"]
     if action.choices:
         choice = next(c for c in reversed(list(action.choices)) if c != action.default)
