@@ -47,28 +47,21 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self._finished:
             raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._finished = True
-            self._client._forget(self.request_id)
-            raise item
-        if item.finished:
-            self._finished = True
-            self._client._forget(self.request_id)
-        return item
+        return self._take(await self._queue.get())
 
     def get_nowait(self) -> RequestOutput | None:
         """The next queued output if one is already here (to coalesce a burst)."""
         if self._finished or self._queue.empty():
             return None
-        item = self._queue.get_nowait()
+        return self._take(self._queue.get_nowait())
+
+    def _take(self, item: RequestOutput | BaseException) -> RequestOutput:
+        """Hand one queued item to the consumer; the last one (or an error) ends the stream."""
+        if isinstance(item, BaseException) or item.finished:
+            self._finished = True
+            self._client._forget(self.request_id)
         if isinstance(item, BaseException):
-            self._finished = True
-            self._client._forget(self.request_id)
             raise item
-        if item.finished:
-            self._finished = True
-            self._client._forget(self.request_id)
         return item
 
     @property
