@@ -98,10 +98,10 @@ class ChatMessageParam(OpenAIBaseModel):
         return "\n".join(part.text for part in self.content)
 
     def to_template(self) -> dict[str, Any]:
-        """The message as chat templates expect it (content always a string or None)."""
-        message: dict[str, Any] = {"role": self.role, "content": self.text()}
-        if message["content"] is None and not self.tool_calls:
-            message["content"] = ""
+        """The message as chat templates expect it: content always a string. An assistant
+        turn that only calls tools (`content: null`, as the OpenAI SDK sends it) gets "",
+        as in vLLM: templates concatenate content, and None would fail to render."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text() or ""}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_calls:

@@ -18,6 +18,27 @@ from handlers.protocol.base import FieldError, OpenAIBaseModel, StreamOptions, l
 
 INT64_MAX = 2**63 - 1
 
+MIN_TEMPERATURE = 1e-2
+"""vLLM's floor for a sampling temperature (0 < t < 0.01 becomes 0.01): dividing logits
+by less overflows them (1e-320 is 0 in float32) and sampling returns garbage."""
+MIN_TOP_P = 1e-8
+"""Floor for top_p. The top token's probability is at least 1/vocab_size, so any top_p at
+or below that keeps the top token alone: flooring changes nothing but float32 underflow."""
+MIN_REPETITION_PENALTY = 1e-8
+"""Floor for repetition_penalty: logits are divided by it, so a subnormal one (0 in
+float32) would turn them into inf/NaN."""
+
+
+def numerically_safe(
+    temperature: float, top_p: float, repetition_penalty: float
+) -> tuple[float, float, float]:
+    """(temperature, top_p, repetition_penalty) moved out of the range where float32
+    math on the logits breaks down; greedy (temperature 0) stays greedy."""
+    if 0.0 < temperature < MIN_TEMPERATURE:
+        temperature = MIN_TEMPERATURE
+    return temperature, max(top_p, MIN_TOP_P), max(repetition_penalty, MIN_REPETITION_PENALTY)
+
+
 # Fields of the model's generation_config.json that vLLM turns into default sampling
 # parameters (`--generation-config auto`), by their SamplingParams names.
 GENERATION_CONFIG_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -144,9 +165,14 @@ class SamplingRequest(OpenAIBaseModel):
             return value if value is not None else defaults.get(name, fallback)
 
         top_k = pick("top_k", -1)
+        temperature, top_p, repetition_penalty = numerically_safe(
+            float(pick("temperature", 1.0)),
+            float(pick("top_p", 1.0)),
+            float(pick("repetition_penalty", 1.0)),
+        )
         return SamplingParams(
-            temperature=float(pick("temperature", 1.0)),
-            top_p=float(pick("top_p", 1.0)),
+            temperature=temperature,
+            top_p=top_p,
             top_k=-1 if top_k == 0 else int(top_k),
             min_p=float(pick("min_p", 0.0)),
             seed=self.seed,
@@ -156,7 +182,7 @@ class SamplingRequest(OpenAIBaseModel):
             ignore_eos=self.ignore_eos,
             presence_penalty=float(self.presence_penalty or 0.0),
             frequency_penalty=float(self.frequency_penalty or 0.0),
-            repetition_penalty=float(pick("repetition_penalty", 1.0)),
+            repetition_penalty=repetition_penalty,
             logit_bias={int(k): float(v) for k, v in self.logit_bias.items()}
             if self.logit_bias
             else None,

@@ -7,7 +7,7 @@ import orjson
 
 from engine.sampling_params import SamplingParams
 from handlers.errors import ServingError
-from handlers.protocol.sampling import resolve_max_tokens
+from handlers.protocol.sampling import numerically_safe, resolve_max_tokens
 from handlers.protocol.tgi import (
     DEFAULT_MAX_NEW_TOKENS,
     TGIDetails,
@@ -52,13 +52,18 @@ class ServingTGI(ServingBase):
             default=DEFAULT_MAX_NEW_TOKENS,
         )
         want_logprobs = request.stream or p.details
+        temperature, top_p, repetition_penalty = numerically_safe(
+            (p.temperature or 1.0) if p.is_sampling else 0.0,
+            p.top_p or 1.0,
+            p.repetition_penalty or 1.0,
+        )
         params = SamplingParams(
-            temperature=(p.temperature or 1.0) if p.is_sampling else 0.0,
-            top_p=p.top_p or 1.0,
+            temperature=temperature,
+            top_p=top_p,
             top_k=p.top_k or -1,
             seed=p.seed,
             max_tokens=max_tokens,
-            repetition_penalty=p.repetition_penalty or 1.0,
+            repetition_penalty=repetition_penalty,
             frequency_penalty=p.frequency_penalty or 0.0,
             logprobs=0 if want_logprobs else None,
         )

@@ -1,0 +1,417 @@
+"""Bad input of every kind against the real default server over raw HTTP: each case gets
+its 4xx in OpenAI's error shape naming the field, never a 500; after the whole matrix
+the server is healthy, still answers, and holds no KV blocks.
+
+The case list follows `tests/handlers/test_handlers_bad_input.py` (which runs it on a
+scripted engine), adapted to the real model: vocabulary 49152, max_model_len 2048.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.clients import assert_openai_error, wait_metric
+from tests.e2e.server import Server
+
+pytestmark = pytest.mark.slow
+
+VOCAB = 49152
+MAX_MODEL_LEN = 2048
+USER = [{"role": "user", "content": "Hello"}]
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+INVOCATIONS = "/invocations"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    body: Any
+    status: int
+    param: Any
+    """The expected `param`; `...` when the case does not pin one."""
+    path: str = CHAT
+    method: str = "POST"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "smollm2", "messages": USER, "max_tokens": 4, **fields}
+
+
+def comp(**fields: Any) -> dict[str, Any]:
+    return {"model": "smollm2", "prompt": "Hello", "max_tokens": 4, **fields}
+
+
+def tgi(**parameters: Any) -> dict[str, Any]:
+    return {"inputs": "Hello", "parameters": {"max_new_tokens": 4, **parameters}}
+
+
+def nested(depth: int) -> bytes:
+    return b'{"messages": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+LONG_TEXT = "word " * (MAX_MODEL_LEN + 100)
+
+CASES = [
+    # -- transport --------------------------------------------------------------------------
+    Case("invalid-json", b'{"messages": [', 400, None),
+    Case("non-utf8", b'{"messages": "\xff\xfe"}', 400, None),
+    Case("wrong-content-type", b"{}", 415, None, headers=(("content-type", "text/plain"),)),
+    Case(
+        "form-content-type",
+        b"a=b",
+        415,
+        None,
+        headers=(("content-type", "application/x-www-form-urlencoded"),),
+    ),
+    Case("empty-body", b"", 400, None),
+    Case("whitespace-body", b"  \n ", 400, None),
+    Case("nested-10k", b"[" * 10_000 + b"]" * 10_000, 400, None),
+    Case("nested-500-in-field", nested(500), 400, None),
+    Case("body-array", [1, 2], 400, None),
+    Case("body-string", "hello", 400, None),
+    Case("body-null", None, 400, None),
+    Case("huge-int", b'{"messages": [], "n": 123456789012345678901234567890}', 400, "n"),
+    Case("nan", b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None),
+    Case("body-too-large", b'{"prompt": "' + b"a" * (7 * 1024 * 1024) + b'"}', 413, None),
+    # -- messages ---------------------------------------------------------------------------
+    Case("messages-missing", {"model": "smollm2"}, 400, "messages"),
+    Case("messages-empty", chat(messages=[]), 400, "messages"),
+    Case("messages-not-list", chat(messages="hi"), 400, "messages"),
+    Case("message-not-object", chat(messages=["hi"]), 400, "messages[0]"),
+    Case(
+        "unknown-role", chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages[0].role"
+    ),
+    Case("role-missing", chat(messages=[{"content": "x"}]), 400, "messages[0].role"),
+    Case(
+        "content-number",
+        chat(messages=[{"role": "user", "content": 5}]),
+        400,
+        "messages[0].content",
+    ),
+    Case("content-missing", chat(messages=[{"role": "user"}]), 400, "messages[0].content"),
+    Case(
+        "image-part",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        400,
+        "messages[0].content[0].type",
+    ),
+    Case(
+        "part-without-text",
+        chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        400,
+        "messages[0].content[0].text",
+    ),
+    Case(
+        "part-not-object",
+        chat(messages=[{"role": "user", "content": ["hi"]}]),
+        400,
+        "messages[0].content[0]",
+    ),
+    Case(
+        "tool-without-id",
+        chat(messages=[*USER, {"role": "tool", "content": "42"}]),
+        400,
+        "messages[1].tool_call_id",
+    ),
+    Case(
+        "name-number",
+        chat(messages=[{"role": "user", "content": "x", "name": 5}]),
+        400,
+        "messages[0].name",
+    ),
+    Case(
+        "too-long-prompt",
+        chat(messages=[{"role": "user", "content": LONG_TEXT}]),
+        400,
+        "messages",
+    ),
+    # -- sampling ranges and types ------------------------------------------------------------
+    Case("temperature-negative", chat(temperature=-0.1), 400, "temperature"),
+    Case("temperature-high", chat(temperature=2.5), 400, "temperature"),
+    Case("temperature-string", chat(temperature="0.5"), 400, "temperature"),
+    Case("top-p-zero", chat(top_p=0), 400, "top_p"),
+    Case("top-p-high", chat(top_p=1.5), 400, "top_p"),
+    Case("top-k-low", chat(top_k=-2), 400, "top_k"),
+    Case("top-k-float", chat(top_k=1.5), 400, "top_k"),
+    Case("min-p-high", chat(min_p=1.5), 400, "min_p"),
+    Case("presence-high", chat(presence_penalty=3), 400, "presence_penalty"),
+    Case("frequency-low", chat(frequency_penalty=-3), 400, "frequency_penalty"),
+    Case("repetition-zero", chat(repetition_penalty=0), 400, "repetition_penalty"),
+    Case("repetition-high", chat(repetition_penalty=2.5), 400, "repetition_penalty"),
+    Case("n-zero", chat(n=0), 400, "n"),
+    Case("n-over-max", chat(n=17), 400, "n"),
+    Case("n-bool", chat(n=True), 400, "n"),
+    Case("n-string", chat(n="2"), 400, "n"),
+    Case("seed-negative", chat(seed=-1), 400, "seed"),
+    Case("seed-over-int64", chat(seed=2**63), 400, "seed"),
+    Case("seed-string", chat(seed="1"), 400, "seed"),
+    Case("min-tokens-negative", chat(min_tokens=-1), 400, "min_tokens"),
+    Case("min-tokens-over-max", chat(min_tokens=10, max_tokens=5), 400, "min_tokens"),
+    Case("max-tokens-zero", chat(max_tokens=0), 400, "max_tokens"),
+    Case("max-tokens-negative", chat(max_tokens=-5), 400, "max_tokens"),
+    Case("max-tokens-over-context", chat(max_tokens=MAX_MODEL_LEN), 400, "max_tokens"),
+    Case(
+        "max-completion-over-context",
+        chat(max_completion_tokens=10_000),
+        400,
+        "max_completion_tokens",
+    ),
+    Case("max-tokens-float", chat(max_tokens=1.5), 400, "max_tokens"),
+    Case("stream-string", chat(stream="yes"), 400, "stream"),
+    Case(
+        "stream-options-without-stream",
+        chat(stream_options={"include_usage": True}),
+        400,
+        "stream_options",
+    ),
+    Case(
+        "stream-options-not-object",
+        chat(stream=True, stream_options="usage"),
+        400,
+        "stream_options",
+    ),
+    Case("model-number", chat(model=5), 400, "model"),
+    Case("priority-string", chat(priority="high"), 400, "priority"),
+    Case("logprobs-string", chat(logprobs="yes"), 400, "logprobs"),
+    Case("echo-number", chat(echo=1), 400, "echo"),
+    # -- stop ----------------------------------------------------------------------------------
+    Case("stop-empty", chat(stop=""), 400, "stop[0]"),
+    Case("stop-empty-in-list", chat(stop=["a", ""]), 400, "stop[1]"),
+    Case("stop-5000", chat(stop=[f"s{i}" for i in range(5000)]), 400, "stop"),
+    Case("stop-number", chat(stop=5), 400, "stop"),
+    Case("stop-list-of-numbers", chat(stop=[5]), 400, "stop[0]"),
+    Case("stop-token-ids-out-of-vocab", chat(stop_token_ids=[VOCAB]), 400, "stop_token_ids"),
+    Case("stop-token-ids-negative", chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
+    Case("stop-token-ids-strings", chat(stop_token_ids=["2"]), 400, "stop_token_ids[0]"),
+    # -- logit bias, logprobs ----------------------------------------------------------------
+    Case("logit-bias-key-text", chat(logit_bias={"hello": 1}), 400, "logit_bias"),
+    Case("logit-bias-key-out-of-vocab", chat(logit_bias={str(VOCAB): 1}), 400, "logit_bias"),
+    Case("logit-bias-key-negative", chat(logit_bias={"-3": 1}), 400, "logit_bias"),
+    Case("logit-bias-value-high", chat(logit_bias={"5": 101}), 400, "logit_bias"),
+    Case("logit-bias-value-string", chat(logit_bias={"5": "1"}), 400, "logit_bias"),
+    Case("logit-bias-not-object", chat(logit_bias=[1, 2]), 400, "logit_bias"),
+    Case("top-logprobs-over-max", chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    Case("top-logprobs-without-logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
+    Case("top-logprobs-negative", chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs"),
+    # -- unsupported features ---------------------------------------------------------------
+    Case("json-object", chat(response_format={"type": "json_object"}), 400, "response_format.type"),
+    Case(
+        "json-schema",
+        chat(response_format={"type": "json_schema", "json_schema": {}}),
+        400,
+        "response_format.type",
+    ),
+    Case("response-format-unknown", chat(response_format={"type": "xml"}), 400, ...),
+    Case("tool-choice-auto", chat(tool_choice="auto"), 400, "tool_choice"),
+    Case("tool-choice-required", chat(tool_choice="required"), 400, "tool_choice"),
+    Case(
+        "tool-choice-named",
+        chat(tool_choice={"type": "function", "function": {"name": "f"}}),
+        400,
+        "tool_choice",
+    ),
+    Case("functions", chat(functions=[{"name": "f"}]), 400, "functions"),
+    Case("guided-json", chat(guided_json={"type": "object"}), 400, "guided_json"),
+    Case("beam-search", chat(use_beam_search=True), 400, "use_beam_search"),
+    Case("untrusted-template", chat(chat_template="{{ messages }}"), 400, "chat_template"),
+    Case(
+        "untrusted-template-kwarg",
+        chat(chat_template_kwargs={"chat_template": "x"}),
+        400,
+        "chat_template",
+    ),
+    Case(
+        "continue-and-generation-prompt",
+        chat(continue_final_message=True),
+        400,
+        "continue_final_message",
+    ),
+    Case(
+        "continue-without-assistant",
+        chat(continue_final_message=True, add_generation_prompt=False),
+        400,
+        "continue_final_message",
+    ),
+    # -- streaming requests refused before the status line: JSON, never SSE ------------------
+    Case("stream-temperature", chat(stream=True, temperature=-1), 400, "temperature"),
+    Case("stream-unknown-model", chat(stream=True, model="gpt-4o"), 404, "model"),
+    Case(
+        "stream-too-long",
+        chat(stream=True, messages=[{"role": "user", "content": LONG_TEXT}]),
+        400,
+        "messages",
+    ),
+    Case(
+        "stream-completion-out-of-vocab",
+        comp(stream=True, prompt=[1, VOCAB]),
+        400,
+        "prompt",
+        path=COMPLETIONS,
+    ),
+    # -- model, routes --------------------------------------------------------------------------
+    Case("unknown-model", chat(model="gpt-4o"), 404, "model"),
+    Case("unknown-route", chat(), 404, None, path="/v1/embeddings"),
+    Case("unknown-route-root", None, 404, None, path="/nothing", method="GET"),
+    Case("wrong-method", None, 405, None, path=CHAT, method="GET"),
+    Case("wrong-method-models", chat(), 405, None, path="/v1/models"),
+    Case("wrong-method-delete", None, 405, None, path=COMPLETIONS, method="DELETE"),
+    Case("wrong-method-tokenize", None, 405, None, path="/tokenize", method="GET"),
+    # -- completions ----------------------------------------------------------------------------
+    Case("prompt-missing", {"max_tokens": 5}, 400, "prompt", path=COMPLETIONS),
+    Case("prompt-empty-list", comp(prompt=[]), 400, "prompt", path=COMPLETIONS),
+    Case("prompt-empty-string", comp(prompt=""), 400, "prompt", path=COMPLETIONS),
+    Case("prompt-ids-out-of-vocab", comp(prompt=[1, VOCAB]), 400, "prompt", path=COMPLETIONS),
+    Case("prompt-ids-negative", comp(prompt=[1, -5]), 400, "prompt", path=COMPLETIONS),
+    Case(
+        "prompt-lists-out-of-vocab",
+        comp(prompt=[[1], [VOCAB]]),
+        400,
+        "prompt[1]",
+        path=COMPLETIONS,
+    ),
+    Case("prompt-empty-inner-list", comp(prompt=[[1], []]), 400, ..., path=COMPLETIONS),
+    Case("prompt-mixed", comp(prompt=["a", 1]), 400, "prompt", path=COMPLETIONS),
+    Case("prompt-number", comp(prompt=5), 400, "prompt", path=COMPLETIONS),
+    Case(
+        "prompt-too-long",
+        comp(prompt=[1] * MAX_MODEL_LEN),
+        400,
+        "prompt",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "prompt-300-prompts",
+        comp(prompt=["a"] * 300),
+        400,
+        "prompt",
+        path=COMPLETIONS,
+    ),
+    Case("suffix", comp(suffix="b"), 400, "suffix", path=COMPLETIONS),
+    Case("best-of", comp(best_of=2), 400, "best_of", path=COMPLETIONS),
+    Case("completion-logprobs-high", comp(logprobs=21), 400, "logprobs", path=COMPLETIONS),
+    Case("completion-logprobs-negative", comp(logprobs=-1), 400, "logprobs", path=COMPLETIONS),
+    Case(
+        "echo-with-logprobs",
+        comp(echo=True, logprobs=1),
+        400,
+        "echo",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "completion-max-tokens",
+        comp(max_tokens=MAX_MODEL_LEN),
+        400,
+        "max_tokens",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "completion-response-format",
+        comp(response_format={"type": "json_object"}),
+        400,
+        "response_format",
+        path=COMPLETIONS,
+    ),
+    Case("completion-unknown-model", comp(model="x"), 404, "model", path=COMPLETIONS),
+    # -- tokenize, detokenize --------------------------------------------------------------------
+    Case("tokenize-nothing", {}, 400, "prompt", path="/tokenize"),
+    Case("tokenize-empty-messages", {"messages": []}, 400, "messages", path="/tokenize"),
+    Case("tokenize-unknown-model", {"prompt": "a", "model": "x"}, 404, "model", path="/tokenize"),
+    Case("detokenize-negative", {"tokens": [-1]}, 400, "tokens", path="/detokenize"),
+    Case("detokenize-out-of-vocab", {"tokens": [VOCAB]}, 400, "tokens", path="/detokenize"),
+    Case("detokenize-strings", {"tokens": ["a"]}, 400, "tokens[0]", path="/detokenize"),
+    Case("detokenize-missing", {}, 400, "tokens", path="/detokenize"),
+    # -- /invocations: every kind, TGI -----------------------------------------------------------
+    Case("invocations-garbage", {"hello": "world"}, 400, None, path=INVOCATIONS),
+    Case("invocations-bad-json", b"{nope", 400, None, path=INVOCATIONS),
+    Case("invocations-array", [1], 400, None, path=INVOCATIONS),
+    Case("invocations-chat-bad", chat(temperature=9), 400, "temperature", path=INVOCATIONS),
+    Case("invocations-completion-bad", comp(n=0), 400, "n", path=INVOCATIONS),
+    Case("tgi-empty-inputs", {"inputs": ""}, 400, "inputs", path=INVOCATIONS),
+    Case("tgi-inputs-number", {"inputs": 5}, 400, "inputs", path=INVOCATIONS),
+    Case(
+        "tgi-parameters-list",
+        {"inputs": "x", "parameters": []},
+        400,
+        "parameters",
+        path=INVOCATIONS,
+    ),
+    Case(
+        "tgi-temperature-zero",
+        tgi(temperature=0),
+        400,
+        "parameters.temperature",
+        path=INVOCATIONS,
+    ),
+    Case(
+        "tgi-max-new-tokens",
+        tgi(max_new_tokens=10**6),
+        400,
+        "parameters.max_new_tokens",
+        path=INVOCATIONS,
+    ),
+    Case("tgi-top-k-zero", tgi(top_k=0), 400, "parameters.top_k", path=INVOCATIONS),
+    Case("tgi-top-p-high", tgi(top_p=1.5), 400, "parameters.top_p", path=INVOCATIONS),
+    Case("tgi-seed-negative", tgi(seed=-1), 400, "parameters.seed", path=INVOCATIONS),
+    Case("tgi-stop-string", tgi(stop="x"), 400, "parameters.stop", path=INVOCATIONS),
+    Case("tgi-best-of", tgi(best_of=2), 400, "parameters.best_of", path=INVOCATIONS),
+    Case(
+        "tgi-too-long",
+        {"inputs": LONG_TEXT, "stream": True},
+        400,
+        "inputs",
+        path=INVOCATIONS,
+    ),
+]
+
+
+def send(http: httpx.Client, server: Server, case: Case) -> httpx.Response:
+    headers = dict(case.headers)
+    headers.setdefault("content-type", "application/json")
+    body = case.body if isinstance(case.body, bytes) else orjson.dumps(case.body)
+    if case.method == "GET" and case.body is None:
+        body = b""
+    return http.request(case.method, server.url + case.path, content=body, headers=headers)
+
+
+@pytest.fixture(scope="module")
+def http() -> httpx.Client:
+    with httpx.Client(timeout=120) as client:
+        yield client
+
+
+def test_matrix_is_broad() -> None:
+    assert len(CASES) >= 50
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_real_server(default_server: Server, http: httpx.Client, case: Case) -> None:
+    response = send(http, default_server, case)
+    assert response.status_code < 500, response.text[:500]
+    assert_openai_error(response, case.status, case.param)
+    assert not response.content.startswith(b"data:")
+    if case.status == 405:
+        assert response.headers.get("allow"), response.headers
+
+
+def test_server_is_whole_after_the_matrix(default_server: Server, http: httpx.Client) -> None:
+    """Run last in this module (pytest keeps file order): the matrix left nothing behind."""
+    for case in CASES:  # once more, back to back, on one connection
+        assert send(http, default_server, case).status_code == case.status, case.id
+    assert http.get(default_server.url + "/health").status_code == 200
+    reply = http.post(
+        default_server.v1 + "/chat/completions",
+        json={"model": "smollm2", "messages": USER, "max_tokens": 4, "temperature": 0},
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] >= 1
+    assert wait_metric(default_server, "hearth:kv_cache_used_blocks", 0) == 0
+    assert wait_metric(default_server, "hearth:num_requests_running", 0) == 0
+    assert wait_metric(default_server, "hearth:num_requests_waiting", 0) == 0
