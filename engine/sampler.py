@@ -17,6 +17,8 @@ import torch
 from engine.outputs import TokenLogprob
 from engine.request import Request
 
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass(slots=True)
 class SamplerOutput:
@@ -50,7 +52,11 @@ class Sampler:
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
-        temperatures = [r.params.temperature for r in requests]
+        # Temperatures this small overflow float32 logits / t: they mean greedy.
+        temperatures = [
+            r.params.temperature if r.params.temperature >= MIN_TEMPERATURE else 0.0
+            for r in requests
+        ]
         if all(t == 0.0 for t in temperatures):
             token_ids = logits.argmax(dim=-1)
         else:
@@ -115,7 +121,7 @@ class Sampler:
             sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
             probs = sorted_logits.softmax(dim=-1)
             cum = probs.cumsum(dim=-1)
-            tp = torch.tensor(top_ps, device=logits.device).unsqueeze(1)
+            tp = torch.tensor(top_ps, device=logits.device).clamp_(min=1e-8).unsqueeze(1)
             # Drop a token when the tokens before it already cover top_p (keeps >= 1 token).
             remove_sorted = (cum - probs) >= tp
             remove = torch.zeros_like(remove_sorted).scatter_(1, sorted_idx, remove_sorted)
@@ -162,9 +168,10 @@ def _apply_penalties(x: torch.Tensor, request: Request, vocab: int) -> None:
     repetition penalty over prompt and output tokens (as vLLM / HF apply them)."""
     p = request.params
     if p.repetition_penalty != 1.0:
+        penalty = max(p.repetition_penalty, 1e-8)
         seen = torch.tensor(sorted(set(request.all_token_ids)), device=x.device)
         vals = x[seen]
-        x[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        x[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
     output = request.output_token_ids
     if output and (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
         counts = torch.bincount(torch.tensor(output, device=x.device), minlength=vocab)[:vocab]

@@ -150,3 +150,16 @@ def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
     for _ in range(10):
         ids = Sampler(torch.device("cpu"))(logits, reqs, EOS).token_ids
         assert [ids[i] for i in (0, 2, 4)] == logits.argmax(-1)[[0, 2, 4]].tolist()
+
+
+def test_values_at_the_edge_of_float32_stay_sane() -> None:
+    logits = _logits(3)
+    reqs = [
+        _req("a", temperature=1e-40),
+        _req("b", temperature=1.0, top_p=1e-320),
+        _req("c", temperature=0, output=[1, 2], repetition_penalty=1e-320),
+    ]
+    out = Sampler(torch.device("cpu"))(logits, reqs, EOS)
+    greedy = logits.argmax(-1).tolist()
+    assert out.token_ids[:2] == greedy[:2]
+    assert 0 <= out.token_ids[2] < VOCAB
