@@ -8,6 +8,13 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# Triton kernels run in interpreter mode on a machine without CUDA. Set before anything
+# imports triton (transformers' tokenizer stack does, from the engine tests).
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 
 
