@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
@@ -85,10 +86,19 @@ def dead_error() -> EngineDeadError:
     return EngineDeadError("The engine core has died; the server is restarting.")
 
 
+_LIVE_CLIENTS: weakref.WeakSet[EngineClient] = weakref.WeakSet()
+
+
+def live_clients() -> list[EngineClient]:
+    """Every engine client of this process (the worker ends their streams at shutdown)."""
+    return list(_LIVE_CLIENTS)
+
+
 class EngineClient(ABC):
     """Tokens in, tokens out. Admission is answered before `add_request` returns."""
 
     def __init__(self) -> None:
+        _LIVE_CLIENTS.add(self)
         self._streams: dict[str, RequestStream] = {}
         self._admissions: dict[str, asyncio.Future[Admission]] = {}
         self._model_info: ModelInfo | None = None
@@ -215,11 +225,22 @@ class EngineClient(ABC):
         for future in self._admissions.values():
             if not future.done():
                 future.set_exception(error)
-        for stream in list(self._streams.values()):
-            stream.put(error)
-        self._streams.clear()
+        self.fail_in_flight(error)
         if self._ready_event is not None:
             self._ready_event.set()
+
+    def fail_in_flight(self, error: BaseException) -> int:
+        """End every running stream of this client with `error` (the serving layer turns
+        it into an error chunk and `[DONE]`) and abort them in the engine. Used when the
+        drain deadline comes, so a client sees a clean end instead of a cut connection."""
+        streams = list(self._streams.values())
+        for stream in streams:
+            stream.put(error)
+        ids = [s.request_id for s in streams]
+        self._streams.clear()
+        if ids and not self._dead:
+            self._send(AbortRequest(ids))
+        return len(ids)
 
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

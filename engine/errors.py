@@ -21,3 +21,7 @@ class EngineOverloadedError(EngineError):
 
 class InvalidEngineRequestError(EngineError):
     """The engine refused a request as malformed (400); the serving layer should catch it first."""
+
+
+class EngineShuttingDownError(EngineDeadError):
+    """The server's drain deadline came before this request finished (503)."""
