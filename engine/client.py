@@ -86,19 +86,23 @@ def dead_error() -> EngineDeadError:
     return EngineDeadError("The engine core has died; the server is restarting.")
 
 
-_LIVE_CLIENTS: weakref.WeakSet[EngineClient] = weakref.WeakSet()
+# Weak references, not a WeakSet: clients need not be hashable (test doubles may be
+# dataclasses).
+_LIVE_CLIENTS: list[weakref.ref[EngineClient]] = []
 
 
 def live_clients() -> list[EngineClient]:
     """Every engine client of this process (the worker ends their streams at shutdown)."""
-    return list(_LIVE_CLIENTS)
+    alive = [c for ref in _LIVE_CLIENTS if (c := ref()) is not None]
+    _LIVE_CLIENTS[:] = [weakref.ref(c) for c in alive]
+    return alive
 
 
 class EngineClient(ABC):
     """Tokens in, tokens out. Admission is answered before `add_request` returns."""
 
     def __init__(self) -> None:
-        _LIVE_CLIENTS.add(self)
+        _LIVE_CLIENTS.append(weakref.ref(self))
         self._streams: dict[str, RequestStream] = {}
         self._admissions: dict[str, asyncio.Future[Admission]] = {}
         self._model_info: ModelInfo | None = None
