@@ -27,6 +27,7 @@ class ServingError(Exception):
 
     status: HTTPStatus = HTTPStatus.BAD_REQUEST
     type: str = "BadRequestError"
+    """The wire `type`: a subclass's own class name unless it sets one (see module doc)."""
 
     def __init__(
         self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
@@ -35,6 +36,11 @@ class ServingError(Exception):
         self.message = message
         self.param = param
         self.headers = headers or {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "type" not in cls.__dict__:
+            cls.type = cls.__name__
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.status, self.param)
@@ -46,41 +52,34 @@ class BadRequestError(ServingError):
 
 class AuthenticationError(ServingError):
     status = HTTPStatus.UNAUTHORIZED
-    type = "AuthenticationError"
 
 
 class NotFoundError(ServingError):
     status = HTTPStatus.NOT_FOUND
-    type = "NotFoundError"
 
 
 class MethodNotAllowedError(ServingError):
     status = HTTPStatus.METHOD_NOT_ALLOWED
-    type = "MethodNotAllowedError"
 
 
 class RequestTooLargeError(ServingError):
     status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
-    type = "RequestTooLargeError"
 
 
 class UnsupportedMediaTypeError(ServingError):
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
-    type = "UnsupportedMediaTypeError"
 
 
 class ServiceUnavailableError(ServingError):
     """Queue full, engine dead or still loading (503): retrying later can succeed."""
 
     status = HTTPStatus.SERVICE_UNAVAILABLE
-    type = "ServiceUnavailableError"
 
 
 class InternalServerError(ServingError):
     """A bug or an engine-side generation failure; the message never carries internals."""
 
     status = HTTPStatus.INTERNAL_SERVER_ERROR
-    type = "InternalServerError"
 
 
 def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -33,6 +33,10 @@ import torch
 from kernels import reference
 from kernels.metadata import AttentionMetadata
 
+# The cos/sin cache is built once per model, on any device, so it has no Triton version:
+# the one definition is the reference's, exported as is.
+from kernels.reference import build_cos_sin_cache
+
 __all__ = [
     "AttentionMetadata",
     "build_cos_sin_cache",
@@ -108,18 +112,6 @@ def rotary_embedding(
 
         return rotary_embedding_triton(positions, query, key, cos_sin_cache)
     return reference.rotary_embedding(positions, query, key, cos_sin_cache)
-
-
-def build_cos_sin_cache(
-    head_dim: int,
-    max_position: int,
-    base: float,
-    dtype: torch.dtype,
-    device: torch.device | str | None = None,
-    rope_scaling: dict[str, Any] | None = None,
-) -> torch.Tensor:
-    """``[max_position, head_dim]`` rows ``cat(cos, sin)``; default, linear and llama3 rope."""
-    return reference.build_cos_sin_cache(head_dim, max_position, base, dtype, device, rope_scaling)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

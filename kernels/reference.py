@@ -264,6 +264,26 @@ def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) 
     return g.view(num_seqs, -1, nkv, hd).transpose(1, 2)
 
 
+def _block_table(
+    tables: torch.Tensor, rows: int, max_seq_len: int, block_size: int
+) -> torch.Tensor:
+    """``[rows, blocks]`` int64 block ids covering ``max_seq_len`` (at least one block); a
+    table narrower than that is padded with block 0, whose slots the mask hides."""
+    num_blocks = max(1, _cdiv(max_seq_len, block_size))
+    table = tables[:rows, :num_blocks].long()
+    if table.shape[1] < num_blocks:
+        table = F.pad(table, (0, num_blocks - table.shape[1]))
+    return table
+
+
+def _additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``valid``, -inf elsewhere: an additive mask measured faster than a boolean
+    one in the CPU flash kernel."""
+    mask = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
+    mask.masked_fill_(~valid, float("-inf"))
+    return mask
+
+
 def _decode_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> dict[str, Any]:
     """Per-step decode gather indices and additive mask, built once and cached for all layers."""
     key = f"ref.decode.{dtype}"
@@ -272,15 +292,11 @@ def _decode_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -
         return plan
     b = meta.num_decode_tokens
     seq_lens = meta.decode_seq_lens[:b].long()  # [B]
-    num_blocks = max(1, _cdiv(meta.decode_max_seq_len, block_size))
-    table = meta.decode_block_tables[:b, :num_blocks].long()  # [B, num_blocks]
-    if table.shape[1] < num_blocks:  # a narrower table than max_seq_len: pad with block 0
-        table = F.pad(table, (0, num_blocks - table.shape[1]))
+    table = _block_table(meta.decode_block_tables, b, meta.decode_max_seq_len, block_size)
+    num_blocks = table.shape[1]  # [B, num_blocks]
     pos = torch.arange(num_blocks * block_size, device=seq_lens.device)
     valid = pos[None, :] < seq_lens[:, None]  # [B, L]
-    # An additive mask measured faster than a boolean one in the CPU flash kernel.
-    mask = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
-    mask.masked_fill_(~valid, float("-inf"))
+    mask = _additive_mask(valid, dtype)
     plan = {"block_ids": table.reshape(-1), "mask": mask[:, None, None, :]}  # [B, 1, 1, L]
     meta.scratch[key] = plan
     return plan
@@ -327,10 +343,8 @@ def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) 
     device = seq_lens.device
     num_tokens = int(qsl[-1])
     max_q = meta.prefill_max_query_len
-    num_blocks = max(1, _cdiv(meta.prefill_max_seq_len, block_size))
-    table = meta.prefill_block_tables[:p, :num_blocks].long()  # [P, num_blocks]
-    if table.shape[1] < num_blocks:
-        table = F.pad(table, (0, num_blocks - table.shape[1]))
+    table = _block_table(meta.prefill_block_tables, p, meta.prefill_max_seq_len, block_size)
+    num_blocks = table.shape[1]  # [P, num_blocks]
     plan: dict[str, Any] = {"num_tokens": num_tokens}
     if p == 1 and int(seq_lens[0]) == num_tokens:
         # A lone chunk with no cached prefix: plain causal attention over its own keys.
@@ -352,8 +366,7 @@ def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) 
         valid = (k_pos[None, None, :] <= q_pos[:, :, None]) & (
             k_pos[None, None, :] < seq_lens[:, None, None]
         )  # [P, max_q, L]
-        mask = torch.zeros(valid.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~valid, float("-inf"))
+        mask = _additive_mask(valid, dtype)
         plan.update(
             fast=False,
             block_ids=table.reshape(-1),

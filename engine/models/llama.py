@@ -49,6 +49,13 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
+def head_dim_of(config: Any) -> int:
+    """Per-head width: the config's explicit `head_dim` (which may differ from
+    hidden/heads, e.g. Mistral Nemo) or hidden/heads. One rule, so the attention layers
+    and the KV cache the runner sizes from `LlamaForCausalLM.head_dim` always agree."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def rope_config(config: Any) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, scaling dict or None) from a transformers 5 or 4 style config.
 
@@ -90,7 +97,7 @@ class LlamaAttention(nn.Module):
         hidden = config.hidden_size
         self.num_heads: int = config.num_attention_heads
         self.num_kv_heads: int = config.num_key_value_heads
-        self.head_dim: int = getattr(config, "head_dim", None) or hidden // self.num_heads
+        self.head_dim: int = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
@@ -245,9 +252,7 @@ class LlamaForCausalLM(nn.Module):
         self.num_layers: int = config.num_hidden_layers
         self.num_heads: int = config.num_attention_heads
         self.num_kv_heads: int = config.num_key_value_heads
-        self.head_dim: int = (
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
+        self.head_dim: int = head_dim_of(config)
         self.hidden_size: int = config.hidden_size
         self.vocab_size: int = config.vocab_size
         self.max_position_embeddings: int = config.max_position_embeddings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -17,14 +17,12 @@ from handlers.protocol.base import (
     UsageInfo,
     WireModel,
     limits_from,
-    reject_unsupported,
 )
 from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
-# Parameters of OpenAI or vLLM that would change the output if honoured; ignoring them
-# silently would hand back something the client did not ask for, so they are a 400.
+# The chat request's SamplingRequest.unsupported_fields (why they are a 400: see there).
 _UNSUPPORTED_CHAT_FIELDS = {
     "functions": "function calling is not supported yet",
     "function_call": "function calling is not supported yet",
@@ -123,8 +121,21 @@ class ChatToolParam(OpenAIBaseModel):
     function: FunctionDefinition
 
 
+def check_template_flags(continue_final_message: bool, add_generation_prompt: bool) -> None:
+    """The one rule on the chat template flags, for every request that renders messages
+    (chat and /tokenize): continuing the last message and opening a new turn exclude
+    each other."""
+    if continue_final_message and add_generation_prompt:
+        raise FieldError(
+            "continue_final_message",
+            "continue_final_message and add_generation_prompt cannot both be true",
+        )
+
+
 class ChatCompletionRequest(SamplingRequest):
     """OpenAI's chat request plus vLLM's extras; see docs/api.md for every field."""
+
+    unsupported_fields: ClassVar[Mapping[str, str]] = _UNSUPPORTED_CHAT_FIELDS
 
     messages: list[ChatMessageParam] = Field(min_length=1)
     model: str | None = None
@@ -144,12 +155,6 @@ class ChatCompletionRequest(SamplingRequest):
     documents: list[dict[str, str]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_unsupported(cls, data: Any) -> Any:
-        reject_unsupported(data, _UNSUPPORTED_CHAT_FIELDS)
-        return data
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -174,11 +179,7 @@ class ChatCompletionRequest(SamplingRequest):
                 raise FieldError(
                     "top_logprobs", "when using top_logprobs, logprobs must be set to true"
                 )
-        if self.continue_final_message and self.add_generation_prompt:
-            raise FieldError(
-                "continue_final_message",
-                "continue_final_message and add_generation_prompt cannot both be true",
-            )
+        check_template_flags(self.continue_final_message, self.add_generation_prompt)
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise FieldError(
                 "continue_final_message", "continue_final_message needs a final assistant message"

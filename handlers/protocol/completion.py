@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -15,7 +15,6 @@ from handlers.protocol.base import (
     UsageInfo,
     WireModel,
     limits_from,
-    reject_unsupported,
 )
 from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
 
@@ -43,6 +42,8 @@ Prompt = str | list[int]
 class CompletionRequest(SamplingRequest):
     """OpenAI's legacy completion request plus vLLM's extras; see docs/api.md."""
 
+    unsupported_fields: ClassVar[Mapping[str, str]] = _UNSUPPORTED_COMPLETION_FIELDS
+
     prompt: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     max_tokens: int | None = Field(default=16, ge=1)
@@ -51,12 +52,6 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(default=None, ge=0)
     best_of: int | None = Field(default=None, ge=1)
     add_special_tokens: bool = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_unsupported(cls, data: Any) -> Any:
-        reject_unsupported(data, _UNSUPPORTED_COMPLETION_FIELDS)
-        return data
 
     @field_validator("prompt", mode="before")
     @classmethod

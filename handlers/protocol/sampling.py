@@ -8,13 +8,19 @@ need the model (vocabulary, context length) run in `to_sampling_params`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from engine.sampling_params import SamplingParams
 from handlers.errors import BadRequestError
-from handlers.protocol.base import FieldError, OpenAIBaseModel, StreamOptions, limits_from
+from handlers.protocol.base import (
+    FieldError,
+    OpenAIBaseModel,
+    StreamOptions,
+    limits_from,
+    reject_unsupported,
+)
 
 INT64_MAX = 2**63 - 1
 
@@ -74,6 +80,17 @@ class SamplingRequest(OpenAIBaseModel):
     priority: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
     """Lower runs first under --scheduling-policy priority."""
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+    unsupported_fields: ClassVar[Mapping[str, str]] = {}
+    """Parameters (OpenAI's or vLLM's) that would change the output if honoured, with the
+    reason; each request type names its own. Ignoring them silently would hand back
+    something the client did not ask for, so a meaningful value is a 400."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        reject_unsupported(data, cls.unsupported_fields)
+        return data
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel
-from handlers.protocol.chat import ChatMessageParam, ChatToolParam
+from handlers.protocol.chat import ChatMessageParam, ChatToolParam, check_template_flags
 
 
 class TokenizeCompletionRequest(OpenAIBaseModel):
@@ -32,11 +32,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _check_flags(self) -> TokenizeChatRequest:
-        if self.continue_final_message and self.add_generation_prompt:
-            raise FieldError(
-                "continue_final_message",
-                "continue_final_message and add_generation_prompt cannot both be true",
-            )
+        check_template_flags(self.continue_final_message, self.add_generation_prompt)
         return self
 
 

@@ -92,6 +92,45 @@ class ServingBase:
             raise mapped from None
         raise failure
 
+    async def start_run(
+        self,
+        ctx: RequestContext,
+        *,
+        response_id: str,
+        engine_id: str,
+        model_name: str,
+        prompts: SequenceT[list[int]],
+        params: SequenceT[SamplingParams],
+        sequences: list[Sequence],
+        n: int = 1,
+        priority: int = 0,
+    ) -> Run:
+        """Start tracking, admit n choices of every prompt (all or none) and bundle them.
+
+        One path for chat, completion and TGI, so that the engine ids, per-choice seeds
+        and the choice -> prompt mapping (`i // n`) that `Run` relies on always agree.
+        """
+        tracker = self.tracker(response_id, ctx)
+        generation = await self.admit(
+            engine_id,
+            [prompt for prompt in prompts for _ in range(n)],
+            [choice for param in params for choice in self.choice_params(param, n)],
+            priority,
+        )
+        return Run(
+            response_id=response_id,
+            model_name=model_name,
+            generation=generation,
+            sequences=sequences,
+            tracker=tracker,
+            prompt_lens=[len(prompt) for prompt in prompts],
+            n=n,
+        )
+
+    def usage(self, run: Run) -> UsageInfo:
+        """The run's usage as responses report it (cached tokens when the server says so)."""
+        return run.usage(include_cached=self.served.config.enable_prompt_tokens_details)
+
     # -- sequences --------------------------------------------------------------------
     def sequence_options(self, request: SamplingRequest) -> SequenceOptions:
         stop_ids = set(request.stop_token_ids or ())

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from engine.outputs import TokenLogprob
-from handlers.protocol.base import UsageInfo
 from handlers.protocol.chat import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -21,7 +20,8 @@ from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs
 from handlers.serving.render import render_chat
 from handlers.serving.sequence import Sequence, SequenceDelta
-from handlers.serving.sse import SSEStream, encode_chunk
+from handlers.serving.sse import SSEStream
+from handlers.serving.stream_chunks import StreamChunks
 
 
 class ServingChat(ServingBase):
@@ -40,16 +40,7 @@ class ServingChat(ServingBase):
         served = self.served
         model_name = served.resolve_name(request.model)
         info = served.info()
-        prompt_text = render_chat(
-            served,
-            request.messages,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            chat_template=request.chat_template,
-            chat_template_kwargs=request.chat_template_kwargs,
-            tools=request.tools,
-            documents=request.documents,
-        )
+        prompt_text = render_chat(served, request, documents=request.documents)
         prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
         served.check_prompt_len(len(prompt_ids), "messages")
         params = request.to_sampling_params(
@@ -61,21 +52,16 @@ class ServingChat(ServingBase):
         sequences = self.new_sequences(request.n, self.sequence_options(request))
         response_id, engine_id = self.request_ids("chatcmpl", ctx, request.request_id)
         served.log_prompt(response_id, prompt_text)
-        tracker = self.tracker(response_id, ctx)
-        generation = await self.admit(
-            engine_id,
-            [prompt_ids] * request.n,
-            self.choice_params(params, request.n),
-            request.priority,
-        )
-        run = Run(
+        run = await self.start_run(
+            ctx,
             response_id=response_id,
+            engine_id=engine_id,
             model_name=model_name,
-            generation=generation,
+            prompts=[prompt_ids],
+            params=[params],
             sequences=sequences,
-            tracker=tracker,
-            prompt_lens=[len(prompt_ids)],
             n=request.n,
+            priority=request.priority,
         )
         if request.stream:
             return self._stream(run, request)
@@ -120,28 +106,18 @@ class ServingChat(ServingBase):
             created=run.created,
             model=run.model_name,
             choices=choices,
-            usage=run.usage(include_cached=self.served.config.enable_prompt_tokens_details),
+            usage=self.usage(run),
         )
 
     # -- streaming --------------------------------------------------------------------
     def _stream(self, run: Run, request: ChatCompletionRequest) -> SSEStream:
-        options = request.stream_options
-        include_usage = bool(options and options.include_usage)
-        continuous = bool(options and options.include_usage and options.continuous_usage_stats)
-        include_cached = self.served.config.enable_prompt_tokens_details
-
-        def chunk(choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None) -> bytes:
-            fields: dict[str, Any] = {
-                "id": run.response_id,
-                "created": run.created,
-                "model": run.model_name,
-            }
-            if usage is not None:
-                return encode_chunk(ChatCompletionChunk(**fields, choices=choices, usage=usage))
-            return encode_chunk(ChatCompletionChunk(**fields, choices=choices))
-
-        def running_usage() -> UsageInfo | None:
-            return run.usage(include_cached=include_cached) if continuous else None
+        chunks = StreamChunks(
+            run,
+            ChatCompletionChunk,
+            request.stream_options,
+            include_cached=self.served.config.enable_prompt_tokens_details,
+        )
+        chunk, running_usage = chunks.chunk, chunks.running_usage
 
         role = self.served.config.response_role
         head = [
@@ -189,9 +165,4 @@ class ServingChat(ServingBase):
                 choice_fields["stop_reason"] = delta.stop_reason
             return chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
 
-        def tail() -> list[bytes]:
-            if not include_usage:
-                return []
-            return [chunk([], run.usage(include_cached=include_cached))]
-
-        return self.sse(run, head=head, chunk_for=chunk_for, tail=tail)
+        return self.sse(run, head=head, chunk_for=chunk_for, tail=chunks.tail)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.protocol.base import UsageInfo
 from handlers.protocol.completion import (
     CompletionLogProbs,
     CompletionRequest,
@@ -18,7 +17,8 @@ from handlers.serving.base import Run, ServingBase
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import completion_logprobs
 from handlers.serving.sequence import Sequence, SequenceDelta
-from handlers.serving.sse import SSEStream, encode_chunk
+from handlers.serving.sse import SSEStream
+from handlers.serving.stream_chunks import StreamChunks
 
 
 @dataclass(slots=True)
@@ -58,21 +58,16 @@ class ServingCompletion(ServingBase):
         response_id, engine_id = self.request_ids("cmpl", ctx, request.request_id)
         for prompt in prompts:
             served.log_prompt(response_id, prompt.text or prompt.token_ids)
-        tracker = self.tracker(response_id, ctx)
-        generation = await self.admit(
-            engine_id,
-            [p.token_ids for p in prompts for _ in range(n)],
-            [c for param in params for c in self.choice_params(param, n)],
-            request.priority,
-        )
-        run = Run(
+        run = await self.start_run(
+            ctx,
             response_id=response_id,
+            engine_id=engine_id,
             model_name=model_name,
-            generation=generation,
+            prompts=[p.token_ids for p in prompts],
+            params=params,
             sequences=sequences,
-            tracker=tracker,
-            prompt_lens=[len(p.token_ids) for p in prompts],
             n=n,
+            priority=request.priority,
         )
         echoes = [self._echo_text(request, p) for p in prompts]
         if request.stream:
@@ -146,29 +141,19 @@ class ServingCompletion(ServingBase):
             created=run.created,
             model=run.model_name,
             choices=choices,
-            usage=run.usage(include_cached=self.served.config.enable_prompt_tokens_details),
+            usage=self.usage(run),
         )
 
     # -- streaming --------------------------------------------------------------------
     def _stream(self, run: Run, request: CompletionRequest, echoes: list[str]) -> SSEStream:
-        options = request.stream_options
-        include_usage = bool(options and options.include_usage)
-        continuous = bool(options and options.include_usage and options.continuous_usage_stats)
-        include_cached = self.served.config.enable_prompt_tokens_details
+        chunks = StreamChunks(
+            run,
+            CompletionStreamResponse,
+            request.stream_options,
+            include_cached=self.served.config.enable_prompt_tokens_details,
+        )
         pending_echo = {seq.index: echoes[seq.index // run.n] for seq in run.sequences}
         offsets = {index: len(text) for index, text in pending_echo.items()}
-
-        def chunk(choices: list[CompletionResponseStreamChoice], usage: UsageInfo | None) -> bytes:
-            fields: dict[str, Any] = {
-                "id": run.response_id,
-                "created": run.created,
-                "model": run.model_name,
-            }
-            if usage is not None:
-                return encode_chunk(
-                    CompletionStreamResponse(**fields, choices=choices, usage=usage)
-                )
-            return encode_chunk(CompletionStreamResponse(**fields, choices=choices))
 
         def chunk_for(seq: Sequence, delta: SequenceDelta) -> bytes | None:
             echo = pending_echo.pop(seq.index, "")
@@ -188,12 +173,8 @@ class ServingCompletion(ServingBase):
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
-            usage = run.usage(include_cached=include_cached) if continuous else None
-            return chunk([CompletionResponseStreamChoice(**choice_fields)], usage)
+            return chunks.chunk(
+                [CompletionResponseStreamChoice(**choice_fields)], chunks.running_usage()
+            )
 
-        def tail() -> list[bytes]:
-            if not include_usage:
-                return []
-            return [chunk([], run.usage(include_cached=include_cached))]
-
-        return self.sse(run, head=[], chunk_for=chunk_for, tail=tail)
+        return self.sse(run, head=[], chunk_for=chunk_for, tail=chunks.tail)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from engine.tokenizer import ChatTemplateError
 from handlers.errors import BadRequestError
@@ -30,20 +30,27 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
+class ChatTemplateRequest(Protocol):
+    """The fields a request renders through the chat template with: the chat request
+    and the /tokenize chat request both have them, so both render the same way."""
+
+    messages: list[ChatMessageParam]
+    add_generation_prompt: bool
+    continue_final_message: bool
+    chat_template: str | None
+    chat_template_kwargs: dict[str, Any] | None
+    tools: list[ChatToolParam] | None
+
+
 def render_chat(
     served: ServedModel,
-    messages: list[ChatMessageParam],
+    request: ChatTemplateRequest,
     *,
-    add_generation_prompt: bool,
-    continue_final_message: bool,
-    chat_template: str | None,
-    chat_template_kwargs: dict[str, Any] | None,
-    tools: list[ChatToolParam] | None,
     documents: list[dict[str, str]] | None = None,
 ) -> str:
     """The prompt text (special tokens included as text); 400 when it cannot render."""
-    kwargs = dict(chat_template_kwargs or {})
-    requested_template = chat_template or kwargs.pop("chat_template", None)
+    kwargs = dict(request.chat_template_kwargs or {})
+    requested_template = request.chat_template or kwargs.pop("chat_template", None)
     if requested_template is not None and not served.config.trust_request_chat_template:
         raise BadRequestError(
             "chat_template: a chat template was passed with the request, but the server "
@@ -56,11 +63,13 @@ def render_chat(
     template = requested_template or served.config.chat_template
     try:
         return served.tokenizer().apply_chat_template(
-            [m.to_template() for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
+            [m.to_template() for m in request.messages],
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
             chat_template=template,
-            tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
+            tools=[t.model_dump(exclude_none=True) for t in request.tools]
+            if request.tools
+            else None,
             documents=documents,
             **kwargs,
         )

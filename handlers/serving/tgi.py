@@ -75,16 +75,14 @@ class ServingTGI(ServingBase):
         )
         response_id, engine_id = self.request_ids("tgi", ctx)
         served.log_prompt(response_id, request.inputs)
-        tracker = self.tracker(response_id, ctx)
-        generation = await self.admit(engine_id, [prompt_ids], [params])
-        run = Run(
+        run = await self.start_run(
+            ctx,
             response_id=response_id,
+            engine_id=engine_id,
             model_name=model_name,
-            generation=generation,
+            prompts=[prompt_ids],
+            params=[params],
             sequences=self.new_sequences(1, options),
-            tracker=tracker,
-            prompt_lens=[len(prompt_ids)],
-            n=1,
         )
         if request.stream:
             return self._stream(run, request)

@@ -24,15 +24,7 @@ class ServingTokenization:
         served.resolve_name(request.model)
         info = served.info()
         if isinstance(request, TokenizeChatRequest):
-            text = render_chat(
-                served,
-                request.messages,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                chat_template=request.chat_template,
-                chat_template_kwargs=request.chat_template_kwargs,
-                tools=request.tools,
-            )
+            text = render_chat(served, request)
         else:
             text = request.prompt
         tokens = await served.encode(text, add_special_tokens=request.add_special_tokens)
