@@ -8,7 +8,6 @@ thread (in-process mode).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -258,7 +257,3 @@ class EngineCore:
         self.block_manager.reset_prefix_cache()
         self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
         return time.monotonic() - start
-
-
-def default_num_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -32,7 +32,3 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0

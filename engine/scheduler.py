@@ -33,7 +33,6 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     """Sequences of this step in scheduling order (the runner reorders for attention)."""
-    num_batched_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
 
     @property
@@ -164,7 +163,6 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
 
-        out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
 
     def _pick_victim(self, candidates: list[Request]) -> Request:
