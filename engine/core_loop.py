@@ -12,8 +12,7 @@ from collections import defaultdict
 from typing import Protocol
 
 from engine.core import EngineCore
-from engine.metrics import EngineMetrics, StatsLogger
-from engine.outputs import (
+from engine.messages import (
     AbortRequest,
     AddRequest,
     EngineMessage,
@@ -22,6 +21,7 @@ from engine.outputs import (
     RequestOutput,
     WorkerMessage,
 )
+from engine.metrics import EngineMetrics, StatsLogger
 
 IDLE_POLL_MS = 100
 

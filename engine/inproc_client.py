@@ -15,7 +15,7 @@ import threading
 
 from engine.client import EngineClient
 from engine.config import EngineConfig
-from engine.outputs import AbortRequest, AddRequest, EngineMessage, WorkerMessage
+from engine.messages import AbortRequest, AddRequest, EngineMessage, WorkerMessage
 
 logger = logging.getLogger("hearth.engine")
 

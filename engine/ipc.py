@@ -2,7 +2,7 @@
 
 The engine binds one ROUTER socket on an ipc:// path; every API worker connects a
 DEALER with its own identity. Frames are msgspec msgpack of the tagged structs in
-`engine.outputs`, so one decoder reads any message. Runtime files next to the socket
+`engine.messages`, so one decoder reads any message. Runtime files next to the socket
 tell workers about the engine without an IPC round trip (which could wait behind a
 long step): `engine.lock` is held (flock) for the engine's whole life, and
 `engine.ready` holds the ModelInfo once the engine is warm.
@@ -20,7 +20,7 @@ import msgspec
 import zmq
 
 from engine.config import ModelInfo
-from engine.outputs import EngineMessage, WorkerMessage
+from engine.messages import EngineMessage, WorkerMessage
 
 SOCKET_NAME = "engine.sock"
 LOCK_NAME = "engine.lock"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.outputs import TokenLogprob
+from engine.messages import TokenLogprob
 from engine.request import Request
 
 MIN_TEMPERATURE = 1e-5

@@ -19,7 +19,7 @@ from engine.ipc import (
     socket_address,
     worker_message_decoder,
 )
-from engine.outputs import AbortRequest, AddRequest, Hello
+from engine.messages import AbortRequest, AddRequest, Hello
 
 WATCH_INTERVAL_S = 0.25
 

@@ -11,12 +11,8 @@ Each public function picks an implementation per call:
 Triton modules are imported lazily, on the first call that needs them, so importing
 ``kernels`` costs nothing and works where triton is not installed.
 
-Two Triton modules share a name with a public function (``kernels.rms_norm``,
-``kernels.paged_attention``). Importing a submodule normally rebinds the package attribute
-to the module, which would turn ``kernels.rms_norm(...)`` into "module is not callable"
-after the first Triton call; this package's module type refuses that rebinding, so the
-attribute stays the function and the submodule stays in ``sys.modules`` (use
-``from kernels.rms_norm import rms_norm_triton`` to reach it).
+The Triton kernels live in ``kernels.triton`` (one module per op), so no submodule
+shares a name with a public function of this package.
 """
 
 from __future__ import annotations
@@ -24,9 +20,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import sys
-import types
-from typing import Any
 
 import torch
 
@@ -83,7 +76,7 @@ def _use_triton(t: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``[T, H] -> [T, H]``, transformers ``LlamaRMSNorm`` semantics."""
     if _use_triton(x):
-        from kernels.rms_norm import rms_norm_triton
+        from kernels.triton.rms_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps)
     return reference.rms_norm(x, weight, eps)
@@ -94,7 +87,7 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)``; inputs are not modified."""
     if _use_triton(x):
-        from kernels.rms_norm import fused_add_rms_norm_triton
+        from kernels.triton.rms_norm import fused_add_rms_norm_triton
 
         return fused_add_rms_norm_triton(x, residual, weight, eps)
     return reference.fused_add_rms_norm(x, residual, weight, eps)
@@ -108,7 +101,7 @@ def rotary_embedding(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated copies of ``query [T, H, D]`` and ``key [T, KV, D]`` (``rotate_half`` style)."""
     if _use_triton(query):
-        from kernels.rotary import rotary_embedding_triton
+        from kernels.triton.rotary import rotary_embedding_triton
 
         return rotary_embedding_triton(positions, query, key, cos_sin_cache)
     return reference.rotary_embedding(positions, query, key, cos_sin_cache)
@@ -117,7 +110,7 @@ def rotary_embedding(
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``[T, 2 * I] -> [T, I]``: ``silu(x[:, :I]) * x[:, I:]``."""
     if _use_triton(x):
-        from kernels.activation import silu_and_mul_triton
+        from kernels.triton.activation import silu_and_mul_triton
 
         return silu_and_mul_triton(x)
     return reference.silu_and_mul(x)
@@ -132,7 +125,7 @@ def write_kv_cache(
 ) -> None:
     """In place: token t's K/V goes to flat cache slot ``slot_mapping[t]``; slots < 0 skipped."""
     if _use_triton(key):
-        from kernels.kv_cache import write_kv_cache_triton
+        from kernels.triton.kv_cache import write_kv_cache_triton
 
         write_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
         return
@@ -148,20 +141,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """``[T, num_heads, head_dim]`` attention of a decode + prefill step over the paged cache."""
     if _use_triton(query):
-        from kernels.paged_attention import paged_attention_triton
+        from kernels.triton.paged_attention import paged_attention_triton
 
         return paged_attention_triton(query, k_cache, v_cache, meta, scale)
     return reference.paged_attention(query, k_cache, v_cache, meta, scale)
-
-
-class _KernelsPackage(types.ModuleType):
-    """Keeps a public function bound when a same-named submodule gets imported."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        current = self.__dict__.get(name)
-        if isinstance(value, types.ModuleType) and callable(current):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _KernelsPackage

@@ -70,10 +70,10 @@ class _Bench:
 
 
 def _elementwise_rows(b: _Bench, dtype: torch.dtype, token_counts: tuple[int, ...]) -> None:
-    from kernels.activation import silu_and_mul_triton
-    from kernels.kv_cache import write_kv_cache_triton
-    from kernels.rms_norm import fused_add_rms_norm_triton, rms_norm_triton
-    from kernels.rotary import rotary_embedding_triton
+    from kernels.triton.activation import silu_and_mul_triton
+    from kernels.triton.kv_cache import write_kv_cache_triton
+    from kernels.triton.rms_norm import fused_add_rms_norm_triton, rms_norm_triton
+    from kernels.triton.rotary import rotary_embedding_triton
 
     dev = b.device
     cache = reference.build_cos_sin_cache(HEAD_DIM, 8192, 100000.0, dtype, dev)
@@ -117,7 +117,7 @@ def _elementwise_rows(b: _Bench, dtype: torch.dtype, token_counts: tuple[int, ..
 
 
 def _attention_rows(b: _Bench, dtype: torch.dtype, quick: bool) -> None:
-    from kernels.paged_attention import paged_attention_triton
+    from kernels.triton.paged_attention import paged_attention_triton
 
     gen = torch.Generator().manual_seed(0)
 

@@ -9,8 +9,8 @@ from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.invocations import ServingInvocations
-from handlers.serving.model import ServedModel
 from handlers.serving.models import ServingModels
+from handlers.serving.served_model import ServedModel
 from handlers.serving.sse import DONE, SSEStream
 from handlers.serving.stats import NullStatsSink, RequestRecord, StatsSink
 from handlers.serving.tgi import ServingTGI

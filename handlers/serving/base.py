@@ -19,10 +19,10 @@ from engine.sampling_params import SamplingParams
 from handlers.errors import InternalServerError, ServingError, from_engine_error
 from handlers.protocol.base import PromptTokensDetails, UsageInfo
 from handlers.protocol.sampling import SamplingRequest, seed_for_choice
+from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
 from handlers.serving.context import RequestContext
 from handlers.serving.generation import Generation
-from handlers.serving.model import ServedModel
-from handlers.serving.sequence import Sequence, SequenceDelta, SequenceOptions
+from handlers.serving.served_model import ServedModel
 from handlers.serving.sse import DONE, SSEStream, encode_error
 from handlers.serving.stats import NullStatsSink, RequestTracker, StatsSink
 
@@ -101,7 +101,7 @@ class ServingBase:
         model_name: str,
         prompts: SequenceT[list[int]],
         params: SequenceT[SamplingParams],
-        sequences: list[Sequence],
+        sequences: list[Choice],
         n: int = 1,
         priority: int = 0,
     ) -> Run:
@@ -132,11 +132,11 @@ class ServingBase:
         return run.usage(include_cached=self.served.config.enable_prompt_tokens_details)
 
     # -- sequences --------------------------------------------------------------------
-    def sequence_options(self, request: SamplingRequest) -> SequenceOptions:
+    def sequence_options(self, request: SamplingRequest) -> ChoiceOptions:
         stop_ids = set(request.stop_token_ids or ())
         if not request.ignore_eos:
             stop_ids.update(self.served.info().eos_token_ids)
-        return SequenceOptions(
+        return ChoiceOptions(
             skip_special_tokens=request.skip_special_tokens,
             stop=request.stop,
             include_stop_str_in_output=request.include_stop_str_in_output,
@@ -144,9 +144,9 @@ class ServingBase:
             stop_token_ids=frozenset(stop_ids),
         )
 
-    def new_sequences(self, count: int, options: SequenceOptions) -> list[Sequence]:
+    def new_sequences(self, count: int, options: ChoiceOptions) -> list[Choice]:
         tokenizer = self.served.tokenizer()
-        return [Sequence(i, tokenizer, options) for i in range(count)]
+        return [Choice(i, tokenizer, options) for i in range(count)]
 
     @staticmethod
     def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -161,7 +161,7 @@ class ServingBase:
         return RequestTracker(self.stats, request_id, self.kind, ctx.arrival_time)
 
     # -- running ----------------------------------------------------------------------
-    async def drive(self, run: Run) -> AsyncGenerator[tuple[Sequence, SequenceDelta] | None, None]:
+    async def drive(self, run: Run) -> AsyncGenerator[tuple[Choice, ChoiceDelta] | None, None]:
         """Each choice's deltas as the engine produces them (None: keep-alive tick); a
         choice whose stop string matched is aborted in the engine right away."""
         async with aclosing(run.generation.events()) as events:
@@ -200,7 +200,7 @@ class ServingBase:
         run: Run,
         *,
         head: list[bytes],
-        chunk_for: Callable[[Sequence, SequenceDelta], bytes | None],
+        chunk_for: Callable[[Choice, ChoiceDelta], bytes | None],
         tail: Callable[[], list[bytes]],
         error_for: Callable[[ServingError], bytes] = encode_error,
         done: bool = True,
@@ -267,7 +267,7 @@ class Run:
     response_id: str
     model_name: str
     generation: Generation
-    sequences: list[Sequence]
+    sequences: list[Choice]
     tracker: RequestTracker
     prompt_lens: list[int]
     """Prompt tokens of each prompt (one for chat; one per prompt of a batch)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.outputs import TokenLogprob
+from engine.messages import TokenLogprob
 from handlers.protocol.chat import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -16,10 +16,10 @@ from handlers.protocol.chat import (
     DeltaMessage,
 )
 from handlers.serving.base import Run, ServingBase
+from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs
 from handlers.serving.render import render_chat
-from handlers.serving.sequence import Sequence, SequenceDelta
 from handlers.serving.sse import SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
@@ -151,7 +151,7 @@ class ServingChat(ServingBase):
                 for seq in run.sequences
             ]
 
-        def chunk_for(seq: Sequence, delta: SequenceDelta) -> bytes | None:
+        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
             if not (delta.text or delta.logprobs or delta.finish_reason):
                 return None
             message = DeltaMessage(content=delta.text) if delta.text else DeltaMessage()

@@ -14,9 +14,9 @@ from handlers.protocol.completion import (
     CompletionStreamResponse,
 )
 from handlers.serving.base import Run, ServingBase
+from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import completion_logprobs
-from handlers.serving.sequence import Sequence, SequenceDelta
 from handlers.serving.sse import SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
@@ -98,7 +98,7 @@ class ServingCompletion(ServingBase):
         )
 
     def _logprobs(
-        self, request: CompletionRequest, delta: SequenceDelta, offset: int
+        self, request: CompletionRequest, delta: ChoiceDelta, offset: int
     ) -> CompletionLogProbs | None:
         if request.logprobs is None:
             return None
@@ -155,7 +155,7 @@ class ServingCompletion(ServingBase):
         pending_echo = {seq.index: echoes[seq.index // run.n] for seq in run.sequences}
         offsets = {index: len(text) for index, text in pending_echo.items()}
 
-        def chunk_for(seq: Sequence, delta: SequenceDelta) -> bytes | None:
+        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
             echo = pending_echo.pop(seq.index, "")
             text = echo + delta.text
             if not (text or delta.logprobs or delta.finish_reason):

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 
 from engine.client import RequestStream
-from engine.outputs import RequestOutput
+from engine.messages import RequestOutput
 
 Event = tuple[int, RequestOutput] | None
 """(choice index, output delta), or None for a keep-alive tick."""

@@ -14,7 +14,7 @@ import math
 import re
 from functools import lru_cache
 
-from engine.outputs import TokenLogprob
+from engine.messages import TokenLogprob
 from engine.tokenizer import Tokenizer
 from handlers.protocol.chat import (
     ChatCompletionLogProb,

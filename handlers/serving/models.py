@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from handlers.protocol.models import ModelCard, ModelList
-from handlers.serving.model import ServedModel
+from handlers.serving.served_model import ServedModel
 
 
 class ServingModels:

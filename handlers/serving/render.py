@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from engine.tokenizer import ChatTemplateError
 from handlers.errors import BadRequestError
 from handlers.protocol.chat import ChatMessageParam, ChatToolParam
-from handlers.serving.model import ServedModel
+from handlers.serving.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 

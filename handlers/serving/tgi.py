@@ -19,12 +19,12 @@ from handlers.protocol.tgi import (
     TGIToken,
 )
 from handlers.serving.base import Run, ServingBase
+from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
 from handlers.serving.context import RequestContext
-from handlers.serving.sequence import Sequence, SequenceDelta, SequenceOptions
 from handlers.serving.sse import SSEStream, encode_chunk
 
 
-def _finish_reason(seq: Sequence) -> str:
+def _finish_reason(seq: Choice) -> str:
     if seq.finish_reason == "stop":
         return "stop_sequence" if seq.stopped_by_string else "eos_token"
     return "length"
@@ -68,7 +68,7 @@ class ServingTGI(ServingBase):
             logprobs=0 if want_logprobs else None,
         )
         # NOTE: TGI keeps the stop sequence in the generated text.
-        options = SequenceOptions(
+        options = ChoiceOptions(
             stop=p.stop,
             include_stop_str_in_output=True,
             stop_token_ids=frozenset(info.eos_token_ids),
@@ -115,7 +115,7 @@ class ServingTGI(ServingBase):
     def _stream(self, run: Run, request: TGIRequest) -> SSEStream:
         count = 0
 
-        def chunk_for(seq: Sequence, delta: SequenceDelta) -> bytes | None:
+        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
             nonlocal count
             if not delta.token_ids and not delta.finish_reason:
                 return None

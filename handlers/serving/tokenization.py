@@ -9,8 +9,8 @@ from handlers.protocol.tokenize import (
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
-from handlers.serving.model import ServedModel
 from handlers.serving.render import render_chat
+from handlers.serving.served_model import ServedModel
 
 
 class ServingTokenization:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
-from engine.outputs import AddRequest
+from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 

@@ -21,7 +21,7 @@ from engine.errors import (
     EngineNotReadyError,
     EngineOverloadedError,
 )
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.messages import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 

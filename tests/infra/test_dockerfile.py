@@ -79,10 +79,10 @@ def test_sagemaker_contract() -> None:
     (cmd,) = args_of("CMD")
     assert json.loads(cmd) == ["serve"]
     (healthcheck,) = args_of("HEALTHCHECK")
-    assert "CMD" in healthcheck and "infra.healthcheck" in healthcheck
+    assert "CMD" in healthcheck and "container.healthcheck" in healthcheck
     (target,) = json.loads(entrypoint)
     copies = [args.split() for args in args_of("COPY")]
-    assert any(c[-2:] == ["infra/docker-entrypoint.sh", target] for c in copies), copies
+    assert any(c[-2:] == ["container/docker-entrypoint.sh", target] for c in copies), copies
 
 
 def test_base_image_is_a_pinned_cuda_tag() -> None:
@@ -137,8 +137,8 @@ def test_dockerignore_sends_only_what_the_build_needs() -> None:
     patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     for needed in (
         "pyproject.toml",
-        "infra/docker-entrypoint.sh",
-        "infra/healthcheck.py",
+        "container/docker-entrypoint.sh",
+        "container/healthcheck.py",
         "container/cli.py",
         "handlers/app.py",
         "engine/models/llama.py",
@@ -185,7 +185,7 @@ def test_entrypoint_picks_the_command_and_execs_it(
 ) -> None:
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
     proc = subprocess.Popen(
-        ["sh", str(ROOT / "infra" / "docker-entrypoint.sh"), *argv],
+        ["sh", str(ROOT / "container" / "docker-entrypoint.sh"), *argv],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -199,6 +199,6 @@ def test_entrypoint_picks_the_command_and_execs_it(
 
 def test_entrypoint_passes_the_exit_status(fake_bin: Path) -> None:
     proc = subprocess.run(
-        ["sh", str(ROOT / "infra" / "docker-entrypoint.sh"), "sh", "-c", "exit 7"], timeout=10
+        ["sh", str(ROOT / "container" / "docker-entrypoint.sh"), "sh", "-c", "exit 7"], timeout=10
     )
     assert proc.returncode == 7

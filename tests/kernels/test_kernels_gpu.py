@@ -33,7 +33,7 @@ def _compiled(triton_device: str) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norms_gpu(dtype: torch.dtype) -> None:
-    from kernels.rms_norm import fused_add_rms_norm_triton, rms_norm_triton
+    from kernels.triton.rms_norm import fused_add_rms_norm_triton, rms_norm_triton
 
     torch.manual_seed(0)
     x = torch.randn(300, 576, device="cuda").to(dtype)
@@ -50,8 +50,8 @@ def test_norms_gpu(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotary_and_silu_gpu(dtype: torch.dtype) -> None:
-    from kernels.activation import silu_and_mul_triton
-    from kernels.rotary import rotary_embedding_triton
+    from kernels.triton.activation import silu_and_mul_triton
+    from kernels.triton.rotary import rotary_embedding_triton
 
     torch.manual_seed(1)
     t = 257
@@ -70,7 +70,7 @@ def test_rotary_and_silu_gpu(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_write_kv_cache_gpu(dtype: torch.dtype) -> None:
-    from kernels.kv_cache import write_kv_cache_triton
+    from kernels.triton.kv_cache import write_kv_cache_triton
 
     k = torch.randn(100, 3, 64, device="cuda").to(dtype)
     slots = torch.randperm(64 * 16, device="cuda")[:100]
@@ -93,7 +93,7 @@ def test_write_kv_cache_gpu(dtype: torch.dtype) -> None:
     ids=["decodes", "prefill", "chunked", "mixed"],
 )
 def test_paged_attention_gpu(dtype: torch.dtype, seqs: list[tuple[int, int]]) -> None:
-    from kernels.paged_attention import paged_attention_triton
+    from kernels.triton.paged_attention import paged_attention_triton
 
     gen = torch.Generator().manual_seed(2)
     bs, nh, nkv, hd = 16, 9, 3, 64

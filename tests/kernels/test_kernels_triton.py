@@ -30,7 +30,7 @@ def _tol(dtype: torch.dtype) -> dict[str, float]:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [64, 100])
 def test_rms_norm(triton_device: str, dtype: torch.dtype, hidden: int) -> None:
-    from kernels.rms_norm import rms_norm_triton
+    from kernels.triton.rms_norm import rms_norm_triton
 
     torch.manual_seed(0)
     x = (torch.randn(5, hidden) * 4).to(dtype=dtype, device=triton_device)
@@ -43,7 +43,7 @@ def test_rms_norm(triton_device: str, dtype: torch.dtype, hidden: int) -> None:
 
 
 def test_rms_norm_strided_rows(triton_device: str) -> None:
-    from kernels.rms_norm import rms_norm_triton
+    from kernels.triton.rms_norm import rms_norm_triton
 
     big = torch.randn(4, 96, device=triton_device)
     x = big[:, 16:80]  # row stride 96
@@ -53,7 +53,7 @@ def test_rms_norm_strided_rows(triton_device: str) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_add_rms_norm(triton_device: str, dtype: torch.dtype) -> None:
-    from kernels.rms_norm import fused_add_rms_norm_triton
+    from kernels.triton.rms_norm import fused_add_rms_norm_triton
 
     torch.manual_seed(1)
     x = torch.randn(6, 80).to(dtype=dtype, device=triton_device)
@@ -79,7 +79,7 @@ def test_fused_add_rms_norm(triton_device: str, dtype: torch.dtype) -> None:
 def test_rotary_embedding(
     triton_device: str, dtype: torch.dtype, num_heads: int, num_kv: int, rot_dim: int
 ) -> None:
-    from kernels.rotary import rotary_embedding_triton
+    from kernels.triton.rotary import rotary_embedding_triton
 
     torch.manual_seed(2)
     head_dim = 64
@@ -101,7 +101,7 @@ def test_rotary_embedding(
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", [24, 1536])
 def test_silu_and_mul(triton_device: str, dtype: torch.dtype, width: int) -> None:
-    from kernels.activation import silu_and_mul_triton
+    from kernels.triton.activation import silu_and_mul_triton
 
     torch.manual_seed(3)
     x = (torch.randn(4, 2 * width) * 3).to(dtype=dtype, device=triton_device)
@@ -113,7 +113,7 @@ def test_silu_and_mul(triton_device: str, dtype: torch.dtype, width: int) -> Non
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_write_kv_cache(triton_device: str, dtype: torch.dtype) -> None:
-    from kernels.kv_cache import write_kv_cache_triton
+    from kernels.triton.kv_cache import write_kv_cache_triton
 
     torch.manual_seed(4)
     nb, bs, kv, d = 8, 4, 3, 24
@@ -185,7 +185,7 @@ def _case(
 def test_paged_attention_fp32(
     triton_device: str, case: str, num_heads: int, num_kv: int, head_dim: int, block_size: int
 ) -> None:
-    from kernels.paged_attention import paged_attention_triton
+    from kernels.triton.paged_attention import paged_attention_triton
 
     step, q, kc, vc, _, _ = _case(
         case, num_heads, num_kv, head_dim, block_size, torch.float32, triton_device
@@ -200,7 +200,7 @@ def test_paged_attention_fp32(
 
 @pytest.mark.parametrize("case", ["mixed", "decode_only"])
 def test_paged_attention_bf16_default_tiles(triton_device: str, case: str) -> None:
-    from kernels.paged_attention import paged_attention_triton
+    from kernels.triton.paged_attention import paged_attention_triton
 
     step, q, kc, vc, _, _ = _case(case, 9, 3, 64, 16, torch.bfloat16, triton_device)
     got = paged_attention_triton(q, kc, vc, step.meta, 0.125)  # production tile sizes
@@ -211,7 +211,7 @@ def test_paged_attention_bf16_default_tiles(triton_device: str, case: str) -> No
 def test_paged_attention_never_reads_unused_slots(triton_device: str) -> None:
     """NaN in every slot no sequence owns (unwritten cache, block-table padding) must not
     reach the output: the kernels mask their loads by seq_len."""
-    from kernels.paged_attention import paged_attention_triton
+    from kernels.triton.paged_attention import paged_attention_triton
 
     step, q, kc, vc, keys, values = _case(
         "mixed", 4, 2, 16, 8, torch.float32, triton_device, garbage=float("nan")
@@ -223,8 +223,8 @@ def test_paged_attention_never_reads_unused_slots(triton_device: str) -> None:
 
 
 def test_empty_step_and_padding_only_slots(triton_device: str) -> None:
-    from kernels.kv_cache import write_kv_cache_triton
-    from kernels.paged_attention import paged_attention_triton
+    from kernels.triton.kv_cache import write_kv_cache_triton
+    from kernels.triton.paged_attention import paged_attention_triton
 
     step = make_step([], 4, 4)
     kc = torch.zeros(4, 4, 1, 16, device=triton_device)

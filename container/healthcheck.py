@@ -1,4 +1,4 @@
-"""The container's Docker ``HEALTHCHECK`` probe: ``python -m infra.healthcheck``.
+"""The container's Docker ``HEALTHCHECK`` probe: ``python -m container.healthcheck``.
 
 It asks ``/ping`` on loopback, the same readiness route SageMaker polls, so ``docker ps``
 shows ``healthy`` exactly when SageMaker would route traffic.  The port is not fixed: the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.messages import RequestOutput, TokenLogprob
 from engine.tokenizer import Tokenizer
 from handlers.errors import InternalServerError
 from handlers.serving.stop import StopStringMatcher
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class SequenceDelta:
+class ChoiceDelta:
     """What one engine output adds to a choice, ready for a chunk."""
 
     text: str
@@ -31,7 +31,7 @@ class SequenceDelta:
 
 
 @dataclass(slots=True, kw_only=True)
-class SequenceOptions:
+class ChoiceOptions:
     skip_special_tokens: bool = True
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
@@ -40,10 +40,10 @@ class SequenceOptions:
     """EOS ids (unless ignore_eos) and the request's stop_token_ids."""
 
 
-class Sequence:
+class Choice:
     """The state of one choice across the engine outputs of its request."""
 
-    def __init__(self, index: int, tokenizer: Tokenizer, options: SequenceOptions) -> None:
+    def __init__(self, index: int, tokenizer: Tokenizer, options: ChoiceOptions) -> None:
         self.index = index
         self._options = options
         self._detokenizer = tokenizer.incremental_detokenizer(options.skip_special_tokens)
@@ -73,11 +73,11 @@ class Sequence:
         """Finished by a stop string: the engine does not know and must be told (abort)."""
         return isinstance(self.stop_reason, str)
 
-    def process(self, output: RequestOutput) -> SequenceDelta:
+    def process(self, output: RequestOutput) -> ChoiceDelta:
         """Fold one engine output into the choice; raises InternalServerError if the engine
         reports that generation failed."""
         if self.finished:
-            return SequenceDelta("", [], None)
+            return ChoiceDelta("", [], None)
         if output.finish_reason == "error":
             logger.error("engine failed request %s: %s", output.request_id, output.error)
             raise InternalServerError("The engine failed while generating this response.")
@@ -115,7 +115,7 @@ class Sequence:
         text = "".join(pieces)
         if text:
             self._pieces.append(text)
-        return SequenceDelta(
+        return ChoiceDelta(
             text,
             new_ids[:kept],
             logprobs,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.healthcheck import candidate_ports, main, ping
+from container.healthcheck import candidate_ports, main, ping
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_main_tries_every_port(server: PingServer) -> None:
 
 def test_module_runs_as_the_docker_healthcheck_does(server: PingServer) -> None:
     env = {"SAGEMAKER_BIND_TO_PORT": str(server.port), "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, "-m", "infra.healthcheck"]
+    cmd = [sys.executable, "-m", "container.healthcheck"]
     assert subprocess.run(cmd, env=env, cwd=ROOT, timeout=20).returncode == 0
     server.status = 500
     # Explicit port: a real server on 8080/8000 of this machine must not make it pass.

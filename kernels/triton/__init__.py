@@ -1,0 +1,1 @@
+"""Triton kernels (GPU path; run on CPU only under TRITON_INTERPRET=1), one module per op."""
