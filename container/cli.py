@@ -69,6 +69,7 @@ def build_configs(args: argparse.Namespace, model_dir: str):  # -> (EngineConfig
     engine = EngineConfig(
         model=model_dir,
         dtype=args.dtype,
+        quantization=args.quantization,
         device=args.device,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

@@ -188,6 +188,15 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "float32", "bfloat16", "float16"],
     )
     eng.value(
+        "--quantization",
+        str,
+        "auto",
+        "Weights: gguf (compute from a GGUF's own Q4_1/Q8_0 blocks with float32 accumulation, "
+        "CPU), none (dense weights of --dtype); auto = gguf for a GGUF model on CPU unless "
+        "--dtype float32 asks for the exact mode",
+        choices=["auto", "gguf", "none"],
+    )
+    eng.value(
         "--max-model-len", int, None, "Context length (prompt + output); default: the model's"
     )
     eng.value("--max-num-seqs", int, 256, "Sequences in the running batch at most")

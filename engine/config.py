@@ -17,6 +17,8 @@ class EngineConfig:
     """Local HF directory or .gguf file; None serves the embedded default (SmolLM2)."""
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16; auto keeps the checkpoint's (fp32 on CPU)."""
+    quantization: str = "auto"
+    """auto | gguf | none: see `engine.weights_mode.resolve_quantization`."""
     device: str = "auto"
     """auto | cpu | cuda[:N]."""
     max_model_len: int | None = None

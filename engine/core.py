@@ -22,6 +22,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
+from engine.weights_mode import apply_weights_mode
 
 logger = logging.getLogger("hearth.engine")
 
@@ -62,6 +63,9 @@ class EngineCore:
         start = time.monotonic()
         say(f"loading {model_dir} ({self.dtype}, {self.device})")
         self.model, hf_config = load_model(model_dir, self.dtype, self.device)
+        self.weights_mode = apply_weights_mode(
+            self.model, config, model_dir, self.dtype, self.device, say
+        )
         say(f"weights loaded in {time.monotonic() - start:.1f} s")
 
         self.eos_token_ids = Tokenizer(model_dir).eos_token_ids

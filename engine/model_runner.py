@@ -64,9 +64,12 @@ class ModelRunner:
         input_ids, positions, slots, logits_rows, sampled = self._flatten(ordered)
         meta = self._metadata(decodes, prefills, slots)
         dev = self.device
+        positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
+        if getattr(self.model, "native", None) is not None:
+            self._add_token_metadata(meta, ordered, positions_t)
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
+            positions_t,
             self.kv_caches,
             meta,
         )
@@ -98,6 +101,20 @@ class ModelRunner:
                 logits_rows.append(len(input_ids) - 1)
                 sampled.append(item)
         return input_ids, positions, slots, logits_rows, sampled
+
+    def _add_token_metadata(
+        self, meta: AttentionMetadata, ordered: list[ScheduledRequest], positions: torch.Tensor
+    ) -> None:
+        """Per-token sequence rows and context lengths for kernels that attend token by token."""
+        counts = torch.tensor([s.num_new_tokens for s in ordered], dtype=torch.long)
+        meta.seq_block_tables = self._block_table(ordered)
+        meta.token_seq = torch.repeat_interleave(
+            torch.arange(len(ordered), dtype=torch.int32), counts
+        )
+        meta.token_ctx = (positions + 1).to(torch.int32)
+        meta.max_ctx = max(
+            (s.request.num_computed_tokens + s.num_new_tokens for s in ordered), default=0
+        )
 
     def _block_table(self, items: list[ScheduledRequest]) -> torch.Tensor:
         width = max((len(s.request.block_ids) for s in items), default=0)
