@@ -203,8 +203,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     eng.value(
         "--max-num-batched-tokens",
         int,
-        2048,
-        "Token budget of one step, shared by decodes and prefill chunks",
+        None,
+        "Token budget of one step, shared by decodes and prefill chunks "
+        "(default: 256 on CPU, for low time to first token; 2048 on GPU)",
     )
     eng.value("--block-size", int, 16, "Tokens per KV cache block")
     eng.switch("--enable-prefix-caching", True, "Reuse KV blocks of shared prompt prefixes")

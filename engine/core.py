@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, ModelInfo
+from engine.config import EngineConfig, ModelInfo, default_token_budget
 from engine.messages import AddRequest, Admission, RequestOutput
 from engine.model_loader import load_model, resolve_model_dir
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -86,6 +86,9 @@ class EngineCore:
             say(f"max_model_len capped at the model's sliding window ({window})")
             max_len = window
 
+        self.max_num_batched_tokens = max(
+            config.max_num_batched_tokens or default_token_budget(self.device.type), 1
+        )
         block_size = config.block_size
         num_blocks = self._num_kv_blocks(max_len, block_size)
         # A single sequence must always fit, or preemption could never make room.
@@ -98,7 +101,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
-            max(config.max_num_batched_tokens, 1),
+            self.max_num_batched_tokens,
             config.scheduling_policy,
         )
         self.model_info = ModelInfo(
@@ -250,7 +253,7 @@ class EngineCore:
         """One prefill and a few decodes through the real step path, so the first
         client request doesn't pay for lazy initialisation (allocator, oneDNN/cuBLAS)."""
         start = time.monotonic()
-        n = min(self.config.max_num_batched_tokens, self.max_model_len - 8, 64)
+        n = min(self.max_num_batched_tokens, self.max_model_len - 8, 64)
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         msg = AddRequest(request_id="__warmup__", prompt_token_ids=[1] * max(n, 1), params=params)
         admission = self.add_request(msg)

@@ -83,7 +83,7 @@ static inline float hsum(__m256 v);
  * a token does not depend on how many tokens share the call. Token tiles of up to 8 reuse
  * each rebuilt weight vector from registers.
  */
-#define TILE 8
+#define TILE 6
 
 static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
 
@@ -103,8 +103,13 @@ static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
             const uint8_t *blk = wg + b * 160;                                               \
             const uint8_t *q = blk + 32;                                                     \
             const float *xb = x + b * Q4_BLOCK;                                              \
-            __m256 s[NT];                                                                    \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[t] = _mm256_setzero_ps(); \
+            /* two partial sums per token (low and high nibble columns): independent FMA \
+             * chains, so the FMA latency never limits a tile */                            \
+            __m256 s[NT], u[NT];                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                           \
+                s[t] = _mm256_setzero_ps();                                                  \
+                u[t] = _mm256_setzero_ps();                                                  \
+            }                                                                                \
             for (int j = 0; j < 16; j++) {                                                   \
                 const __m256i qi =                                                           \
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + j * GROUP)));  \
@@ -112,9 +117,10 @@ static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
                 const __m256 w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(qi, 4));              \
                 _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                       \
                     s[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j), w0, s[t]);               \
-                    s[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j + 16), w1, s[t]);          \
+                    u[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j + 16), w1, u[t]);          \
                 }                                                                            \
             }                                                                                \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[t] = _mm256_add_ps(s[t], u[t]); \
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));        \
             const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));  \
             _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                           \
@@ -131,8 +137,6 @@ Q4_TILE_FN(3)
 Q4_TILE_FN(4)
 Q4_TILE_FN(5)
 Q4_TILE_FN(6)
-Q4_TILE_FN(7)
-Q4_TILE_FN(8)
 
 #define Q8_TILE_FN(NT)                                                                       \
     static void q8_tile_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg,        \
@@ -144,14 +148,22 @@ Q4_TILE_FN(8)
             const uint8_t *blk = wg + b * 272;                                               \
             const int8_t *q = (const int8_t *)(blk + 16);                                    \
             const float *xb = x + b * Q4_BLOCK;                                              \
-            __m256 s[NT];                                                                    \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[t] = _mm256_setzero_ps(); \
-            for (int j = 0; j < 32; j++) {                                                   \
+            __m256 s[NT], u[NT];                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                           \
+                s[t] = _mm256_setzero_ps();                                                  \
+                u[t] = _mm256_setzero_ps();                                                  \
+            }                                                                                \
+            for (int j = 0; j < 32; j += 2) {                                                \
                 const __m256 w = _mm256_cvtepi32_ps(                                         \
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j * GROUP))));  \
-                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[t] =                  \
-                    _mm256_fmadd_ps(bcast(xb + t * ldx + j), w, s[t]);                       \
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                    \
+                    _mm_loadl_epi64((const __m128i *)(q + (j + 1) * GROUP))));               \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                       \
+                    s[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j), w, s[t]);                \
+                    u[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j + 1), v, u[t]);            \
+                }                                                                            \
             }                                                                                \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[t] = _mm256_add_ps(s[t], u[t]); \
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));        \
             _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[t] =                    \
                 _mm256_fmadd_ps(s[t], d, acc[t]);                                            \
@@ -165,14 +177,12 @@ Q8_TILE_FN(3)
 Q8_TILE_FN(4)
 Q8_TILE_FN(5)
 Q8_TILE_FN(6)
-Q8_TILE_FN(7)
-Q8_TILE_FN(8)
 
 typedef void (*tile_fn)(const float *, int64_t, int64_t, const uint8_t *, const float *, __m256 *);
-static const tile_fn Q4_TILES[TILE + 1] = {0,         q4_tile_1, q4_tile_2, q4_tile_3, q4_tile_4,
-                                           q4_tile_5, q4_tile_6, q4_tile_7, q4_tile_8};
-static const tile_fn Q8_TILES[TILE + 1] = {0,         q8_tile_1, q8_tile_2, q8_tile_3, q8_tile_4,
-                                           q8_tile_5, q8_tile_6, q8_tile_7, q8_tile_8};
+static const tile_fn Q4_TILES[TILE + 1] = {0, q4_tile_1, q4_tile_2, q4_tile_3,
+                                           q4_tile_4, q4_tile_5, q4_tile_6};
+static const tile_fn Q8_TILES[TILE + 1] = {0, q8_tile_1, q8_tile_2, q8_tile_3,
+                                           q8_tile_4, q8_tile_5, q8_tile_6};
 
 static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, const uint8_t *w,
                        int64_t n, int64_t block_bytes, const tile_fn *tiles, const float *bias,
@@ -191,9 +201,13 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
                                  _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
         xsum[i] = hsum(v);
     }
-    /* One work item = (group, token tile); groups outermost so a thread streams its own
-     * slice of the weights once per token tile. */
-#pragma omp parallel for schedule(static) collapse(2)
+    /* One work item = (group, token tile). Dynamic chunks of ~1/8 of a thread's share:
+     * on a two-core host the API workers preempt engine threads all the time, and a
+     * static split would leave the other thread waiting for the preempted half. */
+    const int64_t items = groups * tiles_t;
+    int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
+    if (chunk < 1) chunk = 1;
+#pragma omp parallel for schedule(dynamic, chunk) collapse(2)
     for (int64_t g = 0; g < groups; g++) {
         for (int64_t tt = 0; tt < tiles_t; tt++) {
             const int64_t t0 = tt * TILE;
