@@ -35,9 +35,7 @@ from kernels import AttentionMetadata
 logger = logging.getLogger("hearth.engine")
 
 # vLLM's default capture sizes: 1, 2, 4, then every 8 up to 256, every 16 up to 512.
-VLLM_CAPTURE_SIZES: tuple[int, ...] = (
-    (1, 2, 4) + tuple(range(8, 257, 8)) + tuple(range(272, 513, 16))
-)
+VLLM_CAPTURE_SIZES: tuple[int, ...] = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16))
 
 PAD_SLOT = -1
 """Slot of a padding row: ``write_kv_cache`` skips negative slots."""
@@ -132,10 +130,10 @@ def fill_decode_inputs(
     table = bufs.block_tables
     used = max(1, max((len(ids) for ids in block_ids), default=1))
     assert used <= width, f"{used} blocks exceed the graph's table width {width}"
-    table[:bucket, :used].zero_()
-    for row, ids in enumerate(block_ids):
-        if ids:
-            table[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.int32)
+    # PERF: one conversion of the padded rows, not one small tensor per sequence.
+    rows = [list(ids) + [0] * (used - len(ids)) for ids in block_ids]
+    table[:n, :used] = torch.as_tensor(rows, dtype=torch.int32).reshape(n, used)
+    table[n:bucket, :used].zero_()
     bufs.input_ids[n:bucket] = 0
     bufs.positions[n:bucket] = 0
     bufs.slot_mapping[n:bucket] = PAD_SLOT

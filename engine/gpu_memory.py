@@ -57,7 +57,10 @@ def profile_peak_step_bytes(
     num_blocks = -(-num_tokens // block_size)
     shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
     caches = [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
         for _ in range(model.num_layers)
     ]
     i32 = {"dtype": torch.int32, "device": device}
@@ -76,7 +79,10 @@ def profile_peak_step_bytes(
         prefill_max_seq_len=num_tokens,
     )
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-    positions = torch.arange(num_tokens, dtype=torch.int64, device=device)
+    # Positions wrap at the rotary table's end: a step may hold more tokens than one
+    # sequence can be long, and only the memory of this forward matters.
+    max_pos = int(getattr(model, "max_position_embeddings", num_tokens))
+    positions = torch.arange(num_tokens, dtype=torch.int64, device=device) % max_pos
     with torch.inference_mode():
         hidden = model(ids, positions, caches, meta)
         rows = min(num_logit_rows, num_tokens)

@@ -44,7 +44,9 @@ def test_pick_bucket() -> None:
 def test_fill_pads_rows_and_clears_stale_table_entries() -> None:
     bufs = DecodeBuffers.allocate(8, 4, "cpu")
     fill_decode_inputs(bufs, 8, [5] * 8, [40] * 8, [7] * 8, [[1, 2, 3]] * 8)  # stale step
-    used = fill_decode_inputs(bufs, 4, [11, 12, 13], [0, 17, 33], [3, 40, 90], [[9], [4, 2], [6, 5, 1]])
+    used = fill_decode_inputs(
+        bufs, 4, [11, 12, 13], [0, 17, 33], [3, 40, 90], [[9], [4, 2], [6, 5, 1]]
+    )
     assert used == 3
     assert bufs.input_ids[:4].tolist() == [11, 12, 13, 0]
     assert bufs.positions[:4].tolist() == [0, 17, 33, 0]
@@ -104,7 +106,9 @@ def _tiny_model() -> torch.nn.Module:
     return model
 
 
-def _kv(model: torch.nn.Module, num_blocks: int, bs: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _kv(
+    model: torch.nn.Module, num_blocks: int, bs: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     shape = (num_blocks, bs, model.num_kv_heads, model.head_dim)
     return [(torch.randn(shape), torch.randn(shape)) for _ in range(model.num_layers)]
 

@@ -64,6 +64,13 @@ SHAPES: dict[str, dict[str, Any]] = {
         "intermediate_size": 128,
         "vocab_size": 512,
         "rope_theta": 10000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
         "max_position_embeddings": 512,
         "tie_word_embeddings": True,
         "rms_norm_eps": 1e-5,
@@ -102,14 +109,16 @@ def hf_config(name: str) -> Any:
 
 
 def write_tokenizer(model_dir: Path, vocab_size: int) -> None:
-    """A word-level tokenizer with one word per id, special tokens at 0..3."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A word-level tokenizer with one word per id (special tokens at 0..3); words carry
+    SentencePiece's "▁" space marker so streamed and whole decodes give the same text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     specials = ["<unk>", "<|start|>", EOS, "<pad>"]
     vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
+    vocab.update({f"\u2581w{i}": i for i in range(len(specials), vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
     tok.add_special_tokens(specials)
     tok.save(str(model_dir / "tokenizer.json"))
     config = {

@@ -6,6 +6,7 @@ orchestration (sections, time budget, report) is in ``tests/gpu/check.py``.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from typing import Any
@@ -38,7 +39,7 @@ def make_engine(
         max_model_len=max_model_len,
         max_num_batched_tokens=2048,
         enforce_eager=not graphs,
-        gpu_memory_utilization=0.4,
+        gpu_memory_utilization=0.25,
         kv_cache_memory=None if device.startswith("cuda") else 64 << 20,
         enable_prefix_caching=False,
     )
@@ -84,11 +85,21 @@ def engine_generate(
 def hf_model(model_dir: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map=device)
     return model.eval()
 
 
-def hf_greedy(model: Any, prompts: list[list[int]], max_tokens: int, device: str) -> list[list[int]]:
+def release() -> None:
+    """Free what the last engine or transformers model held, before the next one sizes
+    its KV cache from the free memory."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def hf_greedy(
+    model: Any, prompts: list[list[int]], max_tokens: int, device: str
+) -> list[list[int]]:
     outs = []
     with torch.inference_mode():
         for ids in prompts:
@@ -112,19 +123,27 @@ def random_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[in
 
 
 def greedy_parity(
-    model_dir: str, device: str, num_prompts: int, prompt_len: int, max_tokens: int, graphs: bool
+    model_dir: str,
+    device: str,
+    num_prompts: int,
+    prompt_len: int,
+    max_tokens: int,
+    graphs: bool,
+    max_model_len: int,
 ) -> dict[str, Any]:
     """fp32 (TF32 off) engine greedy tokens against transformers' generate: identical?"""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    core = make_engine(model_dir, device, "float32", graphs, max(num_prompts, 4), 1024)
+    core = make_engine(model_dir, device, "float32", graphs, max(num_prompts, 4), max_model_len)
     prompts = random_prompts(num_prompts, prompt_len, core.vocab_size, seed=1)
     ours, _ = engine_generate(core, prompts, max_tokens)
     replays = core.runner.cuda_graphs.num_replays if core.runner.cuda_graphs else 0
     del core
+    release()
     ref_model = hf_model(model_dir, device, torch.float32)
     theirs = hf_greedy(ref_model, prompts, max_tokens, device)
     del ref_model
+    release()
     first_diff = [
         next((j for j, (a, b) in enumerate(zip(o, t, strict=True)) if a != b), None)
         for o, t in zip(ours, theirs, strict=True)
@@ -141,7 +160,11 @@ def greedy_parity(
 def _prefill_meta(lens: list[int], tables: torch.Tensor, block_size: int) -> AttentionMetadata:
     dev = tables.device
     i32 = {"dtype": torch.int32, "device": dev}
-    slots = [int(tables[i, p // block_size]) * block_size + p % block_size for i, n in enumerate(lens) for p in range(n)]
+    slots = [
+        int(tables[i, p // block_size]) * block_size + p % block_size
+        for i, n in enumerate(lens)
+        for p in range(n)
+    ]
     qsl = [0]
     for n in lens:
         qsl.append(qsl[-1] + n)
@@ -162,7 +185,13 @@ def _prefill_meta(lens: list[int], tables: torch.Tensor, block_size: int) -> Att
 
 
 def teacher_forced_bf16(
-    model_dir: str, device: str, num_seqs: int, prompt_len: int, new_tokens: int, graphs: bool
+    model_dir: str,
+    device: str,
+    num_seqs: int,
+    prompt_len: int,
+    new_tokens: int,
+    graphs: bool,
+    max_model_len: int,
 ) -> dict[str, Any]:
     """bf16: transformers' greedy continuation is fed to both sides; per position, top-1
     agreement and KL(transformers || hearth) of the next-token distributions. hearth's
@@ -175,11 +204,14 @@ def teacher_forced_bf16(
     with torch.inference_mode():
         ref_logits = ref_model(full[:, :-1]).logits[:, prompt_len - 1 :].float()  # [B, N, V]
     del ref_model
+    release()
 
-    core = make_engine(model_dir, device, "bfloat16", graphs, max(num_seqs, 4), 1024)
+    core = make_engine(model_dir, device, "bfloat16", graphs, max(num_seqs, 4), max_model_len)
     model, runner, bs = core.model, core.runner, core.runner.block_size
     per_seq = -(-(prompt_len + new_tokens) // bs)
-    tables = torch.arange(num_seqs * per_seq, dtype=torch.int32, device=device).reshape(num_seqs, per_seq)
+    tables = torch.arange(num_seqs * per_seq, dtype=torch.int32, device=device).reshape(
+        num_seqs, per_seq
+    )
     ours = []
     with torch.inference_mode():
         meta = _prefill_meta([prompt_len] * num_seqs, tables, bs)
@@ -201,7 +233,8 @@ def teacher_forced_bf16(
                 hidden = _eager_decode(core, step_ids, p, slots, blocks)
             ours.append(model.compute_logits(hidden))
     replays = runner.cuda_graphs.num_replays if runner.cuda_graphs else 0
-    del core
+    del core, model, runner
+    release()
     mine = torch.stack(ours, dim=1)  # [B, N, V]
     top1 = (mine.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     log_p = torch.log_softmax(ref_logits, -1)
@@ -297,7 +330,9 @@ def hf_throughput(
     model_dir: str, device: str, concurrency: list[int], in_len: int, out_len: int
 ) -> list[dict[str, Any]]:
     """transformers' static-batch generate: c prompts of equal length, out_len tokens each."""
-    model = hf_model(model_dir, device, torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    model = hf_model(
+        model_dir, device, torch.bfloat16 if device.startswith("cuda") else torch.float32
+    )
     rows = []
     hf_greedy(model, random_prompts(1, 8, model.config.vocab_size, seed=3), 2, device)
     for c in concurrency:
@@ -316,4 +351,5 @@ def hf_throughput(
         _sync(device)
         rows.append({"concurrency": c, "output_tok_s": c * out_len / (time.perf_counter() - t0)})
     del model
+    release()
     return rows

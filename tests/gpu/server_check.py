@@ -11,7 +11,11 @@ import httpx
 
 from tests.e2e.server import start_server
 
-CHAT = {"messages": [{"role": "user", "content": "w10 w11 w12"}], "max_tokens": 8}
+CHAT = {
+    "messages": [{"role": "user", "content": "w10 w11 w12"}],
+    "max_tokens": 8,
+    "temperature": 0.0,
+}
 
 
 def chat_and_stream(model_dir: Path, device: str, work: Path) -> dict[str, Any]:
@@ -54,6 +58,8 @@ def chat_and_stream(model_dir: Path, device: str, work: Path) -> dict[str, Any]:
             "stream_status": stream_status,
             "stream_chunks": len(chunks),
             "stream_equals_chat": "".join(deltas) == answer["choices"][0]["message"]["content"],
+            "chat_text": answer["choices"][0]["message"]["content"],
+            "stream_text": "".join(deltas),
         }
     finally:
         code = server.stop()

@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # starts a real server
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU stand-in")
 def test_gpu_check_dry_run_writes_its_report(tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
@@ -35,8 +36,9 @@ def test_gpu_check_dry_run_writes_its_report(tmp_path: Path) -> None:
     assert all(s["status"] == "ok" for s in secs.values()), secs
     assert secs["env"]["copy_bandwidth_gb_s"] > 0
     assert secs["kernels"]["failures"] == secs["kernels"]["errors"] == 0
-    for name in ("tiny-llama", "tiny-qwen2"):
-        model = secs["parity"][name]
+    models = {k: v for k, v in secs["parity"].items() if isinstance(v, dict)}
+    assert list(models) == ["tiny-llama"]
+    for model in models.values():
         assert model["fp32_greedy_eager"]["identical"]
         assert model["fp32_greedy_graphs"]["identical"]
         assert model["fp32_greedy_graphs"]["graph_replays"] > 0  # the hook really replayed
