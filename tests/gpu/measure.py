@@ -61,10 +61,16 @@ def make_engine(
 
 
 def engine_generate(
-    core: EngineCore, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = True
+    core: EngineCore, prompts: list[list[int]], max_tokens: int, ban_eos: bool = False
 ) -> tuple[list[list[int]], list[float]]:
-    """Greedy outputs of all prompts run as one continuous batch, and each step's seconds."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    """Greedy outputs of all prompts run as one continuous batch, and each step's seconds.
+
+    EOS never ends a sequence; ``ban_eos`` also masks it out of the choice, as
+    transformers' ``min_new_tokens`` does, so both sides pick from the same tokens."""
+    if ban_eos:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens)
+    else:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outs: dict[str, list[int]] = {}
     for i, ids in enumerate(prompts):
         admission = core.add_request(
@@ -136,7 +142,7 @@ def greedy_parity(
     torch.backends.cudnn.allow_tf32 = False
     core = make_engine(model_dir, device, "float32", graphs, max(num_prompts, 4), max_model_len)
     prompts = random_prompts(num_prompts, prompt_len, core.vocab_size, seed=1)
-    ours, _ = engine_generate(core, prompts, max_tokens)
+    ours, _ = engine_generate(core, prompts, max_tokens, ban_eos=True)
     replays = core.runner.cuda_graphs.num_replays if core.runner.cuda_graphs else 0
     del core
     release()
@@ -157,11 +163,12 @@ def greedy_parity(
     }
 
 
-def _prefill_meta(lens: list[int], tables: torch.Tensor, block_size: int) -> AttentionMetadata:
-    dev = tables.device
+def _prefill_meta(
+    lens: list[int], tables: list[list[int]], block_size: int, dev: torch.device
+) -> AttentionMetadata:
     i32 = {"dtype": torch.int32, "device": dev}
     slots = [
-        int(tables[i, p // block_size]) * block_size + p % block_size
+        tables[i][p // block_size] * block_size + p % block_size
         for i, n in enumerate(lens)
         for p in range(n)
     ]
@@ -177,7 +184,7 @@ def _prefill_meta(lens: list[int], tables: torch.Tensor, block_size: int) -> Att
         decode_max_seq_len=0,
         num_prefills=len(lens),
         prefill_query_start_loc=torch.tensor(qsl, **i32),
-        prefill_block_tables=tables,
+        prefill_block_tables=torch.tensor(tables, **i32),
         prefill_seq_lens=torch.tensor(lens, **i32),
         prefill_max_query_len=max(lens),
         prefill_max_seq_len=max(lens),
@@ -209,18 +216,17 @@ def teacher_forced_bf16(
     core = make_engine(model_dir, device, "bfloat16", graphs, max(num_seqs, 4), max_model_len)
     model, runner, bs = core.model, core.runner, core.runner.block_size
     per_seq = -(-(prompt_len + new_tokens) // bs)
-    tables = torch.arange(num_seqs * per_seq, dtype=torch.int32, device=device).reshape(
-        num_seqs, per_seq
-    )
+    # Sequence i owns cache blocks 1 + i * per_seq ...; the engine's own allocator is idle.
+    table_rows = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(num_seqs)]
+    assert table_rows[-1][-1] < core.model_info.num_kv_blocks
     ours = []
     with torch.inference_mode():
-        meta = _prefill_meta([prompt_len] * num_seqs, tables, bs)
+        meta = _prefill_meta([prompt_len] * num_seqs, table_rows, bs, core.device)
         ids = full[:, :prompt_len].reshape(-1)
         pos = torch.arange(prompt_len, device=device).repeat(num_seqs)
         hidden = model(ids, pos, runner.kv_caches, meta)
         last = torch.arange(1, num_seqs + 1, device=device) * prompt_len - 1
         ours.append(model.compute_logits(hidden[last]))
-        table_rows = tables.tolist()
         for t in range(new_tokens - 1):
             p = prompt_len + t
             step_ids = full[:, p].tolist()
