@@ -73,7 +73,12 @@ class DecodeBuffers:
     seq_lens: torch.Tensor
     """[max_size] int32; PAD_SEQ_LEN on padding rows."""
     block_tables: torch.Tensor
-    """[max_size, max_blocks_per_seq] int32; zeros past each row's blocks."""
+    """[max_size, max_blocks_per_seq] int32: what the graphs read. Columns past a row's
+    context are never read (kernels stop at seq_len), so they may hold stale ids."""
+    table_stage: torch.Tensor
+    """[max_size * max_blocks_per_seq] int32: one step's table packed as [bucket, used]
+    (``staged``), so the host-to-device copy is one contiguous run of the columns in use,
+    not ``max_model_len / block_size`` columns per row."""
 
     @classmethod
     def allocate(
@@ -88,22 +93,29 @@ class DecodeBuffers:
             slot_mapping=make(max_size, dtype=torch.int64),
             seq_lens=make(max_size, dtype=torch.int32),
             block_tables=make(max_size, max_blocks, dtype=torch.int32),
+            table_stage=make(max_size * max_blocks, dtype=torch.int32),
         )
         bufs.slot_mapping.fill_(PAD_SLOT)
         bufs.seq_lens.fill_(PAD_SEQ_LEN)
         return bufs
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.input_ids, self.positions, self.slot_mapping, self.seq_lens, self.block_tables)
+    def staged(self, bucket: int, used: int) -> torch.Tensor:
+        """``[bucket, used]`` view of the packed table of the current step."""
+        return self.table_stage[: bucket * used].view(bucket, used)
 
-    def copy_from(self, other: DecodeBuffers, rows: int, table_width: int) -> None:
-        """Copy the first ``rows`` rows of every buffer, and of the block tables only the
-        first ``table_width`` columns (no row reads past its context); non-blocking from
-        pinned memory."""
-        for dst, src in zip(self.tensors()[:-1], other.tensors()[:-1], strict=True):
-            dst[:rows].copy_(src[:rows], non_blocking=True)
-        width = max(table_width, 1)
-        self.block_tables[:rows, :width].copy_(other.block_tables[:rows, :width], non_blocking=True)
+    def copy_from(self, host: DecodeBuffers, bucket: int, used: int) -> None:
+        """Upload a step ``fill_decode_inputs`` wrote into ``host`` (non-blocking from
+        pinned memory), then unpack its table into the graphs' ``block_tables``."""
+        pairs = [
+            (self.input_ids, host.input_ids),
+            (self.positions, host.positions),
+            (self.slot_mapping, host.slot_mapping),
+            (self.seq_lens, host.seq_lens),
+        ]
+        for dst, src in pairs:
+            dst[:bucket].copy_(src[:bucket], non_blocking=True)
+        self.staged(bucket, used).copy_(host.staged(bucket, used), non_blocking=True)
+        self.block_tables[:bucket, :used].copy_(self.staged(bucket, used))
 
 
 def fill_decode_inputs(
@@ -114,8 +126,9 @@ def fill_decode_inputs(
     slots: Sequence[int],
     block_ids: Sequence[Sequence[int]],
 ) -> int:
-    """Write one decode step into the first ``bucket`` rows of ``bufs`` (host tensors);
-    returns the block-table columns it wrote (the widest row, at least 1).
+    """Write one decode step into the first ``bucket`` rows of ``bufs`` (host tensors),
+    its block table packed into ``bufs.staged(bucket, used)``; returns ``used``, the
+    table's columns (the most blocks of any row, at least 1).
 
     Row i is sequence i (its one new token at ``positions[i]``, context
     ``positions[i] + 1``); rows ``len(input_ids) .. bucket`` become padding.
@@ -127,13 +140,13 @@ def fill_decode_inputs(
     bufs.positions[:n] = torch.as_tensor(positions, dtype=torch.int64)
     bufs.slot_mapping[:n] = torch.as_tensor(slots, dtype=torch.int64)
     bufs.seq_lens[:n] = bufs.positions[:n].to(torch.int32) + 1
-    table = bufs.block_tables
     used = max(1, max((len(ids) for ids in block_ids), default=1))
     assert used <= width, f"{used} blocks exceed the graph's table width {width}"
+    table = bufs.staged(bucket, used)
     # PERF: one conversion of the padded rows, not one small tensor per sequence.
     rows = [list(ids) + [0] * (used - len(ids)) for ids in block_ids]
-    table[:n, :used] = torch.as_tensor(rows, dtype=torch.int32).reshape(n, used)
-    table[n:bucket, :used].zero_()
+    table[:n] = torch.as_tensor(rows, dtype=torch.int32).reshape(n, used)
+    table[n:] = 0
     bufs.input_ids[n:bucket] = 0
     bufs.positions[n:bucket] = 0
     bufs.slot_mapping[n:bucket] = PAD_SLOT

@@ -52,7 +52,14 @@ def test_fill_pads_rows_and_clears_stale_table_entries() -> None:
     assert bufs.positions[:4].tolist() == [0, 17, 33, 0]
     assert bufs.slot_mapping[:4].tolist() == [3, 40, 90, PAD_SLOT]
     assert bufs.seq_lens[:4].tolist() == [1, 18, 34, PAD_SEQ_LEN]
-    assert bufs.block_tables[:4, :3].tolist() == [[9, 0, 0], [4, 2, 0], [6, 5, 1], [0, 0, 0]]
+    assert bufs.staged(4, 3).tolist() == [[9, 0, 0], [4, 2, 0], [6, 5, 1], [0, 0, 0]]
+    dev = DecodeBuffers.allocate(8, 4, "cpu")
+    dev.block_tables.fill_(77)  # stale ids past the columns in use stay: never read
+    dev.copy_from(bufs, 4, used)
+    assert dev.block_tables[:4].tolist() == [
+        [9, 0, 0, 77], [4, 2, 0, 77], [6, 5, 1, 77], [0, 0, 0, 77],
+    ]  # fmt: skip
+    assert dev.seq_lens[:4].tolist() == [1, 18, 34, PAD_SEQ_LEN]
     with pytest.raises(AssertionError):
         fill_decode_inputs(bufs, 2, [1, 2, 3], [0, 0, 0], [0, 0, 0], [[0]] * 3)
     with pytest.raises(AssertionError):  # wider than max_model_len allows
