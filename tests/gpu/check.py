@@ -126,7 +126,7 @@ def section_kernels(plan: dict[str, Any], work: Path) -> dict[str, Any]:
     select = (
         ["-k", "not gpu", "tests/kernels/test_split_kv.py"]
         if plan["device"] == "cpu"
-        else ["-m", "gpu", "tests/kernels"]
+        else ["-m", "gpu", "tests/kernels", "tests/engine/test_cuda_graphs.py"]
     )
     cmd = [
         sys.executable, "-m", "pytest", "-q", *select,
