@@ -26,7 +26,7 @@ def test_gpu_check_dry_run_writes_its_report(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=540,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu-check.json").read_text())
