@@ -216,6 +216,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "Bytes of KV cache on CPU, e.g. 4GiB (default: up to 2 GiB)",
     )
     eng.value("--gpu-memory-utilization", float, 0.9, "Fraction of GPU memory hearth may use")
+    eng.switch(
+        "--enforce-eager",
+        False,
+        "GPU: run every step eagerly (no CUDA graphs for decode steps)",
+    )
     eng.value("--seed", int, 0, "Engine random seed")
     eng.value("--max-num-queued-reqs", int, None, "Refuse (503) when this many requests wait")
     eng.value(

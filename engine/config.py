@@ -31,6 +31,8 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     """Bytes of KV cache on CPU (default: 2 GiB or what max_num_seqs * max_model_len needs, the smaller)."""
     gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    """GPU: no CUDA graphs; every step runs eagerly (see engine/cuda_graphs.py)."""
     num_kv_blocks: int | None = None
     """Test/diagnostic override of the block count."""
     seed: int = 0

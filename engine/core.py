@@ -15,6 +15,13 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelInfo, default_token_budget
+from engine.cuda_graphs import build_cuda_graphs
+from engine.gpu_memory import (
+    GRAPH_AND_FRAGMENTATION_RESERVE,
+    auto_dtype,
+    kv_cache_budget_bytes,
+    profile_peak_step_bytes,
+)
 from engine.messages import AddRequest, Admission, RequestOutput
 from engine.model_loader import load_model, resolve_model_dir
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -41,8 +48,8 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        # CPU matmuls are fastest and exact in fp32 here; GPUs want bf16.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        is_cuda = device.type == "cuda"
+        return auto_dtype(device.type, is_cuda and torch.cuda.is_bf16_supported())
     if name not in _DTYPES:
         raise ValueError(f"unknown --dtype {name!r}: use auto, float32, bfloat16 or float16")
     return _DTYPES[name]
@@ -97,6 +104,16 @@ class EngineCore:
         self.runner = ModelRunner(
             self.model, num_blocks, block_size, self.dtype, self.device, self.eos_token_ids
         )
+        self.runner.cuda_graphs = build_cuda_graphs(
+            self.model,
+            self.runner.kv_caches,
+            block_size,
+            max_len,
+            config.max_num_seqs,
+            self.device,
+            config.enforce_eager,
+            say,
+        )
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -125,9 +142,18 @@ class EngineCore:
             return cfg.num_kv_blocks
         per_block = kv_cache_bytes_per_block(self.model, block_size, self.dtype)
         if self.device.type == "cuda":
+            peak = profile_peak_step_bytes(
+                self.model,
+                self.max_num_batched_tokens,
+                cfg.max_num_seqs,
+                block_size,
+                self.dtype,
+                self.device,
+            )
             free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            budget = int(total * cfg.gpu_memory_utilization) - used - (1 << 30)
+            budget = kv_cache_budget_bytes(
+                total, free, peak, cfg.gpu_memory_utilization, GRAPH_AND_FRAGMENTATION_RESERVE
+            )
         else:
             needed = cfg.max_num_seqs * max_model_len * per_block // block_size
             budget = cfg.kv_cache_memory or min(DEFAULT_CPU_KV_BYTES, needed)
