@@ -57,6 +57,10 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     eos_token_ids: list[int]
     num_kv_blocks: int
     block_size: int
+    quantization: str = "none"
+    """What `--quantization` resolved to: ``gguf`` (the CPU fast path) or ``none``."""
+    kernels: str = ""
+    """Weights and kernels in one line, incl. the host ISA they were chosen for."""
 
 
 CPU_TOKEN_BUDGET = 256

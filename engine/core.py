@@ -128,6 +128,8 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             num_kv_blocks=num_blocks,
             block_size=block_size,
+            quantization=self.weights_mode.quantization,
+            kernels=self.weights_mode.description,
         )
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
