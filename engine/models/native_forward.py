@@ -40,6 +40,32 @@ class NativeCpuForward:
         self.num_kv_heads = first.num_kv_heads if first else 0
         self.head_dim = first.head_dim if first else 0
         self.scale = first.scale if first else 1.0
+        self._fused: tuple[tuple[int, ...], object] | None = None
+        """(cache data pointers, ctypes layer array) for `ops.forward_layers`, built on the
+        first step (the runner's KV cache tensors never change)."""
+
+    def _fused_layers(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
+        """The ctypes layer array when every linear is packed (else None: per-op path)."""
+        key = tuple(k.data_ptr() for k, _ in kv_caches)
+        if self._fused is not None and self._fused[0] == key:
+            return self._fused[1]
+        inner = self.model.model
+        rows = []
+        for layer, p, (k_cache, v_cache) in zip(
+            inner.layers, self.packed.layers, kv_caches, strict=True
+        ):
+            ws = [p.qkv, p.o_proj, p.gate_up, p.down]
+            if any(w is None for w in ws):
+                self._fused = (key, None)
+                return None
+            rows.append(
+                ops.layer_weights(
+                    ws, layer.input_layernorm, layer.post_attention_layernorm, k_cache, v_cache
+                )
+            )
+        array = (ops.LayerWeights * len(rows))(*rows)
+        self._fused = (key, array)
+        return array
 
     @staticmethod
     def supported(model: Any, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -79,6 +105,14 @@ class NativeCpuForward:
             raise ValueError("the native CPU path needs the step's per-token attention metadata")
         slots = meta.slot_mapping
         hidden = F.embedding(input_ids, inner.embed_tokens)  # [T, H]
+        fused = self._fused_layers(kv_caches) if inner.layers else None
+        if fused is not None:
+            block_size = kv_caches[0][0].shape[1]
+            return ops.forward_layers(
+                fused, hidden, nh, nkv, hd, inner.layers[0].mlp.intermediate_size, eps,
+                self.scale, positions, cos_sin, slots, block_size, tables, token_seq,
+                token_ctx, meta.max_ctx, inner.norm, self.scratch,
+            )  # fmt: skip
         residual = hidden
         x = ops.rms_norm(hidden, inner.layers[0].input_layernorm, eps) if inner.layers else hidden
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(inner.layers, kv_caches, strict=True)):

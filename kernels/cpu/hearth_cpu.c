@@ -453,3 +453,62 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
 }
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }
+
+/* ------------------------------------------------------------------ whole decoder stack */
+/*
+ * All layers of a Llama-family decoder in one call, so a step costs one trip from
+ * Python instead of ~10 per layer. Each layer's weights are packed (kind 0 = Q4_1,
+ * 1 = Q8_0). Buffers are the caller's: `hidden` [T, H] holds the embeddings on entry and
+ * the final normed hidden states on return; the rest are scratch of the sizes named.
+ */
+typedef struct {
+    const uint8_t *w[4]; /* qkv, o_proj, gate_up, down */
+    int32_t kind[4];
+    const float *bias[4];
+    const float *ln_in, *ln_post;
+    float *k_cache, *v_cache;
+} hearth_layer;
+
+static void packed_linear(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
+                          int32_t kind, int64_t n, const float *bias, float *out) {
+    if (kind == 0)
+        hearth_q4_1_gemm(x, t, ldx, k, w, n, bias, out, n);
+    else
+        hearth_q8_0_gemm(x, t, ldx, k, w, n, bias, out, n);
+}
+
+void hearth_forward_layers(const hearth_layer *layers, int64_t num_layers, int64_t t, int64_t h,
+                           int64_t nh, int64_t nkv, int64_t hd, int64_t inter, float eps,
+                           float scale, const int64_t *positions, const float *cos_sin,
+                           const int64_t *slots, int64_t block_size, const int32_t *block_tables,
+                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx,
+                           const float *final_norm, float *hidden, float *residual, float *x,
+                           float *qkv, float *attn, float *gate_up, float *act, float *scratch,
+                           int64_t scratch_per_thread) {
+    const int64_t qkv_n = (nh + 2 * nkv) * hd;
+    memcpy(residual, hidden, (size_t)(t * h) * sizeof(float));
+    for (int64_t l = 0; l < num_layers; l++) {
+        const hearth_layer *ly = layers + l;
+        if (l == 0)
+            hearth_rms_norm(residual, ly->ln_in, x, t, h, eps);
+        else
+            hearth_add_rms_norm(x, residual, ly->ln_in, t, h, eps);
+        packed_linear(x, t, h, h, ly->w[0], ly->kind[0], qkv_n, ly->bias[0], qkv);
+        hearth_rope_kv_write(qkv, t, qkv_n, nh, nkv, hd, positions, cos_sin, ly->k_cache,
+                             ly->v_cache, slots);
+        hearth_paged_attention(qkv, t, qkv_n, nh, nkv, hd, ly->k_cache, ly->v_cache, block_size,
+                               block_tables, max_blocks, seq, ctx, scale, attn, scratch,
+                               scratch_per_thread);
+        packed_linear(attn, t, nh * hd, nh * hd, ly->w[1], ly->kind[1], h, ly->bias[1], x);
+        hearth_add_rms_norm(x, residual, ly->ln_post, t, h, eps);
+        packed_linear(x, t, h, h, ly->w[2], ly->kind[2], 2 * inter, ly->bias[2], gate_up);
+        hearth_silu_mul(gate_up, act, t, inter);
+        packed_linear(act, t, inter, inter, ly->w[3], ly->kind[3], h, ly->bias[3], x);
+    }
+    if (num_layers == 0) {
+        hearth_rms_norm(residual, final_norm, hidden, t, h, eps);
+        return;
+    }
+    hearth_add_rms_norm(x, residual, final_norm, t, h, eps);
+    memcpy(hidden, x, (size_t)(t * h) * sizeof(float));
+}

@@ -34,12 +34,31 @@ _SIGNATURES: dict[str, list[type]] = {
         *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64],
     ],
     "hearth_num_threads": [],
+    "hearth_forward_layers": [
+        *[_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32],
+        *[_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr],
+        *[_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
+    ],
 }
 
 GROUP = 8
 """Output rows per packed group: N must be a multiple of it."""
 QBLOCK = 32
 """Weights per GGUF quant block: K must be a multiple of it."""
+
+
+class LayerWeights(ctypes.Structure):
+    """One decoder layer for `forward_layers` (mirrors ``hearth_layer`` in the C source)."""
+
+    _fields_ = [
+        ("w", ctypes.c_void_p * 4),
+        ("kind", ctypes.c_int32 * 4),
+        ("bias", ctypes.c_void_p * 4),
+        ("ln_in", ctypes.c_void_p),
+        ("ln_post", ctypes.c_void_p),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    ]
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -278,3 +297,65 @@ def paged_attention(
         scratch.per_thread,
     )
     return out
+
+
+_KIND_CODES = {"q4_1": 0, "q8_0": 1}
+
+
+def layer_weights(
+    packed: list[PackedWeight],
+    ln_in: torch.Tensor,
+    ln_post: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> LayerWeights:
+    """`packed` = [qkv, o_proj, gate_up, down]. The caller keeps every tensor alive."""
+    lw = LayerWeights()
+    for i, w in enumerate(packed):
+        lw.w[i] = _p(w.data)
+        lw.kind[i] = _KIND_CODES[w.kind]
+        lw.bias[i] = _p(w.bias)
+    lw.ln_in, lw.ln_post = _p(ln_in), _p(ln_post)
+    lw.k_cache, lw.v_cache = _p(k_cache), _p(v_cache)
+    return lw
+
+
+def forward_layers(
+    layers: ctypes.Array,
+    hidden: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    eps: float,
+    scale: float,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,
+    token_ctx: torch.Tensor,
+    max_ctx: int,
+    final_norm: torch.Tensor,
+    scratch: AttentionScratch,
+) -> torch.Tensor:
+    """Every decoder layer plus the final norm in one call; `hidden` [T, H] (the
+    embeddings) is overwritten with the result and returned."""
+    _check(hidden, "hidden")
+    t, h = hidden.shape
+    f32 = torch.float32
+    residual = torch.empty((t, h), dtype=f32)
+    x = torch.empty((t, h), dtype=f32)
+    qkv = torch.empty((t, (num_heads + 2 * num_kv_heads) * head_dim), dtype=f32)
+    attn = torch.empty((t, num_heads * head_dim), dtype=f32)
+    gate_up = torch.empty((t, 2 * intermediate), dtype=f32)
+    act = torch.empty((t, intermediate), dtype=f32)
+    buf = scratch.get(max_ctx)
+    library().hearth_forward_layers(
+        layers, len(layers), t, h, num_heads, num_kv_heads, head_dim, intermediate, eps, scale,
+        _p(positions), _p(cos_sin_cache), _p(slot_mapping), block_size, _p(block_tables),
+        block_tables.shape[1], _p(token_seq), _p(token_ctx), _p(final_norm), _p(hidden),
+        _p(residual), _p(x), _p(qkv), _p(attn), _p(gate_up), _p(act), _p(buf), scratch.per_thread,
+    )  # fmt: skip
+    return hidden

@@ -85,3 +85,21 @@ def test_greedy_agrees_with_transformers(fast_core, prompts, reference) -> None:
     ]
     assert sum(same) >= len(prompts) - 1, (same, prefix)
     assert float(np.mean(prefix)) >= 0.9 * np.mean([len(r) for r in reference]), prefix
+
+
+def test_one_call_stack_equals_per_op_path(fast_core) -> None:
+    """The whole-stack C call and the per-op path run the same kernels in the same order:
+    bitwise the same logits."""
+    from engine.quality import _window_logits
+
+    ids = list(range(1000, 1100))
+    native = fast_core.model.native
+    fused = _window_logits(fast_core, ids)
+    assert native._fused is not None and native._fused[1] is not None  # the one-call path ran
+    key = native._fused[0]
+    native._fused = (key, None)  # force the per-op path
+    try:
+        per_op = _window_logits(fast_core, ids)
+    finally:
+        native._fused = None
+    assert torch.equal(fused, per_op)
