@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="engine threads (default: all)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=16384,
+        help="step budget (large by default, so a whole batch is prefilled before decoding)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         quantization=args.quantization,
         max_model_len=2048,
         kv_cache_memory=1 << 30,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,
     )
     core = EngineCore(config, progress=print)
