@@ -83,112 +83,117 @@ static inline float hsum(__m256 v);
  * a token does not depend on how many tokens share the call. Token tiles of up to 8 reuse
  * each rebuilt weight vector from registers.
  */
-#define TILE 6
+#define TILE 5 /* tokens per register tile */
 
 static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
 
 /*
- * Per block, each lane sums q * x over the block's 32 columns with the raw quants, then
+ * A register tile is G groups (8 output rows each; G = 2, or 1 for an odd last group) by
+ * NT tokens: every broadcast input feeds G FMAs. Per block, each lane sums q * x over the
+ * block's 32 columns with the raw quants (column j, then j + 16, for j = 0..15), then
  * folds in the scale and min once: acc += d * sum(q x) + m * sum(x). The weights are
- * still exactly the file's (d q + m); only the rounding of the sums differs from the
- * dequantized product, and it is the same for every token count.
+ * exactly the file's (d q + m); only the rounding of the sums differs from the dequantized
+ * product, and the per-lane arithmetic is the same for every G, NT and token count.
  */
-#define Q4_TILE_FN(NT)                                                                       \
-    static void q4_tile_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg,        \
-                             const float *xsum, __m256 *out) {                               \
-        __m256 acc[NT];                                                                      \
-        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();  \
-        const __m256i low = _mm256_set1_epi32(0xF);                                         \
-        for (int64_t b = 0; b < nb; b++) {                                                   \
-            const uint8_t *blk = wg + b * 160;                                               \
-            const uint8_t *q = blk + 32;                                                     \
-            const float *xb = x + b * Q4_BLOCK;                                              \
-            /* two partial sums per token (low and high nibble columns): independent FMA \
-             * chains, so the FMA latency never limits a tile */                            \
-            __m256 s[NT], u[NT];                                                             \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                           \
-                s[t] = _mm256_setzero_ps();                                                  \
-                u[t] = _mm256_setzero_ps();                                                  \
-            }                                                                                \
-            for (int j = 0; j < 16; j++) {                                                   \
-                const __m256i qi =                                                           \
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + j * GROUP)));  \
-                const __m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(qi, low));             \
-                const __m256 w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(qi, 4));              \
-                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                       \
-                    s[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j), w0, s[t]);               \
-                    u[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j + 16), w1, u[t]);          \
-                }                                                                            \
-            }                                                                                \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[t] = _mm256_add_ps(s[t], u[t]); \
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));        \
-            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));  \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                           \
-                acc[t] = _mm256_fmadd_ps(s[t], d, acc[t]);                                   \
-                acc[t] = _mm256_fmadd_ps(m, bcast(xsum + t * nb + b), acc[t]);               \
-            }                                                                                \
-        }                                                                                    \
-        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[t] = acc[t];               \
+#define Q4_TILE_FN(G, NT)                                                                     \
+    static void q4_tile_##G##_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg, \
+                                   int64_t group_bytes, const float *xsum, __m256 *out) {     \
+        __m256 acc[G][NT];                                                                    \
+        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                                  \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps(); \
+        const __m256i low = _mm256_set1_epi32(0xF);                                          \
+        for (int64_t b = 0; b < nb; b++) {                                                    \
+            const float *xb = x + b * Q4_BLOCK;                                               \
+            __m256 s[G][NT];                                                                  \
+            _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                              \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_ps(); \
+            for (int j = 0; j < 16; j++) {                                                    \
+                __m256 w0[G], w1[G];                                                          \
+                _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                        \
+                    const uint8_t *q = wg + g * group_bytes + b * 160 + 32 + j * GROUP;       \
+                    const __m256i qi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)); \
+                    w0[g] = _mm256_cvtepi32_ps(_mm256_and_si256(qi, low));                    \
+                    w1[g] = _mm256_cvtepi32_ps(_mm256_srli_epi32(qi, 4));                     \
+                }                                                                             \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
+                    const __m256 x0 = bcast(xb + t * ldx + j);                                \
+                    const __m256 x1 = bcast(xb + t * ldx + j + 16);                           \
+                    _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                    \
+                        s[g][t] = _mm256_fmadd_ps(x0, w0[g], s[g][t]);                        \
+                        s[g][t] = _mm256_fmadd_ps(x1, w1[g], s[g][t]);                        \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                            \
+                const uint8_t *blk = wg + g * group_bytes + b * 160;                          \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));     \
+                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
+                    acc[g][t] = _mm256_fmadd_ps(s[g][t], d, acc[g][t]);                       \
+                    acc[g][t] = _mm256_fmadd_ps(m, bcast(xsum + t * nb + b), acc[g][t]);      \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                                  \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[g * TILE + t] = acc[g][t]; \
     }
 
-Q4_TILE_FN(1)
-Q4_TILE_FN(2)
-Q4_TILE_FN(3)
-Q4_TILE_FN(4)
-Q4_TILE_FN(5)
-Q4_TILE_FN(6)
-
-#define Q8_TILE_FN(NT)                                                                       \
-    static void q8_tile_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg,        \
-                             const float *xsum, __m256 *out) {                               \
-        (void)xsum;                                                                          \
-        __m256 acc[NT];                                                                      \
-        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();  \
-        for (int64_t b = 0; b < nb; b++) {                                                   \
-            const uint8_t *blk = wg + b * 272;                                               \
-            const int8_t *q = (const int8_t *)(blk + 16);                                    \
-            const float *xb = x + b * Q4_BLOCK;                                              \
-            __m256 s[NT], u[NT];                                                             \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                           \
-                s[t] = _mm256_setzero_ps();                                                  \
-                u[t] = _mm256_setzero_ps();                                                  \
-            }                                                                                \
-            for (int j = 0; j < 32; j += 2) {                                                \
-                const __m256 w = _mm256_cvtepi32_ps(                                         \
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j * GROUP))));  \
-                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                    \
-                    _mm_loadl_epi64((const __m128i *)(q + (j + 1) * GROUP))));               \
-                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                       \
-                    s[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j), w, s[t]);                \
-                    u[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j + 1), v, u[t]);            \
-                }                                                                            \
-            }                                                                                \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[t] = _mm256_add_ps(s[t], u[t]); \
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));        \
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[t] =                    \
-                _mm256_fmadd_ps(s[t], d, acc[t]);                                            \
-        }                                                                                    \
-        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[t] = acc[t];               \
+/* Q8_0 (the tied LM head): one group per tile, two FMA chains per token (even and odd
+ * columns), which measured faster than two groups for the small token counts it sees. */
+#define Q8_TILE_FN(G, NT)                                                                     \
+    static void q8_tile_##G##_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg, \
+                                   int64_t group_bytes, const float *xsum, __m256 *out) {     \
+        (void)xsum;                                                                           \
+        (void)group_bytes;                                                                    \
+        __m256 acc[NT];                                                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();   \
+        for (int64_t b = 0; b < nb; b++) {                                                    \
+            const uint8_t *blk = wg + b * 272;                                                \
+            const int8_t *q = (const int8_t *)(blk + 16);                                     \
+            const float *xb = x + b * Q4_BLOCK;                                               \
+            __m256 s[NT], u[NT];                                                              \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                            \
+                s[t] = _mm256_setzero_ps();                                                   \
+                u[t] = _mm256_setzero_ps();                                                   \
+            }                                                                                 \
+            for (int j = 0; j < 32; j += 2) {                                                 \
+                const __m256 w = _mm256_cvtepi32_ps(                                          \
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j * GROUP)))); \
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                     \
+                    _mm_loadl_epi64((const __m128i *)(q + (j + 1) * GROUP))));                \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
+                    s[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j), w, s[t]);                 \
+                    u[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j + 1), v, u[t]);             \
+                }                                                                             \
+            }                                                                                 \
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));         \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)                              \
+                acc[t] = _mm256_fmadd_ps(_mm256_add_ps(s[t], u[t]), d, acc[t]);               \
+        }                                                                                     \
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[t] = acc[t];                \
     }
 
-Q8_TILE_FN(1)
-Q8_TILE_FN(2)
-Q8_TILE_FN(3)
-Q8_TILE_FN(4)
-Q8_TILE_FN(5)
-Q8_TILE_FN(6)
+#define TILE_SET(Q, G) \
+    Q##_TILE_FN(G, 1) Q##_TILE_FN(G, 2) Q##_TILE_FN(G, 3) Q##_TILE_FN(G, 4) Q##_TILE_FN(G, 5)
+TILE_SET(Q4, 1)
+TILE_SET(Q4, 2)
+TILE_SET(Q8, 1)
 
-typedef void (*tile_fn)(const float *, int64_t, int64_t, const uint8_t *, const float *, __m256 *);
-static const tile_fn Q4_TILES[TILE + 1] = {0, q4_tile_1, q4_tile_2, q4_tile_3,
-                                           q4_tile_4, q4_tile_5, q4_tile_6};
-static const tile_fn Q8_TILES[TILE + 1] = {0, q8_tile_1, q8_tile_2, q8_tile_3,
-                                           q8_tile_4, q8_tile_5, q8_tile_6};
+typedef void (*tile_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, const float *,
+                        __m256 *);
+/* [G - 1][NT] */
+static const tile_fn Q4_TILES[2][TILE + 1] = {
+    {0, q4_tile_1_1, q4_tile_1_2, q4_tile_1_3, q4_tile_1_4, q4_tile_1_5},
+    {0, q4_tile_2_1, q4_tile_2_2, q4_tile_2_3, q4_tile_2_4, q4_tile_2_5}};
+static const tile_fn Q8_TILES[2][TILE + 1] = {
+    {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}, {0}};
 
 static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, const uint8_t *w,
-                       int64_t n, int64_t block_bytes, const tile_fn *tiles, const float *bias,
-                       float *out, int64_t ldo) {
+                       int64_t n, int64_t block_bytes, const tile_fn (*tiles)[TILE + 1],
+                       int64_t groups_per_tile, const float *bias, float *out, int64_t ldo) {
     const int64_t nb = k / Q4_BLOCK;
     const int64_t groups = n / GROUP;
+    const int64_t pairs = (groups + groups_per_tile - 1) / groups_per_tile;
     const int64_t group_bytes = nb * block_bytes;
     const int64_t tiles_t = (t_count + TILE - 1) / TILE;
     /* Per token and block, the sum of its 32 inputs (Q4_1's min term), in a fixed order. */
@@ -201,22 +206,28 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
                                  _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
         xsum[i] = hsum(v);
     }
-    /* One work item = (group, token tile). Dynamic chunks of ~1/8 of a thread's share:
-     * on a two-core host the API workers preempt engine threads all the time, and a
-     * static split would leave the other thread waiting for the preempted half. */
-    const int64_t items = groups * tiles_t;
+    /* One work item = (pair of groups, token tile). Dynamic chunks of ~1/8 of a thread's
+     * share: on a two-core host the API workers preempt engine threads all the time, and
+     * a static split would leave the other thread waiting for the preempted half. */
+    const int64_t items = pairs * tiles_t;
     int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
     if (chunk < 1) chunk = 1;
 #pragma omp parallel for schedule(dynamic, chunk) collapse(2)
-    for (int64_t g = 0; g < groups; g++) {
+    for (int64_t pg = 0; pg < pairs; pg++) {
         for (int64_t tt = 0; tt < tiles_t; tt++) {
+            const int64_t g0 = groups_per_tile * pg;
+            const int ng = (g0 + 1 < groups && groups_per_tile == 2) ? 2 : 1;
             const int64_t t0 = tt * TILE;
             const int nt = (int)((t_count - t0) < TILE ? (t_count - t0) : TILE);
-            __m256 acc[TILE];
-            tiles[nt](x + t0 * ldx, ldx, nb, w + g * group_bytes, xsum + t0 * nb, acc);
-            const __m256 bv = bias ? _mm256_loadu_ps(bias + g * GROUP) : _mm256_setzero_ps();
-            for (int t = 0; t < nt; t++)
-                _mm256_storeu_ps(out + (t0 + t) * ldo + g * GROUP, _mm256_add_ps(acc[t], bv));
+            __m256 acc[2 * TILE];
+            tiles[ng - 1][nt](x + t0 * ldx, ldx, nb, w + g0 * group_bytes, group_bytes,
+                              xsum + t0 * nb, acc);
+            for (int g = 0; g < ng; g++) {
+                const int64_t col = (g0 + g) * GROUP;
+                const __m256 bv = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
+                for (int t = 0; t < nt; t++)
+                    _mm256_storeu_ps(out + (t0 + t) * ldo + col, _mm256_add_ps(acc[g * TILE + t], bv));
+            }
         }
     }
     free(xsum);
@@ -224,12 +235,12 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
 
 void hearth_q4_1_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
                       const float *bias, float *out, int64_t ldo) {
-    quant_gemm(x, t, ldx, k, w, n, 160, Q4_TILES, bias, out, ldo);
+    quant_gemm(x, t, ldx, k, w, n, 160, Q4_TILES, 2, bias, out, ldo);
 }
 
 void hearth_q8_0_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
                       const float *bias, float *out, int64_t ldo) {
-    quant_gemm(x, t, ldx, k, w, n, 272, Q8_TILES, bias, out, ldo);
+    quant_gemm(x, t, ldx, k, w, n, 272, Q8_TILES, 1, bias, out, ldo);
 }
 
 /* ------------------------------------------------------------------ vector helpers */
