@@ -1,0 +1,205 @@
+"""Results as text: the stdout table, results.md, the ratio lines and results.json.
+
+One table per sweep, the servers of a run side by side per level. A level with failed
+requests is flagged `!` and its ratios are marked as not counting: its figures describe a
+server that did less work than asked. The plot is `plot.py`'s job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from container.bench.compare import RATIO_FIGURES, compare_ratios
+from container.bench.config import SWEEP_PROMPT_LEN
+from container.bench.host import describe_host
+from container.bench.plot import render_svg
+from container.bench.results import level_key, sweeps_in
+from container.bench.stats import Result
+
+# (header, key, format) of the stdout and Markdown tables; latencies in ms.
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("out tok/s", "output_throughput", "{:.1f}"),
+    ("req/s", "request_throughput", "{:.2f}"),
+    ("TTFT p50", "ttft_p50_ms", "{:.1f}"),
+    ("TTFT p99", "ttft_p99_ms", "{:.1f}"),
+    ("ITL p50", "itl_p50_ms", "{:.1f}"),
+    ("ITL p99", "itl_p99_ms", "{:.1f}"),
+    ("TPOT p50", "tpot_p50_ms", "{:.1f}"),
+    ("E2E p50", "e2e_p50_ms", "{:.1f}"),
+)
+FAILED_MARK = "!"
+FAILED_NOTE = f"{FAILED_MARK} requests failed: this level does not count"
+
+
+def fmt(value: Any, spec: str = "{:.1f}") -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def level_line(level: Result) -> str:
+    """The one-line summary printed when a level finishes."""
+    verdict = "" if level.get("counts", True) else " (failures: does not count)"
+    return (
+        f"c={level['concurrency']} in={level.get('input_len')}: "
+        f"{level['completed']}/{level['num_prompts']} ok in {level['duration_s']:.1f} s, "
+        f"{level['output_throughput']:.1f} out tok/s, TTFT p50 {fmt(level.get('ttft_p50_ms'))} "
+        f"ms, ITL p50 {fmt(level.get('itl_p50_ms'))} ms{verdict}"
+    )
+
+
+def sweep_title(sweep: str, results: Sequence[Result]) -> str:
+    """`concurrency sweep: 128 in / 128 out` or `prompt-len sweep: c=16, 128 out`."""
+    levels = [lv for r in results for lv in r["levels"] if level_key(lv)[0] == sweep]
+    out = {lv.get("output_len") for lv in levels} - {None}
+    out_text = "/".join(str(x) for x in sorted(out)) or "?"
+    if sweep == SWEEP_PROMPT_LEN:
+        concs = "/".join(str(c) for c in sorted({lv["concurrency"] for lv in levels}))
+        return f"{sweep} sweep: c={concs}, {out_text} out"
+    ins = "/".join(str(x) for x in sorted({lv.get("input_len") for lv in levels} - {None}))
+    return f"{sweep} sweep: {ins or '?'} in / {out_text} out"
+
+
+def table_rows(results: Sequence[Result], sweep: str) -> list[list[str]]:
+    """Header and one row per (x, label) of one sweep: labels side by side per level."""
+    x_name = "in" if sweep == SWEEP_PROMPT_LEN else "conc"
+    rows = [["label", x_name, "ok/n", *(header for header, _, _ in COLUMNS)]]
+    entries = [
+        (level_key(lv)[1], i, r["label"], lv)
+        for i, r in enumerate(results)
+        for lv in r["levels"]
+        if level_key(lv)[0] == sweep
+    ]
+    for x, _, label, level in sorted(entries, key=lambda e: (e[0], e[1])):
+        ok_n = f"{level.get('completed', 0)}/{level.get('num_prompts', 0)}"
+        if not level.get("counts", True):
+            ok_n += FAILED_MARK
+        cells = [fmt(level.get(key), spec) for _, key, spec in COLUMNS]
+        rows.append([label, str(x), ok_n, *cells])
+    return rows
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _has_failures(results: Sequence[Result]) -> bool:
+    return any(not lv.get("counts", True) for r in results for lv in r["levels"])
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """Aligned plain-text tables for stdout, one per sweep; latencies in ms."""
+    lines: list[str] = []
+    for sweep in sweeps_in(results):
+        if lines:
+            lines.append("")
+        lines.append(sweep_title(sweep, results))
+        lines += _aligned(table_rows(results, sweep))
+    lines.append("(latencies in ms)")
+    if _has_failures(results):
+        lines.append(f"({FAILED_NOTE})")
+    return "\n".join(lines)
+
+
+def _ratio_prefix(ratio: Result) -> str:
+    if ratio["sweep"] == SWEEP_PROMPT_LEN:
+        return f"in={ratio['input_len']} c={ratio['concurrency']}"
+    return f"c={ratio['concurrency']}"
+
+
+def format_ratios(ours: Result, other: Result) -> str:
+    """Lines like `c=16: out tok/s hearth/vllm 1.23x, TTFT p50 hearth/vllm 0.80x, ...`."""
+    ratios = compare_ratios(ours, other)
+    name = f"{ours['label']}/{other['label']}"
+    if not ratios:
+        return f"{name}: no level in common"
+    lines = []
+    for r in ratios:
+        figures = ", ".join(
+            f"{header} {name} {fmt(r[key], '{:.2f}')}x" for key, _, header in RATIO_FIGURES
+        )
+        source = f" (vs {r['baseline']})" if r["baseline"] != other["label"] else ""
+        verdict = "" if r["counts"] else " -- does not count: requests failed"
+        lines.append(f"{_ratio_prefix(r)}: {figures}{source}{verdict}")
+    return "\n".join(lines)
+
+
+def format_markdown(
+    result: Result,
+    compare: Sequence[Result] = (),
+    host: dict[str, Any] | None = None,
+    pairs: Sequence[tuple[Result, Result]] = (),
+) -> str:
+    """results.md: parameters, host, one table per sweep, and the ratio lines of each pair."""
+    cfg = result.get("config", {})
+    results = [result, *compare]
+    lines = [
+        f"# hearth bench: {', '.join(str(r['label']) for r in results)}",
+        "",
+        f"- server: {cfg.get('base_url')}, model `{cfg.get('model')}`",
+        f"- random token-id prompts, EOS ignored, streamed /v1/completions, seed "
+        f"{cfg.get('seed')}, request rate inf{', --quick' if cfg.get('quick') else ''}",
+        f"- run {result.get('created')}, repeat {result.get('repeat', 1)} (median of repeats)",
+        "- latencies in ms; output tok/s = output tokens / wall time of the level",
+    ]
+    if host:
+        lines.append(f"- host: {describe_host(host)}")
+    for r in results:
+        server = r.get("server") or {}
+        if server.get("ready_s") is not None:
+            lines.append(f"- {r['label']}: ready {server['ready_s']:.0f} s after start")
+    for sweep in sweeps_in(results):
+        rows = table_rows(results, sweep)
+        lines += [
+            "",
+            f"## {sweep_title(sweep, results)}",
+            "",
+            "| " + " | ".join(rows[0]) + " |",
+            "|" + "|".join("---" for _ in rows[0]) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows[1:]),
+        ]
+    if _has_failures(results):
+        lines += ["", f"{FAILED_NOTE.replace(FAILED_MARK, '`!`', 1)}."]
+    for ours, other in pairs:
+        lines += ["", f"Ratios {ours['label']} / {other['label']}:", ""]
+        lines += [f"- {line}" for line in format_ratios(ours, other).splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(
+    result: Result,
+    compare: Sequence[Result],
+    out_dir: str | Path,
+    host: dict[str, Any] | None = None,
+    pairs: Sequence[tuple[Result, Result]] = (),
+) -> list[Path]:
+    """Write results.json (the first server's result, the others under "compare", the host
+    and the ratios), results.md and results.svg."""
+    directory = Path(out_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    record: Result = dict(result)
+    if compare:
+        record["compare"] = list(compare)
+    if host:
+        record["host"] = host
+    if pairs:
+        record["ratios"] = [
+            {"ours": a["label"], "baseline": b["label"], "levels": compare_ratios(a, b)}
+            for a, b in pairs
+        ]
+    files = {
+        "results.json": json.dumps(record, indent=2) + "\n",
+        "results.md": format_markdown(result, compare, host, pairs),
+        "results.svg": render_svg([result, *compare]),
+    }
+    paths = []
+    for name, text in files.items():
+        path = directory / name
+        path.write_text(text)
+        paths.append(path)
+    return paths
