@@ -30,7 +30,7 @@ from container.bench.compare import best_per_level, median_of_passes
 from container.bench.config import BenchConfig
 from container.bench.host import describe_host, detect_host
 from container.bench.load import auth_headers, log_stderr, run_benchmark
-from container.bench.report import format_ratios, format_table, write_outputs
+from container.bench.report import format_ratios, format_table, ratio_title, write_outputs
 from container.bench.results import load_results, merge_results
 from container.bench.server import ServerStartError, hearth_env, serve_command
 from container.bench.session import BASELINE, SUBJECT, ServerPlan, run_session, sandwich
@@ -161,8 +161,7 @@ def ratio_pairs(results: list[Result], saved: list[Result]) -> list[tuple[Result
     baselines = [r for r in results if r["server"]["role"] == BASELINE]
     ours = subjects[0]
     if len(subjects) > 1:
-        base_label = subjects[0]["label"].removesuffix("-1")
-        ours = median_of_passes(subjects, f"{base_label} (median of {len(subjects)})")
+        ours = median_of_passes(subjects, subjects[0]["label"].removesuffix("-1"))
     pairs = [(ours, other) for other in baselines]
     if len(baselines) > 1:
         pairs.append((ours, best_per_level(baselines, "best vllm")))
@@ -179,7 +178,7 @@ def report(
     paths = write_outputs(results[0], compare, output_dir, host, pairs)
     print(format_table([results[0], *compare]))
     for ours, other in pairs:
-        print(f"\nratios {ours['label']} / {other['label']}:")
+        print(f"\n{ratio_title(ours, other)}:")
         print(format_ratios(ours, other))
     print(f"\nhost: {describe_host(host)}")
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -106,27 +106,39 @@ def format_table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def _ratio_prefix(ratio: Result) -> str:
+def _ratio_level(ratio: Result) -> str:
     if ratio["sweep"] == SWEEP_PROMPT_LEN:
         return f"in={ratio['input_len']} c={ratio['concurrency']}"
     return f"c={ratio['concurrency']}"
 
 
+def ratio_rows(ours: Result, other: Result) -> list[list[str]]:
+    """Header and one row per level both ran: our figure over theirs, and whether it counts.
+
+    `vs` names the baseline's source when it is a per-level pick (the best vLLM dtype).
+    """
+    rows = [["level", *(header for _, _, header in RATIO_FIGURES), "counts", "vs"]]
+    for r in compare_ratios(ours, other):
+        cells = [fmt(r[key], "{:.2f}x") for key, _, _ in RATIO_FIGURES]
+        verdict = "yes" if r["counts"] else "no (failures)"
+        rows.append([_ratio_level(r), *cells, verdict, str(r["baseline"])])
+    return rows
+
+
+def ratio_title(ours: Result, other: Result) -> str:
+    """`ratios hearth / vllm-float32 (hearth = median of hearth-1, hearth-2)`."""
+    title = f"ratios {ours['label']} / {other['label']}"
+    if ours.get("passes"):
+        title += f" ({ours['label']} = median of {', '.join(ours['passes'])})"
+    return title + "; out tok/s: higher is better for the first, TTFT and ITL: lower"
+
+
 def format_ratios(ours: Result, other: Result) -> str:
-    """Lines like `c=16: out tok/s hearth/vllm 1.23x, TTFT p50 hearth/vllm 0.80x, ...`."""
-    ratios = compare_ratios(ours, other)
-    name = f"{ours['label']}/{other['label']}"
-    if not ratios:
-        return f"{name}: no level in common"
-    lines = []
-    for r in ratios:
-        figures = ", ".join(
-            f"{header} {name} {fmt(r[key], '{:.2f}')}x" for key, _, header in RATIO_FIGURES
-        )
-        source = f" (vs {r['baseline']})" if r["baseline"] != other["label"] else ""
-        verdict = "" if r["counts"] else " -- does not count: requests failed"
-        lines.append(f"{_ratio_prefix(r)}: {figures}{source}{verdict}")
-    return "\n".join(lines)
+    """An aligned table of our figures over theirs, one row per level both ran."""
+    rows = ratio_rows(ours, other)
+    if len(rows) == 1:
+        return f"{ours['label']}/{other['label']}: no level in common"
+    return "\n".join(_aligned(rows))
 
 
 def format_markdown(
@@ -166,8 +178,15 @@ def format_markdown(
     if _has_failures(results):
         lines += ["", f"{FAILED_NOTE.replace(FAILED_MARK, '`!`', 1)}."]
     for ours, other in pairs:
-        lines += ["", f"Ratios {ours['label']} / {other['label']}:", ""]
-        lines += [f"- {line}" for line in format_ratios(ours, other).splitlines()]
+        rows = ratio_rows(ours, other)
+        lines += [
+            "",
+            f"## {ratio_title(ours, other).capitalize()}",
+            "",
+            "| " + " | ".join(rows[0]) + " |",
+            "|" + "|".join("---" for _ in rows[0]) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows[1:]),
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ class FakeServer(ThreadingHTTPServer):
 
 
 class FakeOpenAIHandler(BaseHTTPRequestHandler):
-    """/v1/models, /ping and a streaming /v1/completions over chunked HTTP/1.1."""
+    """/v1/models, /ping (/health, as vLLM names it) and a streaming /v1/completions."""
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # as uvicorn does: else small chunks bunch up (delayed ACK)
@@ -69,7 +70,7 @@ class FakeOpenAIHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-        elif self.path == "/ping":
+        elif self.path in ("/ping", "/health"):
             ready = time.monotonic() >= self.server.behaviour.ready_at
             self._json(200 if ready else 503, {})
         else:
@@ -130,13 +131,35 @@ class FakeOpenAIHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def _note(path: str | None, line: str) -> None:
+    if path:
+        with open(path, "a") as events:
+            events.write(line + "\n")
+
+
 def main() -> None:
-    """`python fake_openai.py --port P`: the fake as a process, for the spawn tests."""
+    """`python fake_openai.py --port P`: the fake as a process, for the spawn tests.
+
+    Unknown arguments are ignored, so it can stand in for `vllm serve MODEL --port P ...`.
+    With `--events FILE` it appends `start NAME ARGS` when it starts and `stop NAME` when
+    SIGTERM ends it: a test reads from that file which servers ran, in what order, and
+    whether two ever overlapped.
+    """
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ready-after", type=float, default=0.0)
-    args = parser.parse_args()
-    FakeServer(args.port, FakeBehaviour(ready_after_s=args.ready_after)).serve_forever()
+    parser.add_argument("--events", default=None)
+    parser.add_argument("--name", default="fake")
+    args, unknown = parser.parse_known_args()
+    server = FakeServer(args.port, FakeBehaviour(ready_after_s=args.ready_after))
+
+    def stop(signum: int, frame: object) -> None:
+        _note(args.events, f"stop {args.name}")
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    _note(args.events, f"start {args.name} {' '.join(unknown)}".rstrip())
+    server.serve_forever()
 
 
 if __name__ == "__main__":
