@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +34,14 @@ from container.bench.load import auth_headers, log_stderr, run_benchmark
 from container.bench.report import format_ratios, format_table, ratio_title, write_outputs
 from container.bench.results import load_results, merge_results
 from container.bench.server import ServerStartError, hearth_env, serve_command
-from container.bench.session import BASELINE, SUBJECT, ServerPlan, run_session, sandwich
+from container.bench.session import (
+    BASELINE,
+    SUBJECT,
+    Measure,
+    ServerPlan,
+    run_session,
+    sandwich,
+)
 from container.bench.stats import Result, total_failed
 
 EXIT_OK, EXIT_FAILED_REQUESTS, EXIT_SETUP = 0, 1, 2
@@ -83,7 +91,9 @@ def _context_len(config: BenchConfig) -> int:
     return max(anchor.DEFAULT_MAX_MODEL_LEN, config.max_total_len)
 
 
-def _vllm_command(anchor_dir: Path, dtype: str, config: BenchConfig, extra: list[str]):
+def _vllm_command(
+    anchor_dir: Path, dtype: str, config: BenchConfig, extra: list[str]
+) -> Callable[[int], list[str]]:
     return lambda port: anchor.vllm_command(anchor_dir, port, dtype, _context_len(config), extra)
 
 
@@ -106,7 +116,7 @@ def discover_model(base_url: str, api_key: str | None) -> str:
         ) from None
 
 
-def _measurer(args: argparse.Namespace):
+def _measurer(args: argparse.Namespace) -> Measure:
     """What measures one server of the run; baselines get no key and their own model name."""
 
     def measure(base_url: str, plan: ServerPlan, index: int) -> Result:
@@ -143,10 +153,14 @@ def run_bench(args: argparse.Namespace) -> int:
     except (ServerStartError, httpx.HTTPError, ValueError) as exc:
         print(f"hearth bench: {exc}", file=sys.stderr)
         return EXIT_SETUP
-    if results:
-        code = report(results, saved, host, args.output_dir)
-    if error or not results:
+    if not results:
         print(f"hearth bench: {error}", file=sys.stderr)
+        return EXIT_SETUP
+    code = report(results, saved, host, args.output_dir)  # what ran is reported either way
+    if error:
+        print(
+            f"hearth bench: {error} (later servers of the run were not measured)", file=sys.stderr
+        )
         return EXIT_SETUP
     return code
 
