@@ -33,6 +33,7 @@ from container.bench.stats import (
     level_warnings,
     merge_repeats,
     summarize_level,
+    sweep_verdicts,
 )
 
 SCHEMA = "hearth-bench/2"
@@ -311,6 +312,8 @@ def run_benchmark(
         "repeat": repeat,
         "levels": merge_repeats(runs),
     }
+    # A sweep with any failed request does not count as a whole, as in vLLM's client.
+    result["sweeps"] = sweep_verdicts(result["levels"])
     if repeat > 1:
         result["runs"] = runs
     return result

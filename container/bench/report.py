@@ -92,6 +92,20 @@ def _has_failures(results: Sequence[Result]) -> bool:
     return any(not lv.get("counts", True) for r in results for lv in r["levels"])
 
 
+def sweep_failures(results: Sequence[Result], sweep: str) -> list[str]:
+    """`hearth: 2 request(s) failed in the prompt-len sweep; it does not count` per result."""
+    lines = []
+    for result in results:
+        levels = [lv for lv in result["levels"] if level_key(lv)[0] == sweep]
+        failed = sum(lv.get("failed", 0) for lv in levels)
+        if failed or not all(lv.get("counts", True) for lv in levels):
+            lines.append(
+                f"{result['label']}: {failed} request(s) failed in the {sweep} sweep; "
+                "it does not count"
+            )
+    return lines
+
+
 def format_table(results: Sequence[Result]) -> str:
     """Aligned plain-text tables for stdout, one per sweep; latencies in ms."""
     lines: list[str] = []
@@ -100,6 +114,7 @@ def format_table(results: Sequence[Result]) -> str:
             lines.append("")
         lines.append(sweep_title(sweep, results))
         lines += _aligned(table_rows(results, sweep))
+        lines += [f"{FAILED_MARK} {line}" for line in sweep_failures(results, sweep)]
     lines.append("(latencies in ms)")
     if _has_failures(results):
         lines.append(f"({FAILED_NOTE})")
@@ -175,6 +190,9 @@ def format_markdown(
             "|" + "|".join("---" for _ in rows[0]) + "|",
             *("| " + " | ".join(row) + " |" for row in rows[1:]),
         ]
+        failures = sweep_failures(results, sweep)
+        if failures:
+            lines += ["", *(f"- **{line}**" for line in failures)]
     if _has_failures(results):
         lines += ["", f"{FAILED_NOTE.replace(FAILED_MARK, '`!`', 1)}."]
     for ours, other in pairs:

@@ -152,6 +152,16 @@ def level_warnings(level: Result) -> list[str]:
     return warnings
 
 
+def sweep_verdicts(levels: list[Result]) -> dict[str, Result]:
+    """Per sweep: failed requests over its levels, and whether the sweep counts (none did)."""
+    verdicts: dict[str, Result] = {}
+    for level in levels:
+        entry = verdicts.setdefault(level.get("sweep") or "concurrency", {"failed": 0})
+        entry["failed"] += level.get("failed", 0)
+        entry["counts"] = entry.get("counts", True) and level_counts(level)
+    return verdicts
+
+
 def total_failed(result: Result) -> int:
     """Failed requests over every level (and repeat) of a result."""
     return sum(level.get("failed", 0) for level in result["levels"])

@@ -137,7 +137,9 @@ def test_some_failures_leave_the_rest_measured(fake_server: FakeServer) -> None:
     fake_server.behaviour.fail_every = 3
     config = _config(fake_server, concurrencies=(4,), num_prompts=(9,), warmup=0)
     lines: list[str] = []
-    level = load.run_benchmark(config, "fake", log=lines.append)["levels"][0]
+    result = load.run_benchmark(config, "fake", log=lines.append)
+    assert result["sweeps"] == {"concurrency": {"failed": 3, "counts": False}}
+    level = result["levels"][0]
     assert (level["completed"], level["failed"]) == (6, 3)
     assert level["total_output_tokens"] == 6 * 5
     assert level["ttft_p50_ms"] is not None  # the 6 that succeeded are measured

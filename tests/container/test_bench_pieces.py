@@ -240,10 +240,12 @@ def test_table_has_a_section_per_sweep_and_flags_failures() -> None:
         ["hearth", "16", "8/10!"],
         ["vllm", "16", "8/8"],
     ]
-    assert lines[7] == "prompt-len sweep: c=16, 128 out"
-    assert lines[8].split()[:2] == ["label", "in"]
-    assert [line.split()[1] for line in lines[9:13]] == ["128", "128", "4096", "4096"]
-    assert "does not count" in lines[-1]
+    # The sweep with a failed level does not count as a whole, and says so under its table.
+    assert lines[6] == "! hearth: 2 request(s) failed in the concurrency sweep; it does not count"
+    assert lines[8] == "prompt-len sweep: c=16, 128 out"
+    assert lines[9].split()[:2] == ["label", "in"]
+    assert [line.split()[1] for line in lines[10:14]] == ["128", "128", "4096", "4096"]
+    assert lines[14] == "(latencies in ms)" and "does not count" in lines[-1]
 
 
 def test_outputs_name_the_host_and_hold_the_ratios(tmp_path: Path) -> None:
