@@ -178,8 +178,13 @@ def format_markdown(
         lines.append(f"- host: {describe_host(host)}")
     for r in results:
         server = r.get("server") or {}
+        notes = []
         if server.get("ready_s") is not None:
-            lines.append(f"- {r['label']}: ready {server['ready_s']:.0f} s after start")
+            notes.append(f"ready {server['ready_s']:.0f} s after start")
+        if server.get("loadavg_at_start") is not None:
+            notes.append(f"host load average {server['loadavg_at_start']} when its pass began")
+        if notes:
+            lines.append(f"- {r['label']}: {', '.join(notes)}")
     for sweep in sweeps_in(results):
         rows = table_rows(results, sweep)
         lines += [
@@ -199,7 +204,7 @@ def format_markdown(
         rows = ratio_rows(ours, other)
         lines += [
             "",
-            f"## {ratio_title(ours, other).capitalize()}",
+            "## R" + ratio_title(ours, other)[1:],
             "",
             "| " + " | ".join(rows[0]) + " |",
             "|" + "|".join("---" for _ in rows[0]) + "|",

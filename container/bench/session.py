@@ -8,6 +8,7 @@ passes disagree, so would any ratio taken from one of them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,6 +49,14 @@ def sandwich(subject: ServerPlan, baselines: Sequence[ServerPlan], again: bool) 
     return [first, *baselines, replace(subject, label=f"{subject.label}-2")]
 
 
+def _load_average() -> float | None:
+    """The 1-minute load average: other work on the host skews a pass's figures."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def run_session(
     plans: Sequence[ServerPlan],
     measure: Measure,
@@ -64,6 +73,7 @@ def run_session(
     for index, plan in enumerate(plans):
         log(f"[{index + 1}/{len(plans)}] {plan.label}")
         info: Result = {"label": plan.label, "role": plan.role, "kind": plan.kind, **plan.extra}
+        info["loadavg_at_start"] = _load_average()
         if plan.command is None:
             assert plan.base_url is not None, "a plan needs a base_url or a command"
             result = measure(plan.base_url, plan, index)

@@ -265,7 +265,8 @@ def test_outputs_name_the_host_and_hold_the_ratios(tmp_path: Path) -> None:
     assert "- host: AMD EPYC 9R14, 2 logical CPUs, AVX-512 + BF16" in markdown
     assert "## concurrency sweep" in markdown and "## prompt-len sweep" in markdown
     assert "| vllm-float32 | 16 | 8/9! |" in markdown
-    assert "Ratios hearth / vllm-float32" in markdown
+    assert "## Ratios hearth / vllm-float32; out tok/s: higher is better" in markdown
+    assert "| c=16 | 1.00x | 1.00x | 1.00x | no (failures) | vllm-float32 |" in markdown
     svg = ET.parse(paths[2]).getroot()
     rects = [el for el in svg.iter() if el.tag.endswith("rect") and el.get("height")]
     # 2 sweeps x 3 panels x (2 + 2 levels x 2 servers) bars, plus background and legend.
@@ -490,6 +491,7 @@ def test_compare_sandwich_runs_one_server_at_a_time(
     assert labels == ["hearth-1", "vllm-float32", "vllm-bfloat16", "hearth-2"]
     assert [r["server"]["dtype"] for r in saved["compare"][:2]] == ["float32", "bfloat16"]
     assert all(r["server"]["ready_s"] is not None for r in [saved, *saved["compare"]])
+    assert all("loadavg_at_start" in r["server"] for r in [saved, *saved["compare"]])
     assert [(r["ours"], r["baseline"]) for r in saved["ratios"]] == [
         ("hearth", "vllm-float32"),
         ("hearth", "vllm-bfloat16"),
