@@ -169,7 +169,8 @@ def ratio_pairs(results: list[Result], saved: list[Result]) -> list[tuple[Result
     """(ours, baseline) pairs to print ratios for.
 
     Ours: the subject, or the median of its passes in a sandwich. Baselines: each vLLM dtype,
-    the best of them per level when there are several, and each saved file.
+    the best of them per level when there are several, and each saved file. In a sandwich,
+    last the second subject pass over the first: how far the host drifted meanwhile.
     """
     subjects = [r for r in results if r["server"]["role"] == SUBJECT]
     baselines = [r for r in results if r["server"]["role"] == BASELINE]
@@ -180,6 +181,8 @@ def ratio_pairs(results: list[Result], saved: list[Result]) -> list[tuple[Result
     if len(baselines) > 1:
         pairs.append((ours, best_per_level(baselines, "best vllm")))
     pairs += [(ours, other) for other in saved]
+    if len(subjects) > 1:  # host drift: the last subject pass over the first (1.00x: none)
+        pairs.append((subjects[-1], subjects[0]))
     return pairs
 
 
