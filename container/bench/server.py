@@ -193,12 +193,21 @@ class SpawnedServer:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
         stragglers = _signal_group(process.pid, signal.SIGKILL)
+        killed = []
         for pid, started in leftovers:
             # The same process only: a pid freed meanwhile may belong to someone else now.
-            if started is not None and _start_time(pid) == started:
-                stragglers |= _signal_pid(pid, signal.SIGKILL)
-        if stragglers:
+            same = started is not None and _start_time(pid) == started
+            if same and _signal_pid(pid, signal.SIGKILL):
+                killed.append((pid, started))
+        if stragglers or killed:
             self.log("the server left processes behind; killed them")
+        # The next server of a run must not start while these still hold cores or memory.
+        deadline = time.monotonic() + self.stop_timeout_s
+        while any(_start_time(pid) == started for pid, started in killed):
+            if time.monotonic() > deadline:
+                self.log("processes of the server are still dying; going on")
+                break
+            time.sleep(0.05)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -225,13 +234,16 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None if gone."""
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None when it
+    is gone or a zombie (dead, only not yet reaped by whoever adopted it)."""
     try:
         stat = (Path("/proc") / str(pid) / "stat").read_text()
     except OSError:
         return None
     fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
+    if len(fields) <= 19 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 def _signal_pid(pid: int, sig: signal.Signals) -> bool:

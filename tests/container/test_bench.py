@@ -272,6 +272,36 @@ def test_spawned_server_is_awaited_used_and_stopped(tmp_path: Path) -> None:
     assert any(line.startswith("server ready") for line in lines)
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie that nobody reaped yet is dead for this purpose)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_stopping_a_server_kills_children_that_left_its_group(tmp_path: Path) -> None:
+    # Like hearth's engine core: a child in a session of its own outlives a SIGTERM to the
+    # server's process group unless it is found (and killed) as a descendant.
+    port, pid_file = free_port(), tmp_path / "child.pid"
+    script = (
+        "import runpy, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+        " start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        f"sys.argv = ['fake', '--port', '{port}']\n"
+        f"runpy.run_path({fake_openai.__file__!r}, run_name='__main__')\n"
+    )
+    lines: list[str] = []
+    server = SpawnedServer([sys.executable, "-c", script], port, tmp_path / "log", log=lines.append)
+    with server:
+        child = int(pid_file.read_text())
+        assert _alive(child)
+    assert not _alive(child)
+    assert "the server left processes behind; killed them" in lines
+
+
 def test_spawned_server_that_exits_is_reported(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "print('boom: no model'); raise SystemExit(3)"]
     server = SpawnedServer(command, free_port(), tmp_path / "server.log", log=lambda _: None)
