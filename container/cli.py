@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(serve)
     serve.set_defaults(func=run_serve)
 
-    from container.bench_cli import add_bench_command
+    from container.bench.cli import add_bench_command
 
     add_bench_command(sub)
     try:
