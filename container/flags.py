@@ -213,7 +213,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-memory",
         parse_bytes,
         None,
-        "Bytes of KV cache on CPU, e.g. 4GiB (default: up to 2 GiB)",
+        "Bytes of KV cache on CPU, e.g. 8GiB (default: up to 4 GiB, committed as it fills)",
     )
     eng.value("--gpu-memory-utilization", float, 0.9, "Fraction of GPU memory hearth may use")
     eng.switch(

@@ -29,7 +29,7 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None
-    """Bytes of KV cache on CPU (default: 2 GiB or what max_num_seqs * max_model_len needs, the smaller)."""
+    """Bytes of KV cache on CPU (default: 4 GiB or what max_num_seqs * max_model_len needs, the smaller; RAM is committed as blocks fill)."""
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     """GPU: no CUDA graphs; every step runs eagerly (see engine/cuda_graphs.py)."""

@@ -34,7 +34,8 @@ from engine.weights_mode import apply_weights_mode
 logger = logging.getLogger("hearth.engine")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_CPU_KV_BYTES = 2 << 30
+DEFAULT_CPU_KV_BYTES = 4 << 30
+"""vLLM-CPU's default KV space; memory is committed only as blocks are used."""
 
 
 def resolve_device(name: str) -> torch.device:

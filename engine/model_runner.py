@@ -31,6 +31,24 @@ def kv_cache_bytes_per_block(model: torch.nn.Module, block_size: int, dtype: tor
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
 
 
+def zeros_on_touch(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A zero tensor whose CPU memory is committed only as it is written.
+
+    On CPU the pool comes from calloc (numpy.zeros): for a large pool the C library maps
+    fresh zero pages and never writes them, so a 4 GiB KV cache costs RAM only for the
+    blocks in use. `torch.zeros` would write (and commit) every byte at start-up.
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import numpy as np
+
+    item = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros((*shape[:-1], shape[-1] * item), dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -46,10 +64,10 @@ class ModelRunner:
         self.device = device
         self.eos_token_ids = eos_token_ids
         # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        self._kv = torch.zeros(
+        self._kv = zeros_on_touch(
             (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim),
-            dtype=dtype,
-            device=device,
+            dtype,
+            device,
         )
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(model.num_layers)]
         self.sampler = Sampler(device)
