@@ -31,8 +31,6 @@ logger = logging.getLogger("hearth.engine")
 CONVERSION_MARKER = "hearth-conversion.json"
 """Written by the model loader next to a converted GGUF; names the source file."""
 
-_KINDS = {"Q4_1": "q4_1", "Q8_0": "q8_0"}
-
 
 def gguf_source(model_dir: str | Path) -> Path | None:
     """The GGUF file a converted model directory came from, if it still exists."""
@@ -79,22 +77,84 @@ def _sample_rows(n: int) -> list[int]:
     return sorted({0, 1, 2, 3, n // 3, n // 2 + 1, n - 2, n - 1})
 
 
-class _Source:
-    def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
+_GGML_KINDS = {3: "q4_1", 8: "q8_0"}
+"""GGML type ids of the block formats the kernels read (Q4_1, Q8_0)."""
+_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+"""GGUF metadata value types of fixed size (8 = string and 9 = array are variable)."""
 
-        self.reader = GGUFReader(str(path))
-        self.tensors = {t.name: t for t in self.reader.tensors}
+
+class _Source:
+    """Tensor index of a GGUF file, read straight from its header.
+
+    gguf-py's reader also decodes every metadata field into numpy views (the 49k-token
+    vocabulary alone is ~100k of them), which took seconds; only the tensor table is
+    needed here, so the metadata is skipped with plain `struct` reads.
+    """
+
+    def __init__(self, path: Path) -> None:
+        import struct
+
+        self.data = np.memmap(path, dtype=np.uint8, mode="r")
+        buf = self.data
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not supported")
+        pos = 24
+        alignment = 32
+
+        def string(at: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            return bytes(buf[at + 8 : at + 8 + n]).decode("utf-8", "replace"), at + 8 + n
+
+        def skip_value(kind: int, at: int) -> int:
+            if kind in _SCALAR_BYTES:
+                return at + _SCALAR_BYTES[kind]
+            if kind == 8:
+                (n,) = struct.unpack_from("<Q", buf, at)
+                return at + 8 + n
+            if kind == 9:
+                elem, count = struct.unpack_from("<IQ", buf, at)
+                at += 12
+                if elem in _SCALAR_BYTES:
+                    return at + count * _SCALAR_BYTES[elem]
+                for _ in range(count):
+                    at = skip_value(elem, at)
+                return at
+            raise ValueError(f"unknown GGUF metadata type {kind}")
+
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (kind,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            if key == "general.alignment" and kind == 4:
+                (alignment,) = struct.unpack_from("<I", buf, pos)
+            pos = skip_value(kind, pos)
+        infos: list[tuple[str, list[int], int, int]] = []
+        for _ in range(n_tensors):
+            name, pos = string(pos)
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            dims = list(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4))
+            kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+            pos += 4 + 8 * n_dims + 12
+            infos.append((name, dims, kind, offset))
+        start = -(-pos // alignment) * alignment
+        self.tensors = {name: (dims, kind, start + offset) for name, dims, kind, offset in infos}
 
     def raw(self, name: str) -> tuple[str, np.ndarray] | None:
-        tensor = self.tensors.get(name)
-        if tensor is None:
+        """`name`'s rows as stored (uint8, [rows, row bytes]) when its blocks have a kernel."""
+        info = self.tensors.get(name)
+        if info is None:
             return None
-        kind = _KINDS.get(tensor.tensor_type.name)
-        if kind is None:
+        dims, kind_id, offset = info
+        kind = _GGML_KINDS.get(kind_id)
+        if kind is None or len(dims) != 2 or dims[0] % 32:
             return None
-        data = np.asarray(tensor.data)
-        return kind, data.reshape(data.shape[0], -1) if data.ndim != 2 else data
+        cols, rows = dims
+        row_bytes = cols // 32 * _BLOCK_BYTES[kind]
+        return kind, self.data[offset : offset + rows * row_bytes].reshape(rows, row_bytes)
 
 
 def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
