@@ -401,6 +401,30 @@ static inline float dot64(const float *a, const float *b, int64_t hd) {
     return s;
 }
 
+/* o[0 .. 8*chunks) = inv_sum * sum_i p_i v_i[off ..], keys in position order; chunks <= 8. */
+static inline void weighted_values(const float *p, const float *v_cache, const int32_t *table, int64_t n,
+                                   int64_t block_size, int64_t kv_stride, int64_t off, int chunks,
+                                   __m256 inv_sum, float *o) {
+    __m256 a[8];
+    for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    const int64_t nblk = (n + block_size - 1) / block_size;
+    for (int64_t b = 0; b < nblk; b++) {
+        const float *vb = v_cache + (int64_t)table[b] * block_size * kv_stride + off;
+        const int64_t m = (n - i) < block_size ? (n - i) : block_size;
+        for (int64_t j = 0; j < m; j++, i++) {
+            const __m256 w = _mm256_set1_ps(p[i]);
+            const float *v = vb + j * kv_stride;
+            if (chunks == 8) {
+                for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), a[c]);
+            } else {
+                for (int c = 0; c < 4; c++) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), a[c]);
+            }
+        }
+    }
+    for (int c = 0; c < chunks; c++) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(a[c], inv_sum));
+}
+
 void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
                             const float *k_cache, const float *v_cache, int64_t block_size,
                             const int32_t *block_tables, int64_t max_blocks, const int32_t *seq,
@@ -447,40 +471,12 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
                 float *o = out + r * nh * hd + h * hd;
                 /* weighted values, 64 (then 32) dimensions per pass, keys in position order */
                 int64_t d0 = 0;
-                for (; d0 + 64 <= hd; d0 += 64) {
-                    __m256 a[8];
-                    for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
-                    i = 0;
-                    for (int64_t b = 0; b < nblk; b++) {
-                        const float *vb =
-                            v_cache + (int64_t)table[b] * block_size * kv_stride + kvh * hd + d0;
-                        const int64_t m = (n - i) < block_size ? (n - i) : block_size;
-                        for (int64_t j = 0; j < m; j++, i++) {
-                            const __m256 p = _mm256_set1_ps(scores[i]);
-                            const float *v = vb + j * kv_stride;
-                            for (int c = 0; c < 8; c++)
-                                a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), a[c]);
-                        }
-                    }
-                    for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_mul_ps(a[c], vi));
-                }
-                for (; d0 < hd; d0 += 32) {
-                    __m256 a[4];
-                    for (int c = 0; c < 4; c++) a[c] = _mm256_setzero_ps();
-                    i = 0;
-                    for (int64_t b = 0; b < nblk; b++) {
-                        const float *vb =
-                            v_cache + (int64_t)table[b] * block_size * kv_stride + kvh * hd + d0;
-                        const int64_t m = (n - i) < block_size ? (n - i) : block_size;
-                        for (int64_t j = 0; j < m; j++, i++) {
-                            const __m256 p = _mm256_set1_ps(scores[i]);
-                            const float *v = vb + j * kv_stride;
-                            for (int c = 0; c < 4; c++)
-                                a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), a[c]);
-                        }
-                    }
-                    for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_mul_ps(a[c], vi));
-                }
+                for (; d0 + 64 <= hd; d0 += 64)
+                    weighted_values(scores, v_cache, table, n, block_size, kv_stride, kvh * hd + d0, 8, vi,
+                                    o + d0);
+                for (; d0 < hd; d0 += 32)
+                    weighted_values(scores, v_cache, table, n, block_size, kv_stride, kvh * hd + d0, 4, vi,
+                                    o + d0);
             }
         }
     }
