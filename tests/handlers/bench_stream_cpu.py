@@ -32,15 +32,15 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from handlers_testing import CORPUS, EOS_ID, MAX_MODEL_LEN, build_tiny_model  # noqa: E402
+from handlers_testing import CORPUS, EOS_ID, MAX_MODEL_LEN, build_tiny_model
 
-from engine.client import EngineClient  # noqa: E402
-from engine.config import ModelInfo  # noqa: E402
-from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch, RequestOutput  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
-from handlers.config import ServerConfig  # noqa: E402
-from handlers.http.app import create_app  # noqa: E402
-from handlers.serving.stats import NullStatsSink  # noqa: E402
+from engine.client import EngineClient
+from engine.config import ModelInfo
+from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch, RequestOutput
+from engine.tokenizer import Tokenizer
+from handlers.config import ServerConfig
+from handlers.http.app import create_app
+from handlers.serving.stats import NullStatsSink
 
 
 class PacedEngine(EngineClient):
@@ -158,9 +158,7 @@ async def run(args: argparse.Namespace, model_dir: Path) -> list[float]:
     results = []
     for round_index in range(args.rounds + 1):
         cpu = time.process_time()
-        outcomes = await asyncio.gather(
-            *(one_stream(app, body) for _ in range(args.concurrency))
-        )
+        outcomes = await asyncio.gather(*(one_stream(app, body) for _ in range(args.concurrency)))
         cpu = time.process_time() - cpu
         tokens = args.concurrency * args.tokens
         events = sum(e for e, _ in outcomes)
