@@ -53,7 +53,7 @@ VLLM_FLAGS = [
     "--device",
     "--kv-cache-memory",
 ]
-"""DESIGN §6: vLLM's names where the concept is the same, plus ours."""
+"""vLLM's flag names where the concept is the same, plus ours (docs/api.md)."""
 
 
 @pytest.fixture(autouse=True)

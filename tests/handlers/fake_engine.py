@@ -177,9 +177,13 @@ class FakeEngine(EngineClient):
             stop_reason: int | None = None
             if script.fail_at_step == step:
                 finish = "error"
+            if not remaining and finish is None:
+                # The script ran dry before any engine rule ended the request: a real
+                # engine would go on generating, so the request stays live until the
+                # serving layer aborts it (that is what `live` checks).
+                await asyncio.Event().wait()
             while finish is None and len(new) < script.tokens_per_step:
                 if not remaining:
-                    finish = "length"  # the script ran dry: treat as the length limit
                     break
                 token = remaining.pop(0)
                 new.append(token)

@@ -489,6 +489,8 @@ async def test_stats_and_cached_tokens(make_client, engine: FakeEngine):
     await engine.settle()
     assert sink.records[-1].status == "aborted"
     assert sink.records[-1].finish_reasons == ["abort"]
+    assert engine.aborted == [engine.added[-1].request_id]
+    assert engine.live == set()
 
 
 async def test_tools_reach_the_template(make_client, engine: FakeEngine, tokenizer):

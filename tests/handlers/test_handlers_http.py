@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import falcon.testing
 import pytest
 from fake_engine import FakeEngine
@@ -135,7 +137,8 @@ def test_models_list(client, model_dir):
 
 
 def test_version(client):
-    assert isinstance(client.simulate_get("/version").json["version"], str)
+    # The installed distribution's own version, not just any string.
+    assert client.simulate_get("/version").json == {"version": importlib.metadata.version("hearth")}
 
 
 def test_load_route_only_with_the_flag(client, make_client, engine):
@@ -165,9 +168,19 @@ def test_metrics_have_hearth_names(model_dir, tokenizer, engine):
 
 
 def test_metrics_multiprocess_mode(monkeypatch, tmp_path, client):
+    """/metrics sums what every process wrote into the multiprocess directory (the
+    engine and each API worker write their own files)."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    key = mmap_key("hearth:num_preemptions", "hearth:num_preemptions_total", [], [], "p")
+    for pid, value in ((101, 2.0), (102, 3.0)):  # two processes' counters
+        values = MmapedDict(str(tmp_path / f"counter_{pid}.db"))
+        values.write_value(key, value, 0.0)
+        values.close()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     result = client.simulate_get("/metrics")
-    assert result.status_code == 200  # an empty directory aggregates to an empty page
+    assert result.status_code == 200
+    assert "hearth:num_preemptions_total 5.0" in result.text.splitlines()
 
 
 def test_cors_off_by_default(client):
