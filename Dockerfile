@@ -73,7 +73,7 @@ RUN pip install --no-cache-dir --no-deps . \
 # Dequantize the embedded default model once at build time (about 15 s), so a cold
 # start on SageMaker or Lambda loads plain safetensors instead of converting the GGUF.
 ENV HEARTH_CACHE_DIR=/opt/hearth/models
-RUN python -c "from engine.model_loader import resolve_model_dir; print(resolve_model_dir(None))"
+RUN python -c "from engine.model_resolver import resolve_model_dir; print(resolve_model_dir(None))"
 
 WORKDIR /opt/hearth
 

@@ -53,7 +53,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from container.gunicorn_app import EngineSupervisor, HearthApplication
     from container.settings import serve_configs
     from engine.ipc import ENV_ENGINE_CONFIG, ENV_RUNTIME_DIR
-    from engine.model_loader import ModelNotFoundError, resolve_model_dir
+    from engine.model_resolver import ModelNotFoundError, resolve_model_dir
     from engine.process import config_to_env
 
     try:
