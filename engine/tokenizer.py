@@ -151,16 +151,16 @@ class Tokenizer:
         **kwargs: Any,
     ) -> str:
         """Render messages to the prompt text (special tokens as text; encode it without
-        adding special tokens again). Raises ChatTemplateError on a template error."""
+        adding special tokens again). Raises ChatTemplateError on a template error.
+
+        The request's flags are validated by their owner, the wire schema
+        (`handlers/protocol/chat.py` `check_template_flags`), before they get here.
+        """
         source = chat_template or self.chat_template
         if source is None:
             raise ChatTemplateError(
                 "This model has no chat template; pass one with --chat-template, "
                 "or use /v1/completions."
-            )
-        if continue_final_message and add_generation_prompt:
-            raise ChatTemplateError(
-                "continue_final_message and add_generation_prompt cannot both be true."
             )
         try:
             template = _compile_template(source)
