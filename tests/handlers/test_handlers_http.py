@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
+from typing import Any
 
 import falcon.testing
 import pytest
@@ -11,6 +13,7 @@ from handlers_testing import assert_openai_error, call_asgi, connected_client
 
 from handlers.config import ServerConfig
 from handlers.http.app import create_app
+from handlers.http.disconnect import CancelOnDisconnect
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "Hello"}]}
 KEY = "sk-test-123"
@@ -231,3 +234,30 @@ def test_unhandled_bug_is_a_500_without_internals(client, engine: FakeEngine, mo
     result = client.simulate_post("/v1/chat/completions", json=CHAT_BODY)
     error = assert_openai_error(result, 500, None)
     assert "secret" not in error["message"] and error["type"] == "InternalServerError"
+
+
+@pytest.mark.anyio
+async def test_disconnect_watcher_leaves_the_body_to_the_app() -> None:
+    """The watcher reads `receive` only once the app has read the whole body, so the
+    server's flow control still bounds an upload (a 413 reads no more of it)."""
+    reads: list[int] = []
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        reads.append(len(reads))
+        if len(reads) == 1:
+            return {"type": "http.request", "body": b"x" * 10, "more_body": True}
+        await asyncio.Event().wait()  # the rest of a huge upload, never needed
+        raise AssertionError("unreachable")
+
+    async def refusing_app(scope: dict, receive: Any, send: Any) -> None:
+        await receive()  # the first chunk says the body is too large
+        await send({"type": "http.response.start", "status": 413, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await CancelOnDisconnect(refusing_app)({"type": "http"}, receive, send)
+    assert reads == [0]  # only the app's own read
+    assert sent[0]["status"] == 413
