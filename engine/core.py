@@ -23,7 +23,8 @@ from engine.gpu_memory import (
     profile_peak_step_bytes,
 )
 from engine.messages import AddRequest, Admission, RequestOutput
-from engine.model_loader import load_model, resolve_model_dir
+from engine.model_loader import load_model
+from engine.model_resolver import resolve_model_dir
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.request import Request
 from engine.sampling_params import SamplingParams

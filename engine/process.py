@@ -39,8 +39,9 @@ def config_from_env() -> EngineConfig:
 
 
 def main() -> int:
+    config = config_from_env()
     logging.basicConfig(
-        level=os.environ.get("HEARTH_LOG_LEVEL", "INFO").upper(),
+        level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s [engine] %(message)s",
         stream=sys.stderr,
     )
@@ -55,7 +56,6 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    config = config_from_env()
     from engine.core import EngineCore  # torch import happens here, after the lock
     from engine.core_loop import run_engine_loop
 

@@ -1,8 +1,10 @@
 """Sampling parameters as they cross from an API worker to the engine core.
 
 A msgspec Struct so that it travels over ZeroMQ as msgpack without a copy into
-another type. The serving layer validates ranges and builds one of these; the
-engine trusts it.
+another type. The serving layer owns every request rule (ranges, vocabulary, prompt
+length: docs/architecture.md, "Where each rule lives") and builds one of these; the
+engine trusts it, and re-checks only what would crash the core on a malformed message
+(`engine/core.py` `_validate`).
 """
 
 from __future__ import annotations

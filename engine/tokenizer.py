@@ -132,9 +132,6 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
-
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
@@ -154,16 +151,16 @@ class Tokenizer:
         **kwargs: Any,
     ) -> str:
         """Render messages to the prompt text (special tokens as text; encode it without
-        adding special tokens again). Raises ChatTemplateError on a template error."""
+        adding special tokens again). Raises ChatTemplateError on a template error.
+
+        The request's flags are validated by their owner, the wire schema
+        (`handlers/protocol/chat.py` `check_template_flags`), before they get here.
+        """
         source = chat_template or self.chat_template
         if source is None:
             raise ChatTemplateError(
                 "This model has no chat template; pass one with --chat-template, "
                 "or use /v1/completions."
-            )
-        if continue_final_message and add_generation_prompt:
-            raise ChatTemplateError(
-                "continue_final_message and add_generation_prompt cannot both be true."
             )
         try:
             template = _compile_template(source)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from infra import autoscaling, lambda_fn, sagemaker
+from infra import autoscaling, lambda_fn, rollout, sagemaker
 from infra.artifacts import ModelData, existing_model_data, package_and_upload
 from infra.errors import AWS_ERRORS, DeployError, describe_error
 from infra.invoke import (
@@ -30,7 +30,7 @@ from infra.invoke import (
     stream_deltas,
 )
 from infra.naming import validate_deployment_name
-from infra.results import Result, Status
+from infra.results import Result
 from infra.session import client_config, make_session
 
 __all__ = ["add_commands", "parse_env"]
@@ -248,15 +248,6 @@ def _model_data(
     return None, None
 
 
-def _check_scaling_wait(scaling: autoscaling.ScalingSpec | None, args: argparse.Namespace) -> None:
-    if scaling is not None:
-        scaling.validate()
-        if args.no_wait:
-            raise DeployError(
-                "autoscaling can only be registered on an InService endpoint; drop --no-wait"
-            )
-
-
 def _rollout(
     session: Any,
     args: argparse.Namespace,
@@ -266,47 +257,20 @@ def _rollout(
     remove_scaling: bool = False,
     running: sagemaker.EndpointSpec | None = None,
 ) -> int:
-    """Shared tail of ``deploy sagemaker`` and ``deploy update``.
-
-    Application Auto Scaling makes an update that changes the instance type fail, so a
-    registered target is removed first and put back (or replaced by ``scaling``) after.
-    ``running`` is what ``update`` read back from the endpoint: when the requested spec equals
-    it, the endpoint is left alone even if AWS echoed a field in a way that would hash
-    differently (no needless rolling update of a GPU fleet).
-    """
-    sm = session.client("sagemaker", config=client_config())
-    aas = session.client("application-autoscaling", config=client_config())
-    variant = spec.variant.name
-    waiting = _waiting(args)
-
-    restore: autoscaling.ScalingSpec | None = None
-    endpoint = sagemaker.describe_endpoint(sm, spec.name)
-    if endpoint is not None:
-        current = autoscaling.current_scaling(aas, spec.name, variant)
-        if current is not None:
-            now = running or sagemaker.read_spec(sm, spec.name)
-            if remove_scaling or now.variant.instance_type != spec.variant.instance_type:
-                for result in autoscaling.remove_scaling(aas, spec.name, variant):
-                    _emit(result)
-                restore = None if remove_scaling else current
-    if running is not None and spec == running:
-        _emit(Result("endpoint", spec.name, Status.UNCHANGED, "no endpoint setting changed"))
-    else:
-        sagemaker.deploy_endpoint(
-            sm, spec, waiting, wait=not args.no_wait, prune=not args.keep_old, report=_emit
-        )
-    wanted = scaling or restore
-    if wanted is not None and args.no_wait:
-        # Only reachable via `restore` (explicit scaling with --no-wait is refused earlier).
-        _progress(
-            "autoscaling was removed for the instance type change; once the endpoint is "
-            f"InService, restore it with `hearth deploy update --name {spec.name} "
-            f"--min-capacity {wanted.min_capacity} --max-capacity {wanted.max_capacity} "
-            f"--target-invocations {wanted.target_invocations:g}`"
-        )
-    elif wanted is not None:
-        for result in autoscaling.ensure_scaling(aas, spec.name, variant, wanted):
-            _emit(result)
+    """Shared tail of ``deploy sagemaker`` and ``deploy update`` (:func:`infra.rollout.rollout`)."""
+    rollout.rollout(
+        session.client("sagemaker", config=client_config()),
+        session.client("application-autoscaling", config=client_config()),
+        spec,
+        scaling,
+        _waiting(args),
+        wait=not args.no_wait,
+        prune=not args.keep_old,
+        report=_emit,
+        progress=_progress,
+        remove_scaling=remove_scaling,
+        running=running,
+    )
     return 0
 
 
@@ -345,7 +309,7 @@ def cmd_deploy_sagemaker(args: argparse.Namespace) -> int:
     )
     # Validate everything before the (possibly long) upload.
     sagemaker.EndpointSpec(name, model, variant, metrics).validate()
-    _check_scaling_wait(scaling, args)
+    rollout.check_scaling_wait(scaling, wait=not args.no_wait)
 
     session = _session(args)
     data, data_result = _model_data(session, args, name)
@@ -369,13 +333,11 @@ def cmd_deploy_update(args: argparse.Namespace) -> int:
     name = validate_deployment_name(args.name)
     session = _session(args)
     sm = session.client("sagemaker", config=client_config())
-    aas = session.client("application-autoscaling", config=client_config())
     current = sagemaker.read_spec(sm, name)
 
-    environment = dict(current.model.environment)
-    environment.update(parse_env(args.env))
-    for key in args.unset_env or []:
-        environment.pop(key, None)
+    environment = rollout.updated_environment(
+        current.model.environment, parse_env(args.env), args.unset_env or []
+    )
     model = replace(
         current.model,
         environment=environment,
@@ -397,40 +359,29 @@ def cmd_deploy_update(args: argparse.Namespace) -> int:
             },
         ),
     )
-    metrics = current.metrics
-    if args.no_prometheus_metrics:
-        metrics = None
-    elif args.prometheus_metrics or (
-        metrics is not None and (args.metrics_path or args.metrics_frequency)
-    ):
-        base = metrics or sagemaker.MetricsSpec()
-        metrics = replace(
-            base, **_overrides(args, {"metrics_path": "path", "metrics_frequency": "frequency_s"})
-        )
-
-    scaling: autoscaling.ScalingSpec | None = None
-    scaling_args = _overrides(
-        args,
-        {
-            "max_capacity": "max_capacity",
-            "min_capacity": "min_capacity",
-            "target_invocations": "target_invocations",
-            "scale_in_cooldown": "scale_in_cooldown_s",
-            "scale_out_cooldown": "scale_out_cooldown_s",
-        },
+    metrics = rollout.updated_metrics(
+        current.metrics,
+        _overrides(args, {"metrics_path": "path", "metrics_frequency": "frequency_s"}),
+        enable=args.prometheus_metrics,
+        disable=args.no_prometheus_metrics,
     )
-    if scaling_args and not args.disable_autoscaling:
-        existing = autoscaling.current_scaling(aas, name, variant.name)
-        if existing is None and "max_capacity" not in scaling_args:
-            raise DeployError("the endpoint does not autoscale yet: give --max-capacity")
-        scaling = (
-            replace(existing, **scaling_args)
-            if existing is not None
-            else autoscaling.ScalingSpec(**scaling_args)
+    scaling = None
+    if not args.disable_autoscaling:
+        scaling_changes = _overrides(
+            args,
+            {
+                "max_capacity": "max_capacity",
+                "min_capacity": "min_capacity",
+                "target_invocations": "target_invocations",
+                "scale_in_cooldown": "scale_in_cooldown_s",
+                "scale_out_cooldown": "scale_out_cooldown_s",
+            },
         )
+        aas = session.client("application-autoscaling", config=client_config())
+        scaling = rollout.updated_scaling(aas, name, variant.name, scaling_changes)
     candidate = sagemaker.EndpointSpec(name, model, variant, metrics)
     candidate.validate()
-    _check_scaling_wait(scaling, args)
+    rollout.check_scaling_wait(scaling, wait=not args.no_wait)
 
     data, data_result = _model_data(session, args, name)
     if data_result is not None:

@@ -3,7 +3,7 @@
 Two ways to run the image on Lambda (no GPU there, so a small model on CPU):
 
 * ``buffered``: the Lambda runtime interface client runs the Mangum handler
-  ``handlers.lambda_handler.handler`` with the engine in-process.  The image's entrypoint is
+  ``container.lambda_handler.handler`` with the engine in-process.  The image's entrypoint is
   overridden with ``python -m awslambdaric``; responses (SSE included) come back whole, up to
   6 MB.
 * ``stream``: the image runs ``hearth serve`` unchanged and the AWS Lambda Web Adapter (an
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 MODES = ("buffered", "stream")
-DEFAULT_HANDLER = "handlers.lambda_handler.handler"
+DEFAULT_HANDLER = "container.lambda_handler.handler"
 # The Lambda Web Adapter's settings for streaming hearth's SSE (awslabs/aws-lambda-web-adapter).
 LWA_ENVIRONMENT = {
     "AWS_LWA_INVOKE_MODE": "response_stream",

@@ -7,7 +7,7 @@ need the model (vocabulary, context length) run in `to_sampling_params`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -48,6 +48,17 @@ def numerically_safe(
 # Fields of the model's generation_config.json that vLLM turns into default sampling
 # parameters (`--generation-config auto`), by their SamplingParams names.
 GENERATION_CONFIG_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def check_in_vocabulary(token_ids: Iterable[int], vocab_size: int, param: str) -> None:
+    """The one vocabulary rule for token ids a request names (prompt token ids,
+    `stop_token_ids`, `logit_bias` keys): 400 naming the field."""
+    for token_id in token_ids:
+        if not 0 <= token_id < vocab_size:
+            raise BadRequestError(
+                f"{param}: token id {token_id} is outside the vocabulary (size {vocab_size})",
+                param=param,
+            )
 
 
 class SamplingRequest(OpenAIBaseModel):
@@ -146,19 +157,8 @@ class SamplingRequest(OpenAIBaseModel):
     # -- building ---------------------------------------------------------------------
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids named in the request must exist in the model's vocabulary."""
-        for token_id in self.stop_token_ids or ():
-            if token_id >= vocab_size:
-                raise BadRequestError(
-                    f"stop_token_ids: token id {token_id} is outside the vocabulary "
-                    f"(size {vocab_size})",
-                    param="stop_token_ids",
-                )
-        for key in self.logit_bias or {}:
-            if int(key) >= vocab_size:
-                raise BadRequestError(
-                    f"logit_bias: token id {key} is outside the vocabulary (size {vocab_size})",
-                    param="logit_bias",
-                )
+        check_in_vocabulary(self.stop_token_ids or (), vocab_size, "stop_token_ids")
+        check_in_vocabulary((int(key) for key in self.logit_bias or {}), vocab_size, "logit_bias")
 
     def build_sampling_params(
         self,

@@ -208,7 +208,12 @@ CASES = [
         400,
         "response_format.type",
     ),
-    Case("response-format-unknown", chat(response_format={"type": "xml"}), 400, ...),
+    Case(
+        "response-format-unknown",
+        chat(response_format={"type": "xml"}),
+        400,
+        "response_format.type",
+    ),
     Case("tool-choice-auto", chat(tool_choice="auto"), 400, "tool_choice"),
     Case("tool-choice-required", chat(tool_choice="required"), 400, "tool_choice"),
     Case(
@@ -276,7 +281,7 @@ CASES = [
         "prompt[1]",
         path=COMPLETIONS,
     ),
-    Case("prompt-empty-inner-list", comp(prompt=[[1], []]), 400, ..., path=COMPLETIONS),
+    Case("prompt-empty-inner-list", comp(prompt=[[1], []]), 400, "prompt[1]", path=COMPLETIONS),
     Case("prompt-mixed", comp(prompt=["a", 1]), 400, "prompt", path=COMPLETIONS),
     Case("prompt-number", comp(prompt=5), 400, "prompt", path=COMPLETIONS),
     Case(

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.clients import async_client, client, sse_data
+from tests.e2e.clients import async_client, client, sse_data, wait_metric
 from tests.e2e.server import Server
 
 pytestmark = pytest.mark.slow
@@ -661,6 +661,9 @@ def test_load_counts_in_flight_requests(default_server: Server) -> None:
     seen, after = asyncio.run(_streams_and_load(default_server, 4))
     assert max(seen) >= 1, seen
     assert after[-10:] == [0] * 10, after
+    # The workers forgot them, and the engine stopped them: nothing runs, no KV block held.
+    assert wait_metric(default_server, "hearth:num_requests_running", 0) == 0
+    assert wait_metric(default_server, "hearth:kv_cache_used_blocks", 0) == 0
 
 
 def test_raw_stream_wire_format(default_server: Server) -> None:

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model_loader import (
+from engine.model_loader import load_model
+from engine.model_resolver import (
     ModelConversionError,
     ModelLoadError,
     ModelNotFoundError,
     default_gguf_path,
-    load_model,
     resolve_model_dir,
 )
 
@@ -254,7 +254,7 @@ def test_resolve_from_cache_never_imports_torch(
     plain = _write_hf_dir(tmp_path / "plain")
     code = (
         "import sys\n"
-        "from engine.model_loader import resolve_model_dir\n"
+        "from engine.model_resolver import resolve_model_dir\n"
         "def fail(line): raise AssertionError(line)\n"
         f"assert resolve_model_dir({str(model_tiny_gguf)!r}, {str(cache)!r}, fail) == {str(model_dir)!r}\n"
         f"assert resolve_model_dir({str(plain)!r}, None, fail) == {str(plain)!r}\n"

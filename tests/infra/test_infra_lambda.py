@@ -53,7 +53,7 @@ def test_create_buffered_function(lam: Any, spec: LambdaSpec) -> None:
     assert conf["Environment"]["Variables"] == {"HOME": "/tmp", "HEARTH_MAX_MODEL_LEN": "2048"}
     assert conf["ImageConfigResponse"]["ImageConfig"] == {
         "EntryPoint": ["python", "-m", "awslambdaric"],
-        "Command": ["handlers.lambda_handler.handler"],
+        "Command": ["container.lambda_handler.handler"],
     }
     assert conf["Architectures"] == ["x86_64"]
     assert got["Tags"] == {DEPLOYMENT_TAG: "hearth-fn"}
