@@ -413,22 +413,27 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
         for (int64_t kvh = 0; kvh < nkv; kvh++) {
             float *scores = scratch + (int64_t)omp_get_thread_num() * scratch_per_thread;
             const int64_t n = ctx[r];
+            const int64_t nblk = (n + block_size - 1) / block_size;
             const int32_t *table = block_tables + (int64_t)seq[r] * max_blocks;
             for (int64_t g = 0; g < group; g++) {
                 const int64_t h = kvh * group + g;
                 const float *qh = q + r * ldq + h * hd;
+                /* scores, key by key in position order, walking the block table */
                 float mx = -INFINITY;
-                for (int64_t i = 0; i < n; i++) {
-                    const int64_t slot = (int64_t)table[i / block_size] * block_size + i % block_size;
-                    const float s = dot64(qh, k_cache + slot * kv_stride + kvh * hd, hd) * scale;
-                    scores[i] = s;
-                    mx = s > mx ? s : mx;
+                int64_t i = 0;
+                for (int64_t b = 0; b < nblk; b++) {
+                    const float *kb = k_cache + (int64_t)table[b] * block_size * kv_stride + kvh * hd;
+                    const int64_t m = (n - i) < block_size ? (n - i) : block_size;
+                    for (int64_t j = 0; j < m; j++, i++) {
+                        const float sc = dot64(qh, kb + j * kv_stride, hd) * scale;
+                        scores[i] = sc;
+                        mx = sc > mx ? sc : mx;
+                    }
                 }
                 /* softmax numerator in fixed 8-wide order, then the tail */
                 const __m256 vmx = _mm256_set1_ps(mx);
                 __m256 vsum = _mm256_setzero_ps();
-                int64_t i = 0;
-                for (; i + 8 <= n; i += 8) {
+                for (i = 0; i + 8 <= n; i += 8) {
                     __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), vmx));
                     _mm256_storeu_ps(scores + i, e);
                     vsum = _mm256_add_ps(vsum, e);
@@ -438,25 +443,43 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
                     scores[i] = exp_scalar(scores[i] - mx);
                     sum += scores[i];
                 }
-                const float inv = 1.0f / sum;
+                const __m256 vi = _mm256_set1_ps(1.0f / sum);
                 float *o = out + r * nh * hd + h * hd;
-                for (int64_t d0 = 0; d0 < hd; d0 += 32) {
-                    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-                    for (int64_t j = 0; j < n; j++) {
-                        const int64_t slot = (int64_t)table[j / block_size] * block_size + j % block_size;
-                        const float *v = v_cache + slot * kv_stride + kvh * hd + d0;
-                        const __m256 p = _mm256_set1_ps(scores[j]);
-                        a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
-                        a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
-                        a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
-                        a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+                /* weighted values, 64 (then 32) dimensions per pass, keys in position order */
+                int64_t d0 = 0;
+                for (; d0 + 64 <= hd; d0 += 64) {
+                    __m256 a[8];
+                    for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
+                    i = 0;
+                    for (int64_t b = 0; b < nblk; b++) {
+                        const float *vb =
+                            v_cache + (int64_t)table[b] * block_size * kv_stride + kvh * hd + d0;
+                        const int64_t m = (n - i) < block_size ? (n - i) : block_size;
+                        for (int64_t j = 0; j < m; j++, i++) {
+                            const __m256 p = _mm256_set1_ps(scores[i]);
+                            const float *v = vb + j * kv_stride;
+                            for (int c = 0; c < 8; c++)
+                                a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), a[c]);
+                        }
                     }
-                    const __m256 vi = _mm256_set1_ps(inv);
-                    _mm256_storeu_ps(o + d0, _mm256_mul_ps(a0, vi));
-                    _mm256_storeu_ps(o + d0 + 8, _mm256_mul_ps(a1, vi));
-                    _mm256_storeu_ps(o + d0 + 16, _mm256_mul_ps(a2, vi));
-                    _mm256_storeu_ps(o + d0 + 24, _mm256_mul_ps(a3, vi));
+                    for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_mul_ps(a[c], vi));
+                }
+                for (; d0 < hd; d0 += 32) {
+                    __m256 a[4];
+                    for (int c = 0; c < 4; c++) a[c] = _mm256_setzero_ps();
+                    i = 0;
+                    for (int64_t b = 0; b < nblk; b++) {
+                        const float *vb =
+                            v_cache + (int64_t)table[b] * block_size * kv_stride + kvh * hd + d0;
+                        const int64_t m = (n - i) < block_size ? (n - i) : block_size;
+                        for (int64_t j = 0; j < m; j++, i++) {
+                            const __m256 p = _mm256_set1_ps(scores[i]);
+                            const float *v = vb + j * kv_stride;
+                            for (int c = 0; c < 4; c++)
+                                a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), a[c]);
+                        }
+                    }
+                    for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_mul_ps(a[c], vi));
                 }
             }
         }
