@@ -102,6 +102,7 @@ def build_configs(args: argparse.Namespace, model_dir: str):  # -> (EngineConfig
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,
         max_log_len=args.max_log_len,
+        disable_log_requests=args.disable_log_requests,
     )
     return engine, server
 
