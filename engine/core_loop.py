@@ -7,10 +7,10 @@ transport instead of spinning, so an idle engine costs no CPU.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.core import EngineCore
 from engine.messages import (
@@ -23,6 +23,9 @@ from engine.messages import (
     WorkerMessage,
 )
 from engine.metrics import EngineMetrics, StatsLogger
+
+if TYPE_CHECKING:
+    from engine.ipc import Heartbeat
 
 IDLE_POLL_MS = 100
 
@@ -54,16 +57,16 @@ def run_engine_loop(
     transport: EngineTransport,
     stop: threading.Event,
     log_stats: bool = True,
-    heartbeat: Callable[[], None] | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> None:
-    """Serve until `stop` is set. `heartbeat` is called every iteration (idle ones too,
-    at least every IDLE_POLL_MS), so a stuck loop shows as a stale heartbeat."""
+    """Serve until `stop` is set. `heartbeat` hears of every iteration (idle ones too, at
+    least every IDLE_POLL_MS) and of every step, so a stuck loop shows as a stale one."""
     metrics = EngineMetrics.get()
     stats = StatsLogger()
     metrics.update(core)
     while not stop.is_set():
         if heartbeat is not None:
-            heartbeat()
+            heartbeat.loop()
         timeout = 0 if core.has_work() else IDLE_POLL_MS
         messages = transport.poll(timeout)
         for client_id, message in messages:
@@ -77,7 +80,9 @@ def run_engine_loop(
                 metrics.update(core)  # an abort may just have freed blocks
             continue
         per_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
-        for client_id, output in core.step():
+        with heartbeat.step() if heartbeat is not None else contextlib.nullcontext():
+            step_outputs = core.step()
+        for client_id, output in step_outputs:
             per_client[client_id].append(output)
         for client_id, outputs in per_client.items():
             transport.send(client_id, OutputBatch(outputs))

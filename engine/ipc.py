@@ -11,11 +11,14 @@ long step): `engine.lock` is held (flock) for the engine's whole life, and
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import fcntl
 import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -33,10 +36,11 @@ ENV_RUNTIME_DIR = "HEARTH_RUNTIME_DIR"
 ENV_ENGINE_CONFIG = "HEARTH_ENGINE_CONFIG"
 ENV_HEARTBEAT_TIMEOUT = "HEARTH_ENGINE_HEARTBEAT_TIMEOUT"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
-"""How stale the engine's heartbeat may be before workers call it hung. The loop beats
-every iteration, so only one step longer than this (or a stuck process) trips it; CPU
-prefill steps of a few seconds stay far below it."""
+"""How stale the engine's heartbeat may be before workers call it hung (see Heartbeat:
+a long step keeps it fresh, so this does not depend on step length)."""
 HEARTBEAT_PERIOD_S = 0.25
+MAX_STEP_S = 600.0
+"""One engine step longer than this counts as hung."""
 
 engine_message_decoder = msgspec.msgpack.Decoder(EngineMessage)
 worker_message_decoder = msgspec.msgpack.Decoder(WorkerMessage)
@@ -183,19 +187,50 @@ def engine_is_alive(runtime_dir: str | Path) -> bool:
 
 
 class Heartbeat:
-    """The engine loop's pulse: the mtime of a runtime file, touched at most every
-    HEARTBEAT_PERIOD_S. Workers read it with one stat(), never waiting on the engine."""
+    """The engine's pulse: the mtime of a runtime file, which workers read with one
+    stat(), never waiting on the engine.
+
+    A thread touches the file every HEARTBEAT_PERIOD_S while the busy loop is alive: it
+    went round within the last period, or it is inside one step that started less than
+    MAX_STEP_S ago (a long CPU prefill is slow, not hung). A stopped process (SIGSTOP,
+    frozen container) stops the thread too; a loop stuck anywhere but in a step, or one
+    step past MAX_STEP_S, stops the beats while the process runs on.
+    """
 
     def __init__(self, runtime_dir: str | Path) -> None:
         self.path = Path(runtime_dir) / HEARTBEAT_NAME
         self.path.touch(mode=0o600)
-        self._last = time.monotonic()
+        self._last_loop = time.monotonic()
+        self._step_started: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hearth-heartbeat", daemon=True)
+        self._thread.start()
 
-    def __call__(self) -> None:
-        now = time.monotonic()
-        if now - self._last >= HEARTBEAT_PERIOD_S:
-            os.utime(self.path)
-            self._last = now
+    def loop(self) -> None:
+        """Called by the busy loop every iteration (no system call)."""
+        self._last_loop = time.monotonic()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        self._step_started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._step_started = None
+            self._last_loop = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_PERIOD_S):
+            now = time.monotonic()
+            started = self._step_started
+            if now - self._last_loop <= 2 * HEARTBEAT_PERIOD_S or (
+                started is not None and now - started <= MAX_STEP_S
+            ):
+                with contextlib.suppress(OSError):
+                    os.utime(self.path)
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def heartbeat_age(runtime_dir: str | Path) -> float | None:

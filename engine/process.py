@@ -101,6 +101,7 @@ def main() -> int:
             heartbeat=heartbeat,
         )
     finally:
+        heartbeat.close()
         transport.close()
         os.close(lock_fd)
     return 0

@@ -50,7 +50,7 @@ class ScriptedEngine:
             if self.paused.is_set():
                 self._stop.wait(0.01)
                 continue
-            self.heartbeat()
+            self.heartbeat.loop()
             for client_id, message in self.transport.poll(10):
                 self.handler(self.transport, client_id, message)
             self.gone |= self.transport.take_gone_clients()
@@ -62,6 +62,7 @@ class ScriptedEngine:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(10)
+        self.heartbeat.close()
         self.transport.close()
 
 

@@ -117,7 +117,7 @@ def test_stop_token_ids_stop_with_a_set(core: Any) -> None:
     probe = AddRequest(request_id="probe", prompt_token_ids=[1, 2, 3, 4, 5], params=GREEDY)
     assert core.add_request(probe).accepted
     first = _drain(core)["probe"][0].new_token_ids[0]
-    stops = [t for t in range(1024) if t != first][:1023] + [first]
+    stops = [*[t for t in range(1024) if t != first][:1023], first]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, stop_token_ids=stops)
     msg = AddRequest(request_id="stopped", prompt_token_ids=[1, 2, 3, 4, 5], params=params)
     assert core.add_request(msg).accepted
