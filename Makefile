@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup serve test test-fast lint format bench clean
+.PHONY: setup serve test test-fast lint format bench soak clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,12 @@ format: setup
 
 bench: setup
 	$(BIN)/hearth bench --spawn-server --concurrency 1 16
+
+# Not part of `make test`: 10,000 mixed requests with 20 % client disconnects against a
+# server it starts, then leak checks (tests/reliability/soak.py; SOAK_ARGS to change).
+SOAK_ARGS ?= --requests 10000 --concurrency 16
+soak: setup
+	$(BIN)/python tests/reliability/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
