@@ -154,9 +154,7 @@ class EngineClient(ABC):
                 )
                 admission = await future
         except TimeoutError:
-            self._streams.pop(request_id, None)
-            if not self._dead:
-                self._send(AbortRequest([request_id]))
+            collector.abort([request_id])  # the engine may still admit it later
             raise EngineOverloadedError(
                 f"The engine did not admit the request within {self.admission_timeout_s:g} s; "
                 "retry later."

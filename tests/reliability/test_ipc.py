@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from engine.collector import OutputCollector
 from engine.errors import EngineOverloadedError
 from engine.ipc import ZmqEngineTransport, encoder, socket_address, worker_message_decoder
 from engine.messages import (
@@ -37,6 +38,14 @@ def admit_and_finish(transport: ZmqEngineTransport, client_id: bytes, msg: Engin
         transport.send(client_id, OutputBatch([out]))
 
 
+async def drain(collector: OutputCollector) -> list[RequestOutput]:
+    """Every output of an admitted request, merged as the collector hands them out."""
+    outputs: list[RequestOutput] = []
+    while not collector.finished:
+        outputs += await collector.get()
+    return outputs
+
+
 async def connected_client(runtime_dir: Path) -> ZmqEngineClient:
     client = ZmqEngineClient(runtime_dir)
     await client.start()
@@ -61,8 +70,8 @@ async def test_a_burst_of_4096_requests_is_neither_dropped_nor_hung(
             )
             await asyncio.sleep(0.5)
             engine.paused.clear()
-            streams = await burst
-            outputs = [[o async for o in stream] for stream in streams]
+            collectors = await burst
+            outputs = [await drain(collector) for collector in collectors]
         assert [out[-1].finish_reason for out in outputs] == ["length"] * 4096
         assert client.num_in_flight == 0
     finally:
@@ -192,8 +201,8 @@ async def test_a_garbage_frame_does_not_end_the_workers_reader(
     try:
         async with asyncio.timeout(10):
             for rid in ("a", "b"):
-                stream = await client.add_request(rid, [1], PARAMS)
-                assert [o.finish_reason async for o in stream] == ["length"]
+                collector = await client.add_request(rid, [1], PARAMS)
+                assert [o.finish_reason for o in await drain(collector)] == ["length"]
     finally:
         await client.close()
 
@@ -222,7 +231,7 @@ async def test_a_stalled_engine_is_unhealthy_and_fails_waiting_requests(
             while not client.is_ready():
                 await asyncio.sleep(0.05)
             assert not client.is_dead()
-            stream = await client.add_request("after", [1], PARAMS)
-            assert [o.finish_reason async for o in stream] == ["length"]
+            collector = await client.add_request("after", [1], PARAMS)
+            assert [o.finish_reason for o in await drain(collector)] == ["length"]
     finally:
         await client.close()
