@@ -149,3 +149,23 @@ def test_aborting_a_queued_burst_never_scans_the_queue() -> None:
     out = s.schedule()
     assert [item.request.request_id for item in out.scheduled] == ["r4095"]
     assert s.num_waiting == 0 and not s.waiting
+
+
+def test_logit_bias_tensors_are_built_once_per_request() -> None:
+    """Item 6: the bias tensors were rebuilt from the dict every step, for every request
+    with a logit_bias. They are built at the request's first step and reused."""
+    import torch
+
+    from engine.sampler import Sampler
+
+    sampler = Sampler(torch.device("cpu"))
+    bias = {t: 100.0 for t in range(3, 1027)}
+    request = Request("biased", [1, 2], SamplingParams(temperature=0.0, logit_bias=bias))
+    logits = torch.zeros(1, 2000)
+    first = sampler(logits, [request], [0]).token_ids
+    cached = sampler._biases["biased"]
+    second = sampler(logits, [request], [0]).token_ids
+    assert sampler._biases["biased"] is cached  # the same tensors, not rebuilt
+    assert first == second and first[0] in bias
+    sampler.forget("biased")
+    assert "biased" not in sampler._biases
