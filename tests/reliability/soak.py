@@ -81,8 +81,8 @@ def answer_of(path: str, stream: bool, raw: bytes) -> str:
     """What the client got, in a form comparable between identical requests."""
     if not stream:
         data = json.loads(raw)
-        if "generated_text" in data or isinstance(data, list):
-            return json.dumps(data, sort_keys=True)
+        if isinstance(data, list):  # TGI: [{"generated_text": ...}]
+            return json.dumps([[0, data[0]["generated_text"]]])
         texts = [c.get("text") or (c.get("message") or {}).get("content") for c in data["choices"]]
         return json.dumps(sorted(zip([c["index"] for c in data["choices"]], texts, strict=True)))
     pieces: dict[int, str] = {}
