@@ -83,6 +83,13 @@ def assert_clean(server: Server) -> None:
     assert httpx.get(server.url + "/load", timeout=30).json()["server_load"] == 0
 
 
+@pytest.fixture(autouse=True)
+def idle_server(server: Server) -> None:
+    """Each test starts on an idle engine, whatever the one before left running (on a
+    machine slow enough to make a join time out, a failure must not cascade)."""
+    wait_metric(server, "hearth:num_requests_running", 0, timeout=600)
+
+
 @dataclass
 class Stream:
     """One streamed completion read on its own thread."""
@@ -124,7 +131,7 @@ class Stream:
         finally:
             self.first_token.set()
 
-    def join(self, timeout: float = 300) -> Stream:
+    def join(self, timeout: float = 900) -> Stream:
         assert self.thread is not None
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "stream still running"
@@ -169,7 +176,7 @@ def test_sigkilled_workers_requests_are_aborted(server: Server) -> None:
     streams = [Stream(server, {"max_tokens": 1000, "ignore_eos": True}).start() for _ in range(4)]
     for stream in streams:
         assert stream.first_token.wait(120)
-    assert metric(server, "hearth:num_requests_running") == 4
+    assert wait_metric(server, "hearth:num_requests_running", 4, timeout=120) == 4
     _, workers = pids(server)
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
