@@ -109,6 +109,7 @@ def serve_configs(
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,
         max_log_len=args.max_log_len,
+        disable_log_requests=args.disable_log_requests,
     )
     return engine, server
 

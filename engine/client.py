@@ -29,6 +29,12 @@ def dead_error() -> EngineDeadError:
     return EngineDeadError("The engine core has died; the server is restarting.")
 
 
+def stalled_error() -> EngineOverloadedError:
+    return EngineOverloadedError(
+        "The engine is not making progress (heartbeat stale); retry later."
+    )
+
+
 # Weak references, not a WeakSet: clients need not be hashable (test doubles may be
 # dataclasses).
 _LIVE_CLIENTS: list[weakref.ref[EngineClient]] = []
@@ -41,8 +47,15 @@ def live_clients() -> list[EngineClient]:
     return alive
 
 
+ADMISSION_TIMEOUT_S = 30.0
+"""How long `add_request` waits for the engine's answer before a 503. The engine answers
+between steps, so this only fires when it is stalled or the burst ahead is huge."""
+
+
 class EngineClient(ABC):
     """Tokens in, tokens out. Admission is answered before `add_request` returns."""
+
+    admission_timeout_s: float = ADMISSION_TIMEOUT_S
 
     def __init__(self) -> None:
         _LIVE_CLIENTS.append(weakref.ref(self))
@@ -51,6 +64,7 @@ class EngineClient(ABC):
         self._admissions: dict[str, asyncio.Future[Admission]] = {}
         self._model_info: ModelInfo | None = None
         self._dead = False
+        self._stalled = False
         self._ready_event: asyncio.Event | None = None
 
     # -- state ------------------------------------------------------------------------
@@ -61,11 +75,12 @@ class EngineClient(ABC):
 
     def is_ready(self) -> bool:
         """Warm and accepting requests (SageMaker /ping)."""
-        return self._model_info is not None and not self._dead
+        return self._model_info is not None and not self._dead and not self._stalled
 
     def is_dead(self) -> bool:
-        """The engine core is gone for good (/health answers 503)."""
-        return self._dead
+        """The engine core is gone for good, or hung past its heartbeat limit (/health
+        answers 503; a hung engine that resumes is healthy again)."""
+        return self._dead or self._stalled
 
     @property
     def num_in_flight(self) -> int:
@@ -94,7 +109,10 @@ class EngineClient(ABC):
 
     @abstractmethod
     def _send(self, message: AddRequest | AbortRequest) -> None:
-        """Hand a message to the engine core (never blocks)."""
+        """Queue a message for the engine core: never blocks, never drops."""
+
+    async def _wait_for_send_room(self) -> None:  # noqa: B027 (optional hook)
+        """Backpressure: wait while the transport's outbox is full (no-op by default)."""
 
     # -- requests -------------------------------------------------------------------
     async def add_request(
@@ -111,6 +129,8 @@ class EngineClient(ABC):
         output exists."""
         if self._dead:
             raise dead_error()
+        if self._stalled:
+            raise stalled_error()
         if not self.is_ready():
             raise EngineNotReadyError("The model is still loading; retry shortly.")
         if request_id in self._collectors or request_id in self._admissions:
@@ -122,15 +142,23 @@ class EngineClient(ABC):
         self._collectors[request_id] = collector
         collector.track(request_id)
         try:
-            self._send(
-                AddRequest(
-                    request_id=request_id,
-                    prompt_token_ids=prompt_token_ids,
-                    params=params,
-                    priority=priority,
+            async with asyncio.timeout(self.admission_timeout_s):
+                await self._wait_for_send_room()
+                self._send(
+                    AddRequest(
+                        request_id=request_id,
+                        prompt_token_ids=prompt_token_ids,
+                        params=params,
+                        priority=priority,
+                    )
                 )
-            )
-            admission = await future
+                admission = await future
+        except TimeoutError:
+            collector.abort([request_id])  # the engine may still admit it later
+            raise EngineOverloadedError(
+                f"The engine did not admit the request within {self.admission_timeout_s:g} s; "
+                "retry later."
+            ) from None
         except BaseException:
             # Cancelled while waiting for admission: the engine may still admit it.
             collector.abort([request_id])
@@ -186,6 +214,20 @@ class EngineClient(ABC):
         self.fail_in_flight(error)
         if self._ready_event is not None:
             self._ready_event.set()
+
+    def _set_stalled(self, stalled: bool) -> None:
+        """The engine's heartbeat went stale (or came back). Waiting callers get a 503
+        now instead of hanging; their requests are aborted so a resumed engine frees them."""
+        if stalled == self._stalled:
+            return
+        self._stalled = stalled
+        if not stalled:
+            return
+        error = stalled_error()
+        for future in self._admissions.values():
+            if not future.done():
+                future.set_exception(error)  # add_request aborts it in the engine
+        self.fail_in_flight(error)
 
     def fail_in_flight(self, error: BaseException) -> int:
         """End every running request of this client with `error` (the serving layer turns

@@ -8,6 +8,7 @@ thread (in-process mode).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -28,7 +29,7 @@ from engine.model_resolver import resolve_model_dir
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledRequest, Scheduler
 from engine.tokenizer import Tokenizer
 from engine.weights_mode import apply_weights_mode
 
@@ -37,6 +38,16 @@ logger = logging.getLogger("hearth.engine")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_CPU_KV_BYTES = 4 << 30
 """vLLM-CPU's default KV space; memory is committed only as blocks are used."""
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+"""A step that raises fails only its own requests; this many in a row means the engine
+itself is broken, and it exits so the platform restarts the container."""
+ENV_FAULT_FILE = "HEARTH_TEST_FAULT_FILE"
+"""Test-only fault injection: when set and the named file exists, the next step removes
+it and raises (tests/reliability). Unset in production: one dict lookup per step."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the test-only fault hook."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -135,6 +146,8 @@ class EngineCore:
         )
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.num_consecutive_step_failures = 0
+        self._fault_file = os.environ.get(ENV_FAULT_FILE) or None
         say(
             f"KV cache: {num_blocks} blocks of {block_size} tokens "
             f"({num_blocks * block_size} tokens), max_model_len {max_len}"
@@ -229,16 +242,42 @@ class EngineCore:
             if request is not None:
                 self.runner.forget(request)
 
+    def abort_client(self, client_id: bytes) -> int:
+        """Abort every request of one worker (it died); returns how many."""
+        ids = [rid for rid, r in self.scheduler.requests.items() if r.client_id == client_id]
+        self.abort(ids)
+        if ids:
+            logger.warning("worker %r is gone: aborted its %d requests", client_id, len(ids))
+        return len(ids)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     # -- one step ----------------------------------------------------------------------
     def step(self) -> list[tuple[bytes, RequestOutput]]:
-        """Run one step; returns each new output with the client it goes to."""
+        """Run one step; returns each new output with the client it goes to.
+
+        If the forward pass or sampling raises (an OOM on a big prefill, a sampler bug),
+        only the requests scheduled in this step fail, with finish_reason 'error'; their
+        blocks are freed and the engine goes on. Several failures in a row re-raise.
+        """
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
             return []
-        result = self.runner.execute(sched_out.scheduled)
+        try:
+            if self._fault_file is not None and os.path.exists(self._fault_file):
+                os.unlink(self._fault_file)
+                raise InjectedFault("injected fault (test hook)")
+            result = self.runner.execute(sched_out.scheduled)
+        except Exception as exc:
+            self.num_consecutive_step_failures += 1
+            if self.num_consecutive_step_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                raise
+            logger.exception(
+                "engine step failed; failing its %d requests", len(sched_out.scheduled)
+            )
+            return self._fail_step(sched_out.scheduled, exc)
+        self.num_consecutive_step_failures = 0
         self.scheduler.commit_step(sched_out)
         if result.output is None:
             return []
@@ -265,13 +304,34 @@ class EngineCore:
             outputs.append((request.client_id, out))
         return outputs
 
+    def _fail_step(
+        self, scheduled: list[ScheduledRequest], exc: Exception
+    ) -> list[tuple[bytes, RequestOutput]]:
+        outputs: list[tuple[bytes, RequestOutput]] = []
+        for item in scheduled:
+            request = item.request
+            if request.is_finished:
+                continue
+            self.scheduler.finish(request, "error")
+            self.runner.forget(request)
+            out = RequestOutput(
+                request_id=request.request_id,
+                new_token_ids=[],
+                finish_reason="error",
+                num_prompt_tokens=request.num_prompt_tokens,
+                # The client sees the kind of failure, never internals or a traceback.
+                error=f"The engine failed while running this request ({type(exc).__name__}).",
+            )
+            outputs.append((request.client_id, out))
+        return outputs
+
     def _check_stop(self, request: Request, token: int) -> str | None:
         p: SamplingParams = request.params
         num_out = request.num_output_tokens
         if num_out >= p.min_tokens:
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
-            if token in p.stop_token_ids:
+            if token in request.stop_token_set:
                 request.stop_reason = token
                 return "stop"
         if num_out >= p.max_tokens or request.num_tokens >= self.max_model_len:

@@ -7,9 +7,10 @@ transport instead of spinning, so an idle engine costs no CPU.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.core import EngineCore
 from engine.messages import (
@@ -23,6 +24,9 @@ from engine.messages import (
 )
 from engine.metrics import EngineMetrics, StatsLogger
 
+if TYPE_CHECKING:
+    from engine.ipc import Heartbeat
+
 IDLE_POLL_MS = 100
 
 
@@ -30,7 +34,11 @@ class EngineTransport(Protocol):
     def poll(self, timeout_ms: int) -> list[tuple[bytes, EngineMessage]]:
         """Messages that arrived, waiting up to timeout_ms for the first one."""
 
-    def send(self, client_id: bytes, message: WorkerMessage) -> None: ...
+    def send(self, client_id: bytes, message: WorkerMessage) -> None:
+        """Deliver in order; never drops a frame for a worker that is alive."""
+
+    def take_gone_clients(self) -> set[bytes]:
+        """Workers found dead since the last call (their requests must be aborted)."""
 
 
 def handle_message(
@@ -49,21 +57,32 @@ def run_engine_loop(
     transport: EngineTransport,
     stop: threading.Event,
     log_stats: bool = True,
+    heartbeat: Heartbeat | None = None,
 ) -> None:
+    """Serve until `stop` is set. `heartbeat` hears of every iteration (idle ones too, at
+    least every IDLE_POLL_MS) and of every step, so a stuck loop shows as a stale one."""
     metrics = EngineMetrics.get()
     stats = StatsLogger()
     metrics.update(core)
     while not stop.is_set():
+        if heartbeat is not None:
+            heartbeat.loop()
         timeout = 0 if core.has_work() else IDLE_POLL_MS
         messages = transport.poll(timeout)
         for client_id, message in messages:
             handle_message(core, transport, client_id, message)
+        changed = bool(messages)
+        for client_id in transport.take_gone_clients():
+            # A dead worker's requests would run to max_tokens for nobody.
+            changed = core.abort_client(client_id) > 0 or changed
         if not core.has_work():
-            if messages:
+            if changed:
                 metrics.update(core)  # an abort may just have freed blocks
             continue
         per_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
-        for client_id, output in core.step():
+        with heartbeat.step() if heartbeat is not None else contextlib.nullcontext():
+            step_outputs = core.step()
+        for client_id, output in step_outputs:
             per_client[client_id].append(output)
         for client_id, outputs in per_client.items():
             transport.send(client_id, OutputBatch(outputs))

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -210,14 +211,29 @@ def _cache_roots(cache_dir: str | None) -> list[Path]:
         return [Path(cache_dir).expanduser()]
     if os.environ.get("HEARTH_CACHE_DIR"):
         return [default_cache_dir()]
-    return [default_cache_dir(), Path(tempfile.gettempdir()) / "hearth-models"]
+    # Per user in the shared temp dir: a directory another user made there is never ours.
+    return [default_cache_dir(), Path(tempfile.gettempdir()) / f"hearth-models-{os.geteuid()}"]
+
+
+def _is_trusted(path: Path) -> bool:
+    """Owned by us (or root) and writable by nobody else: in a shared /tmp another local
+    user could otherwise plant weights or a chat template for us to load."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(st.st_mode)
+        and st.st_uid in (os.geteuid(), 0)
+        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def _writable_root(roots: list[Path]) -> Path:
     for root in roots:
         with contextlib.suppress(OSError):
-            root.mkdir(parents=True, exist_ok=True)
-        if root.is_dir() and os.access(root, os.W_OK | os.X_OK):
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _is_trusted(root) and os.access(root, os.W_OK | os.X_OK):
             return root
     raise ModelLoadError(
         f"no writable cache directory for the converted GGUF (tried {', '.join(map(str, roots))}); "
@@ -238,7 +254,7 @@ def _convert_cached(gguf: Path, cache_dir: str | None, say: Progress) -> str:
     stem = gguf.name[: -len(".gguf")] if gguf.name.lower().endswith(".gguf") else gguf.name
     name = f"{stem}-{key}"
     for root in roots:
-        if (root / name / _MARKER).is_file():
+        if _is_trusted(root) and _is_trusted(root / name) and (root / name / _MARKER).is_file():
             return str(root / name)
 
     root = _writable_root(roots)

@@ -37,6 +37,7 @@ class Request:
         "request_id",
         "status",
         "stop_reason",
+        "stop_token_set",
     )
 
     def __init__(
@@ -64,6 +65,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
+        self.stop_token_set = frozenset(params.stop_token_ids)
+        """Checked for every generated token: a set, not the wire list."""
 
     @property
     def num_tokens(self) -> int:

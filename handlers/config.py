@@ -64,6 +64,8 @@ class ServerConfig:
     """Report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)."""
     root_path: str = ""
     """Path prefix added by a proxy in front of the server; stripped before routing."""
+    disable_log_requests: bool = False
+    """No per-request log line (vLLM's --disable-log-requests)."""
     max_log_len: int | None = None
     """Characters of a prompt shown in debug logs; None: all."""
     max_n: int = 16

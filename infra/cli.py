@@ -111,12 +111,23 @@ def _wait_args(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------- arguments
 
 
+def _adopt_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--adopt",
+        action="store_true",
+        help="take over an existing endpoint/function that `hearth deploy` did not create "
+        "(it gets our ownership tag, so `delete` can remove it later)",
+    )
+
+
 def _sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
     """Arguments of ``deploy sagemaker`` (full spec) and ``deploy update`` (overrides only:
     every default is None so that "not given" keeps what the endpoint runs now)."""
 
     def d(value: Any) -> Any:
         return None if update else value
+
+    _adopt_arg(parser)
 
     parser.add_argument("--name", required=True, help="endpoint name (also prefixes the rest)")
     what = parser.add_argument_group("model")
@@ -274,6 +285,14 @@ def _rollout(
     return 0
 
 
+def _claim(session: Any, name: str, args: argparse.Namespace) -> None:
+    """Never take over an endpoint `hearth deploy` did not create, unless --adopt."""
+    sm = session.client("sagemaker", config=client_config())
+    result = sagemaker.claim_endpoint(sm, name, adopt=args.adopt)
+    if result is not None:
+        _emit(result)
+
+
 @_command
 def cmd_deploy_sagemaker(args: argparse.Namespace) -> int:
     """Create or converge an endpoint to exactly the given arguments."""
@@ -312,6 +331,7 @@ def cmd_deploy_sagemaker(args: argparse.Namespace) -> int:
     rollout.check_scaling_wait(scaling, wait=not args.no_wait)
 
     session = _session(args)
+    _claim(session, name, args)
     data, data_result = _model_data(session, args, name)
     if data_result is not None:
         _emit(data_result)
@@ -332,6 +352,7 @@ def cmd_deploy_update(args: argparse.Namespace) -> int:
     """Change some settings of an existing endpoint and roll it onto the result."""
     name = validate_deployment_name(args.name)
     session = _session(args)
+    _claim(session, name, args)
     sm = session.client("sagemaker", config=client_config())
     current = sagemaker.read_spec(sm, name)
 
@@ -419,6 +440,12 @@ def cmd_deploy_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _has_api_key(spec: lambda_fn.LambdaSpec) -> bool:
+    if spec.environment.get("HEARTH_API_KEY"):
+        return True
+    return any(a == "--api-key" or a.startswith("--api-key=") for a in spec.serve_args)
+
+
 @_command
 def cmd_deploy_lambda(args: argparse.Namespace) -> int:
     """Create or update a container-image Lambda function and its Function URL."""
@@ -437,8 +464,14 @@ def cmd_deploy_lambda(args: argparse.Namespace) -> int:
         url_auth=None if args.no_url else args.url_auth,
     )
     spec.validate()
+    if spec.url_auth == "NONE" and not _has_api_key(spec):
+        _progress(
+            "warning: the Function URL is public (--url-auth NONE) and the function has no "
+            "API key (HEARTH_API_KEY): anyone with the URL can run the model. Set a key, "
+            "e.g. from Secrets Manager (see docs/deploy.md), or use --url-auth AWS_IAM."
+        )
     lam = _session(args).client("lambda", config=client_config())
-    _emit(lambda_fn.ensure_function(lam, spec))
+    _emit(lambda_fn.ensure_function(lam, spec, adopt=args.adopt))
     for result in lambda_fn.ensure_function_url(lam, spec):
         _emit(result)
     return 0
@@ -575,6 +608,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         "--url-auth", choices=("AWS_IAM", "NONE"), default="AWS_IAM", help="default AWS_IAM"
     )
     p.add_argument("--no-url", action="store_true", help="do not create a Function URL")
+    _adopt_arg(p)
     p.set_defaults(func=cmd_deploy_lambda)
 
     p = subparsers.add_parser(

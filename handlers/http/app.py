@@ -9,6 +9,8 @@ Tests pass a fake engine and a small tokenizer; production passes the ZMQ client
 
 from __future__ import annotations
 
+import logging
+
 import falcon
 import falcon.asgi
 
@@ -43,6 +45,10 @@ def create_app(
     """The app. `tokenizer` defaults to `Tokenizer(config.model_dir)`, or to the engine's
     model directory once it is known when the config names none; `stats` defaults to
     the Prometheus metrics of this process."""
+    # --disable-log-requests: the per-request info line goes; warnings and errors stay.
+    logging.getLogger("handlers.requests").setLevel(
+        logging.WARNING if config.disable_log_requests else logging.NOTSET
+    )
     if tokenizer is None and config.model_dir:
         tokenizer = Tokenizer(config.model_dir)
     served = ServedModel(config, engine, tokenizer)

@@ -209,6 +209,12 @@ class RequestLimits(BaseModel):
     max_n: int = 16
     max_logprobs: int = 20
     max_stop_strings: int = 64
+    max_sequences_per_request: int = 1024
+    """prompts x n of one request: each is an engine request; 256 x 16 would queue 4096
+    at once and starve everyone else."""
+    max_stop_token_ids: int = 1024
+    max_logit_bias: int = 1024
+    """Entries of logit_bias (OpenAI's limit is of the same order; the full vocabulary is not)."""
 
 
 DEFAULT_LIMITS = RequestLimits()

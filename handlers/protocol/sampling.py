@@ -124,16 +124,28 @@ class SamplingRequest(OpenAIBaseModel):
 
     @field_validator("stop_token_ids")
     @classmethod
-    def _non_negative_ids(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(t < 0 for t in value):
+    def _non_negative_ids(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if value is None:
+            return value
+        limit = limits_from(info.context).max_stop_token_ids
+        if len(value) > limit:
+            raise FieldError(None, f"at most {limit} stop token ids are allowed, got {len(value)}")
+        if any(t < 0 for t in value):
             raise FieldError(None, "token ids must be >= 0")
         return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+    def _check_logit_bias(
+        cls, value: dict[str, float] | None, info: ValidationInfo
+    ) -> dict[str, float] | None:
         if value is None:
             return None
+        limit = limits_from(info.context).max_logit_bias
+        if len(value) > limit:
+            raise FieldError(
+                None, f"at most {limit} logit_bias entries are allowed, got {len(value)}"
+            )
         for key, bias in value.items():
             try:
                 token_id = int(key)

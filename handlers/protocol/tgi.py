@@ -3,15 +3,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, RootModel, field_validator
+from pydantic import Field, RootModel, field_validator, model_validator
 
-from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel
+from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel, reject_unsupported
 from handlers.protocol.sampling import INT64_MAX
 
 DEFAULT_MAX_NEW_TOKENS = 100
 """TGI's default when `max_new_tokens` is not given."""
+
+
+_UNSUPPORTED_TGI_PARAMETERS: Mapping[str, str] = {
+    "grammar": "grammar (structured output) is not supported yet",
+    "top_n_tokens": "top_n_tokens is not supported yet",
+    "decoder_input_details": "decoder_input_details needs prompt logprobs (not supported yet)",
+}
+"""TGI parameters that would change the answer if honoured: a 400, never ignored."""
 
 
 class TGIParameters(OpenAIBaseModel):
@@ -26,8 +35,13 @@ class TGIParameters(OpenAIBaseModel):
     do_sample: bool = False
     details: bool = False
     return_full_text: bool = False
-    decoder_input_details: bool = False
     best_of: int | None = Field(default=None, ge=1, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        reject_unsupported(data, _UNSUPPORTED_TGI_PARAMETERS)
+        return data
 
     @field_validator("stop", mode="before")
     @classmethod

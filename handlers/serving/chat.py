@@ -40,7 +40,7 @@ class ServingChat(ServingBase):
         served = self.served
         model_name = served.resolve_name(request.model)
         info = served.info()
-        prompt_text = render_chat(served, request, documents=request.documents)
+        prompt_text = await render_chat(served, request, documents=request.documents)
         prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
         served.check_prompt_len(len(prompt_ids), "messages")
         params = request.to_sampling_params(

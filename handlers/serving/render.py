@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Protocol
 
@@ -42,13 +43,28 @@ class ChatTemplateRequest(Protocol):
     tools: list[ChatToolParam] | None
 
 
-def render_chat(
+async def render_chat(
     served: ServedModel,
     request: ChatTemplateRequest,
     *,
     documents: list[dict[str, str]] | None = None,
 ) -> str:
-    """The prompt text (special tokens included as text); 400 when it cannot render."""
+    """The prompt text (special tokens included as text); 400 when it cannot render.
+
+    A template sent with the request (--trust-request-chat-template) renders in a thread,
+    so even within its time and size limits it never stalls this worker's event loop."""
+    if request.chat_template is not None or (request.chat_template_kwargs or {}).get(
+        "chat_template"
+    ):
+        return await asyncio.to_thread(_render_chat, served, request, documents)
+    return _render_chat(served, request, documents)
+
+
+def _render_chat(
+    served: ServedModel,
+    request: ChatTemplateRequest,
+    documents: list[dict[str, str]] | None,
+) -> str:
     kwargs = dict(request.chat_template_kwargs or {})
     requested_template = request.chat_template or kwargs.pop("chat_template", None)
     if requested_template is not None and not served.config.trust_request_chat_template:
