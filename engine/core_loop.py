@@ -24,6 +24,8 @@ from engine.messages import (
 from engine.metrics import EngineMetrics, StatsLogger
 
 IDLE_POLL_MS = 100
+COMPILE_POLL_MS = 5
+"""Poll interval while only grammar compiles are pending (no step to run)."""
 
 
 class EngineTransport(Protocol):
@@ -37,7 +39,9 @@ def handle_message(
     core: EngineCore, transport: EngineTransport, client_id: bytes, message: EngineMessage
 ) -> None:
     if isinstance(message, AddRequest):
-        transport.send(client_id, core.add_request(message, client_id))
+        admission = core.add_request(message, client_id)
+        if admission is not None:  # None: answered by poll_compiled once compiled
+            transport.send(client_id, admission)
     elif isinstance(message, AbortRequest):
         core.abort(message.request_ids)
     elif isinstance(message, Hello):
@@ -54,10 +58,15 @@ def run_engine_loop(
     stats = StatsLogger()
     metrics.update(core)
     while not stop.is_set():
-        timeout = 0 if core.has_work() else IDLE_POLL_MS
+        if core.has_work():
+            timeout = 0
+        else:
+            timeout = COMPILE_POLL_MS if core.num_compiling else IDLE_POLL_MS
         messages = transport.poll(timeout)
         for client_id, message in messages:
             handle_message(core, transport, client_id, message)
+        for client_id, admission in core.poll_compiled():
+            transport.send(client_id, admission)
         if not core.has_work():
             if messages:
                 metrics.update(core)  # an abort may just have freed blocks
