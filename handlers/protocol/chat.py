@@ -13,7 +13,6 @@ from handlers.protocol.base import (
     ChunkModel,
     FieldError,
     OpenAIBaseModel,
-    ResponseFormat,
     UsageInfo,
     WireModel,
     limits_from,
@@ -26,11 +25,6 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 _UNSUPPORTED_CHAT_FIELDS = {
     "functions": "function calling is not supported yet",
     "function_call": "function calling is not supported yet",
-    "guided_json": "structured output is not supported yet",
-    "guided_regex": "structured output is not supported yet",
-    "guided_choice": "structured output is not supported yet",
-    "guided_grammar": "structured output is not supported yet",
-    "structured_outputs": "structured output is not supported yet",
     "prompt_logprobs": "prompt logprobs are not supported yet",
     "allowed_token_ids": "allowed_token_ids is not supported yet",
     "bad_words": "bad_words is not supported yet",
@@ -143,7 +137,6 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
-    response_format: ResponseFormat | None = None
     tools: list[ChatToolParam] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
