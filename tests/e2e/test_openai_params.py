@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from tests.e2e.clients import async_client, client, sse_data
