@@ -90,6 +90,8 @@ def build_configs(args: argparse.Namespace, model_dir: str):  # -> (EngineConfig
         served_model_names=tuple(served) or (args.model.rstrip("/"),),
         api_key_digests=tuple(digest_api_key(k) for k in args.api_key),
         response_role=args.response_role,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         chat_template=_read_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
         allowed_origins=tuple(args.allowed_origins),

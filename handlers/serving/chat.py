@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.messages import TokenLogprob
+from handlers.errors import BadRequestError
 from handlers.protocol.chat import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -14,14 +15,18 @@ from handlers.protocol.chat import (
     ChatCompletionResponseChoice,
     ChatMessage,
     DeltaMessage,
+    FunctionCall,
+    ToolCall,
 )
 from handlers.serving.base import Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs
-from handlers.serving.render import render_chat
+from handlers.serving.reasoning import reasoning_enabled, split_reasoning
+from handlers.serving.render import render_chat, tool_format
 from handlers.serving.sse import SSEStream
 from handlers.serving.stream_chunks import StreamChunks
+from handlers.serving.tool_render import forced_tool_spec, new_call_id, tool_calls_from_text
 
 
 class ServingChat(ServingBase):
@@ -39,6 +44,12 @@ class ServingChat(ServingBase):
         """
         served = self.served
         model_name = served.resolve_name(request.model)
+        if request.stream and request.effective_tool_choice != "none":
+            # TODO(structured): stream delta.tool_calls once the streaming path settles.
+            raise BadRequestError(
+                "stream: streaming tool calls is not supported yet; use stream=false",
+                param="stream",
+            )
         info = served.info()
         prompt_text = render_chat(served, request, documents=request.documents)
         prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
@@ -48,6 +59,7 @@ class ServingChat(ServingBase):
             prompt_len=len(prompt_ids),
             vocab_size=served.vocab_size(),
             defaults=served.sampling_defaults(),
+            structured=forced_tool_spec(request),
         )
         sequences = self.new_sequences(request.n, self.sequence_options(request))
         response_id, engine_id = self.request_ids("chatcmpl", ctx, request.request_id)
@@ -90,23 +102,50 @@ class ServingChat(ServingBase):
     async def _respond(self, run: Run, request: ChatCompletionRequest) -> ChatCompletionResponse:
         await self.collect(run)
         echo = self._echo_text(request)
-        role = self.served.config.response_role
-        choices = [
-            ChatCompletionResponseChoice(
-                index=seq.index,
-                message=ChatMessage(role=role, content=echo + seq.text),
-                logprobs=self._logprobs(request, seq.logprobs),
-                finish_reason=seq.finish_reason,
-                stop_reason=seq.stop_reason,
-            )
-            for seq in run.sequences
-        ]
+        choices = [self._choice(request, seq, echo + seq.text) for seq in run.sequences]
         return ChatCompletionResponse(
             id=run.response_id,
             created=run.created,
             model=run.model_name,
             choices=choices,
             usage=self.usage(run),
+        )
+
+    def _choice(
+        self, request: ChatCompletionRequest, seq: Choice, text: str
+    ) -> ChatCompletionResponseChoice:
+        """One finished choice: reasoning split off, tool calls parsed out of the text."""
+        reasoning = None
+        if reasoning_enabled(self.served.config.reasoning_parser, self._template(request)):
+            reasoning, text = split_reasoning(text)
+        content, calls = tool_calls_from_text(text, request, tool_format(self.served, request))
+        finish = seq.finish_reason
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        message = ChatMessage(
+            role=self.served.config.response_role,
+            content=content if calls else text,
+            reasoning_content=reasoning,
+            tool_calls=[
+                ToolCall(
+                    id=new_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)
+                )
+                for c in calls
+            ],
+        )
+        return ChatCompletionResponseChoice(
+            index=seq.index,
+            message=message,
+            logprobs=self._logprobs(request, seq.logprobs),
+            finish_reason=finish,
+            stop_reason=seq.stop_reason,
+        )
+
+    def _template(self, request: ChatCompletionRequest) -> str | None:
+        return (
+            request.chat_template
+            or self.served.config.chat_template
+            or self.served.tokenizer().chat_template
         )
 
     # -- streaming --------------------------------------------------------------------
