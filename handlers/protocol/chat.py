@@ -233,12 +233,12 @@ class ChatCompletionRequest(SamplingRequest):
         choice = self.tool_choice
         if choice not in (None, "none") and not self.tools:
             raise FieldError("tool_choice", "tool_choice is only allowed when tools are given")
-        if choice == "required" or isinstance(choice, NamedToolChoice):
-            if self._constraint_fields():
-                raise FieldError(
-                    "tool_choice",
-                    "a forced tool call cannot be combined with another output constraint",
-                )
+        is_forced = choice == "required" or isinstance(choice, NamedToolChoice)
+        if is_forced and self._constraint_fields():
+            raise FieldError(
+                "tool_choice",
+                "a forced tool call cannot be combined with another output constraint",
+            )
         if isinstance(choice, NamedToolChoice):
             name = choice.function.name
             if all(t.function.name != name for t in self.tools or ()):
