@@ -99,3 +99,68 @@ def test_think_blocks_split_off() -> None:
     )
     assert split_reasoning("<think>still going") == ("still going", "")
     assert split_reasoning("no reasoning") == (None, "no reasoning")
+
+
+def _stream(streamer, pieces: list[str]):
+    out = [streamer.feed(p) for p in pieces] + [streamer.finish()]
+    content = "".join(p.content for p in out)
+    calls: dict[int, dict] = {}
+    for piece in out:
+        for d in piece.tool_calls:
+            call = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = call["id"] or d.id
+            call["name"] = call["name"] or d.function.name
+            call["arguments"] += d.function.arguments or ""
+    return content, [calls[i] for i in sorted(calls)]
+
+
+def _chat(**fields):
+    from handlers.protocol.chat import ChatCompletionRequest
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    return ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "x"}], "tools": [tool], **fields}
+    )
+
+
+def test_streamed_auto_call_split_across_deltas() -> None:
+    from handlers.serving.tool_stream import ToolCallStreamer
+
+    text = 'Sure! <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
+    content, calls = _stream(ToolCallStreamer(_chat(), "hermes"), pieces)
+    assert content == "Sure! "
+    assert len(calls) == 1 and calls[0]["name"] == "f" and calls[0]["id"].startswith("call_")
+    assert json.loads(calls[0]["arguments"]) == {"a": 1}
+
+
+def test_streamed_auto_text_that_only_looks_like_a_call_stays_content() -> None:
+    from handlers.serving.tool_stream import ToolCallStreamer
+
+    text = "a <tool_ca b <tool_call>{broken"
+    content, calls = _stream(ToolCallStreamer(_chat(), "hermes"), list(text))
+    assert content == text and calls == []
+
+
+def test_streamed_named_and_required() -> None:
+    from handlers.serving.tool_stream import ToolCallStreamer
+
+    named = _chat(tool_choice={"type": "function", "function": {"name": "f"}})
+    content, calls = _stream(ToolCallStreamer(named, "hermes"), ['{"a"', ": 1}"])
+    assert content == "" and calls[0]["name"] == "f" and calls[0]["arguments"] == '{"a": 1}'
+    required = _chat(tool_choice="required")
+    content, calls = _stream(
+        ToolCallStreamer(required, "hermes"), ['[{"name":"f",', '"arguments":{}}]']
+    )
+    assert content == "" and [c["name"] for c in calls] == ["f"]
+
+
+def test_streamed_reasoning() -> None:
+    from handlers.serving.tool_stream import ReasoningStreamer
+
+    streamer = ReasoningStreamer(True)
+    parts = [streamer.feed(p) for p in ["<th", "ink>hm", "m</th", "ink> Yes"]] + [streamer.finish()]
+    assert "".join(r for r, _ in parts) == "hmm"
+    assert "".join(c for _, c in parts) == "Yes"
+    plain = ReasoningStreamer(True)
+    assert plain.feed("Hello") == ("", "Hello")
