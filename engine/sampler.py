@@ -53,7 +53,7 @@ class Sampler:
         if any(r.grammar is not None for r in requests):
             # Structured outputs: after penalties and bias, so nothing can re-allow a
             # token the grammar forbids; logprobs below see the masked distribution.
-            logits = apply_grammar_masks(logits, [r.grammar for r in requests])
+            logits = apply_grammar_masks(logits, requests)
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import xgrammar as xgr
 
 from engine.sampling_params import StructuredOutputSpec
+
+if TYPE_CHECKING:
+    from engine.request import Request
 
 _CPP_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+\.cc:\d+:\s*")
 
@@ -90,29 +94,32 @@ class GrammarState:
         return bool(self.matcher.is_terminated())
 
 
-def apply_grammar_masks(logits: torch.Tensor, states: list[GrammarState | None]) -> torch.Tensor:
+def apply_grammar_masks(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     """Mask, in place, the rows whose sequence is constrained; others stay untouched.
 
     A row that the mask would leave with no token at all (the grammar allows only EOS
     while min_tokens bans it) keeps the grammar's tokens instead: a finished constraint
     wins over min_tokens, since no further token could still match it.
     """
-    rows = [i for i, s in enumerate(states) if s is not None]
+    # PERF: no gather/scatter of rows and no whole-batch checks: on a loaded CPU every
+    # extra pass over [rows, vocab] costs as much as the masking itself.
+    rows = [i for i, r in enumerate(requests) if r.grammar is not None]
     if not rows:
         return logits
-    vocab = logits.shape[-1]
-    bitmask = xgr.allocate_token_bitmask(len(rows), vocab)  # [len(rows), ceil(vocab/32)] int32
-    for k, row in enumerate(rows):
-        state = states[row]
-        assert state is not None
-        state.matcher.fill_next_token_bitmask(bitmask, k)
-    index = torch.tensor(rows, device=logits.device)
-    sub = logits.index_select(0, index)
-    xgr.apply_token_bitmask_inplace(sub, bitmask.to(logits.device))
-    dead = torch.isneginf(sub).all(dim=-1)
-    if bool(dead.any()):
-        fallback = torch.zeros_like(sub[dead])
-        xgr.apply_token_bitmask_inplace(fallback, bitmask[dead.cpu()].to(logits.device))
-        sub[dead] = fallback
-    logits.index_copy_(0, index, sub)
+    num_rows, vocab = logits.shape
+    bitmask = xgr.allocate_token_bitmask(num_rows, vocab)  # [num_rows, ceil(vocab/32)] int32
+    for row in rows:
+        grammar = requests[row].grammar
+        assert grammar is not None
+        grammar.matcher.fill_next_token_bitmask(bitmask, row)
+    device_mask = bitmask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, device_mask, indices=rows)
+    for row in rows:
+        request = requests[row]
+        if request.params.min_tokens <= request.num_output_tokens:
+            continue  # nothing was banned besides the grammar: a token is always left
+        if bool(torch.isneginf(logits[row]).all()):
+            fallback = torch.zeros_like(logits[row : row + 1])
+            xgr.apply_token_bitmask_inplace(fallback, device_mask[row : row + 1])
+            logits[row] = fallback[0]
     return logits
