@@ -168,3 +168,56 @@ async def test_tgi_grammar_reaches_the_engine(client, engine, tokenizer):
     assert result.status == 200, result.body
     spec = engine.added[-1].params.structured
     assert (spec.kind, spec.value, spec.param) == ("regex", "[a-z]+", "parameters.grammar.value")
+
+
+def _rebuild(events) -> tuple[str, list[dict], str]:
+    """Join streamed deltas the way the SDK does: content, tool calls by index, finish."""
+    content, calls, finish = "", {}, None
+    for event in events:
+        if not isinstance(event, dict) or not event.get("choices"):
+            continue
+        choice = event["choices"][0]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        for d in delta.get("tool_calls") or []:
+            call = calls.setdefault(d["index"], {"id": None, "name": None, "arguments": ""})
+            if d.get("id"):
+                assert call["id"] is None, "id sent twice"
+                call["id"] = d["id"]
+                assert d["type"] == "function" and d["function"]["name"]
+                call["name"] = d["function"]["name"]
+            call["arguments"] += d["function"].get("arguments") or ""
+        finish = choice.get("finish_reason") or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+async def test_streamed_auto_call_equals_non_streamed(client, engine, tokenizer):
+    text = 'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+    _script(engine, tokenizer, text)
+    body = {"messages": MESSAGES, "tools": [WEATHER, TIME]}
+    whole = (await call_asgi(client.app, CHAT, body)).json["choices"][0]
+    streamed = await call_asgi(client.app, CHAT, {**body, "stream": True})
+    content, calls, finish = _rebuild(streamed.events)
+    assert finish == whole["finish_reason"] == "tool_calls"
+    assert content.strip() == whole["message"]["content"] == "Checking."
+    [call] = whole["message"]["tool_calls"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (call["function"]["name"], json.loads(call["function"]["arguments"]))
+    ]
+    assert calls[0]["id"].startswith("call_")
+
+
+async def test_streamed_named_tool_sends_name_first_then_arguments(client, engine, tokenizer):
+    _script(engine, tokenizer, '{"city": "Oslo"}')
+    body = {
+        "messages": MESSAGES,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "stream": True,
+    }
+    streamed = await call_asgi(client.app, CHAT, body)
+    content, calls, finish = _rebuild(streamed.events)
+    assert content == "" and finish == "tool_calls"
+    assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {
+        "city": "Oslo"
+    }
