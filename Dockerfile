@@ -72,8 +72,12 @@ RUN pip install --no-cache-dir --no-deps . \
 
 # Dequantize the embedded default model once at build time (about 15 s), so a cold
 # start on SageMaker or Lambda loads plain safetensors instead of converting the GGUF.
-ENV HEARTH_CACHE_DIR=/opt/hearth/models
-RUN python -c "from engine.model_loader import resolve_model_dir; print(resolve_model_dir(None))"
+ENV HEARTH_CACHE_DIR=/opt/hearth/models \
+    HEARTH_KERNEL_CACHE=/opt/hearth/kernels
+# The CPU fast path's C kernels are compiled here too, both ISA variants (the host picks
+# one at start-up), so no container ever compiles at start.
+RUN python -c "from engine.model_loader import resolve_model_dir; print(resolve_model_dir(None))" \
+    && python -m kernels.cpu.build --variant avx2 --variant avx512
 
 WORKDIR /opt/hearth
 

@@ -69,6 +69,7 @@ def build_configs(args: argparse.Namespace, model_dir: str):  # -> (EngineConfig
     engine = EngineConfig(
         model=model_dir,
         dtype=args.dtype,
+        quantization=args.quantization,
         device=args.device,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
@@ -77,6 +78,7 @@ def build_configs(args: argparse.Namespace, model_dir: str):  # -> (EngineConfig
         enable_prefix_caching=args.enable_prefix_caching,
         kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
         seed=args.seed,
         max_num_queued_reqs=args.max_num_queued_reqs,
         max_num_queued_tokens=args.max_num_queued_tokens,

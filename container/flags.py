@@ -210,14 +210,24 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "float32", "bfloat16", "float16"],
     )
     eng.value(
+        "--quantization",
+        str,
+        "auto",
+        "Weights: gguf (compute from a GGUF's own Q4_1/Q8_0 blocks with float32 accumulation, "
+        "CPU), none (dense weights of --dtype); auto = gguf for a GGUF model on CPU unless "
+        "--dtype float32 asks for the exact mode",
+        choices=["auto", "gguf", "none"],
+    )
+    eng.value(
         "--max-model-len", int, None, "Context length (prompt + output); default: the model's"
     )
     eng.value("--max-num-seqs", int, 256, "Sequences in the running batch at most")
     eng.value(
         "--max-num-batched-tokens",
         int,
-        2048,
-        "Token budget of one step, shared by decodes and prefill chunks",
+        None,
+        "Token budget of one step, shared by decodes and prefill chunks "
+        "(default: 256 on CPU, for low time to first token; 2048 on GPU)",
     )
     eng.value("--block-size", int, 16, "Tokens per KV cache block")
     eng.switch("--enable-prefix-caching", True, "Reuse KV blocks of shared prompt prefixes")
@@ -228,6 +238,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "Bytes of KV cache on CPU, e.g. 4GiB (default: up to 2 GiB)",
     )
     eng.value("--gpu-memory-utilization", float, 0.9, "Fraction of GPU memory hearth may use")
+    eng.switch(
+        "--enforce-eager",
+        False,
+        "GPU: run every step eagerly (no CUDA graphs for decode steps)",
+    )
     eng.value("--seed", int, 0, "Engine random seed")
     eng.value("--max-num-queued-reqs", int, None, "Refuse (503) when this many requests wait")
     eng.value(

@@ -14,7 +14,14 @@ from collections.abc import Callable
 import torch
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, ModelInfo
+from engine.config import EngineConfig, ModelInfo, default_token_budget
+from engine.cuda_graphs import build_cuda_graphs
+from engine.gpu_memory import (
+    GRAPH_AND_FRAGMENTATION_RESERVE,
+    auto_dtype,
+    kv_cache_budget_bytes,
+    profile_peak_step_bytes,
+)
 from engine.messages import AddRequest, Admission, RequestOutput
 from engine.model_loader import load_model, resolve_model_dir
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -24,6 +31,7 @@ from engine.scheduler import Scheduler
 from engine.structured.grammar import GrammarState
 from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
+from engine.weights_mode import apply_weights_mode
 
 logger = logging.getLogger("hearth.engine")
 
@@ -42,8 +50,8 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        # CPU matmuls are fastest and exact in fp32 here; GPUs want bf16.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        is_cuda = device.type == "cuda"
+        return auto_dtype(device.type, is_cuda and torch.cuda.is_bf16_supported())
     if name not in _DTYPES:
         raise ValueError(f"unknown --dtype {name!r}: use auto, float32, bfloat16 or float16")
     return _DTYPES[name]
@@ -64,6 +72,9 @@ class EngineCore:
         start = time.monotonic()
         say(f"loading {model_dir} ({self.dtype}, {self.device})")
         self.model, hf_config = load_model(model_dir, self.dtype, self.device)
+        self.weights_mode = apply_weights_mode(
+            self.model, config, model_dir, self.dtype, self.device, say
+        )
         say(f"weights loaded in {time.monotonic() - start:.1f} s")
 
         self.eos_token_ids = Tokenizer(model_dir).eos_token_ids
@@ -84,6 +95,9 @@ class EngineCore:
             say(f"max_model_len capped at the model's sliding window ({window})")
             max_len = window
 
+        self.max_num_batched_tokens = max(
+            config.max_num_batched_tokens or default_token_budget(self.device.type), 1
+        )
         block_size = config.block_size
         num_blocks = self._num_kv_blocks(max_len, block_size)
         # A single sequence must always fit, or preemption could never make room.
@@ -92,11 +106,21 @@ class EngineCore:
         self.runner = ModelRunner(
             self.model, num_blocks, block_size, self.dtype, self.device, self.eos_token_ids
         )
+        self.runner.cuda_graphs = build_cuda_graphs(
+            self.model,
+            self.runner.kv_caches,
+            block_size,
+            max_len,
+            config.max_num_seqs,
+            self.device,
+            config.enforce_eager,
+            say,
+        )
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
-            max(config.max_num_batched_tokens, 1),
+            self.max_num_batched_tokens,
             config.scheduling_policy,
         )
         self.model_info = ModelInfo(
@@ -106,6 +130,8 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             num_kv_blocks=num_blocks,
             block_size=block_size,
+            quantization=self.weights_mode.quantization,
+            kernels=self.weights_mode.description,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
@@ -121,9 +147,18 @@ class EngineCore:
             return cfg.num_kv_blocks
         per_block = kv_cache_bytes_per_block(self.model, block_size, self.dtype)
         if self.device.type == "cuda":
+            peak = profile_peak_step_bytes(
+                self.model,
+                self.max_num_batched_tokens,
+                cfg.max_num_seqs,
+                block_size,
+                self.dtype,
+                self.device,
+            )
             free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            budget = int(total * cfg.gpu_memory_utilization) - used - (1 << 30)
+            budget = kv_cache_budget_bytes(
+                total, free, peak, cfg.gpu_memory_utilization, GRAPH_AND_FRAGMENTATION_RESERVE
+            )
         else:
             needed = cfg.max_num_seqs * max_model_len * per_block // block_size
             budget = cfg.kv_cache_memory or min(DEFAULT_CPU_KV_BYTES, needed)
@@ -308,7 +343,7 @@ class EngineCore:
         """One prefill and a few decodes through the real step path, so the first
         client request doesn't pay for lazy initialisation (allocator, oneDNN/cuBLAS)."""
         start = time.monotonic()
-        n = min(self.config.max_num_batched_tokens, self.max_model_len - 8, 64)
+        n = min(self.max_num_batched_tokens, self.max_model_len - 8, 64)
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         msg = AddRequest(request_id="__warmup__", prompt_token_ids=[1] * max(n, 1), params=params)
         admission = self.add_request(msg)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cuda_graphs import CudaGraphRunner
 from engine.request import Request
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import ScheduledRequest
@@ -52,6 +53,8 @@ class ModelRunner:
         )
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(model.num_layers)]
         self.sampler = Sampler(device)
+        self.cuda_graphs: CudaGraphRunner | None = None
+        """Set by the core after capture (GPU, no --enforce-eager); see engine/cuda_graphs.py."""
 
     def forget(self, request: Request) -> None:
         self.sampler.forget(request.request_id)
@@ -62,14 +65,25 @@ class ModelRunner:
         prefills = [s for s in scheduled if s.num_new_tokens > 1]
         ordered = decodes + prefills
         input_ids, positions, slots, logits_rows, sampled = self._flatten(ordered)
-        meta = self._metadata(decodes, prefills, slots)
         dev = self.device
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            self.kv_caches,
-            meta,
-        )
+        hidden = None
+        # --- CUDA graphs hook: a pure-decode step within the largest bucket replays a
+        # captured graph (None otherwise: run eagerly below). See engine/cuda_graphs.py.
+        if self.cuda_graphs is not None and not prefills:
+            block_ids = [s.request.block_ids for s in decodes]
+            hidden = self.cuda_graphs.run(input_ids, positions, slots, block_ids)
+        # --- end of the CUDA graphs hook
+        if hidden is None:
+            meta = self._metadata(decodes, prefills, slots)
+            positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
+            if getattr(self.model, "native", None) is not None:
+                self._add_token_metadata(meta, ordered, positions_t)
+            hidden = self.model(
+                torch.tensor(input_ids, dtype=torch.long, device=dev),
+                positions_t,
+                self.kv_caches,
+                meta,
+            )
         if not sampled:
             return StepResult([], None)
         rows = torch.tensor(logits_rows, dtype=torch.long, device=dev)
@@ -98,6 +112,20 @@ class ModelRunner:
                 logits_rows.append(len(input_ids) - 1)
                 sampled.append(item)
         return input_ids, positions, slots, logits_rows, sampled
+
+    def _add_token_metadata(
+        self, meta: AttentionMetadata, ordered: list[ScheduledRequest], positions: torch.Tensor
+    ) -> None:
+        """Per-token sequence rows and context lengths for kernels that attend token by token."""
+        counts = torch.tensor([s.num_new_tokens for s in ordered], dtype=torch.long)
+        meta.seq_block_tables = self._block_table(ordered)
+        meta.token_seq = torch.repeat_interleave(
+            torch.arange(len(ordered), dtype=torch.int32), counts
+        )
+        meta.token_ctx = (positions + 1).to(torch.int32)
+        meta.max_ctx = max(
+            (s.request.num_computed_tokens + s.num_new_tokens for s in ordered), default=0
+        )
 
     def _block_table(self, items: list[ScheduledRequest]) -> torch.Tensor:
         width = max((len(s.request.block_ids) for s in items), default=0)

@@ -38,6 +38,15 @@ class AttentionMetadata:
     prefill_max_query_len: int
     prefill_max_seq_len: int
 
+    seq_block_tables: torch.Tensor | None = None
+    """[num_seqs, max_blocks] int32: every sequence of the step in token order (decodes,
+    then prefills); read by kernels that look up each token's own sequence."""
+    token_seq: torch.Tensor | None = None
+    """[num_tokens] int32: the row of ``seq_block_tables`` each token belongs to."""
+    token_ctx: torch.Tensor | None = None
+    """[num_tokens] int32: keys each token attends to (its position + 1)."""
+    max_ctx: int = 0
+
     scratch: dict[str, Any] = field(default_factory=dict)
     """The attention backend caches tensors derived from the fields above here on the
     first layer (gather indices, masks) so the other layers reuse them."""

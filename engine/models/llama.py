@@ -270,6 +270,8 @@ class LlamaForCausalLM(nn.Module):
             self.head_dim, self.max_position_embeddings, theta, dtype, device, scaling
         )  # [max_position, head_dim] = cat(cos, sin)
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
+        self.native: Any = None
+        """A `NativeCpuForward` once the engine turns the CPU fast path on (`use_native`)."""
 
     @staticmethod
     def _check_supported(config: Any) -> None:
@@ -301,6 +303,8 @@ class LlamaForCausalLM(nn.Module):
         `kv_caches[i]` is layer i's (k_cache, v_cache); this step's K/V are written into
         the slots `meta.slot_mapping` names before attention reads them.
         """
+        if self.native is not None:
+            return self.native.forward(input_ids, positions, kv_caches, meta)
         return self.model(input_ids, positions, kv_caches, meta, self.cos_sin_cache)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -308,6 +312,8 @@ class LlamaForCausalLM(nn.Module):
 
         The matmul runs in the model dtype (as transformers does) and is upcast after.
         """
+        if self.native is not None:
+            return self.native.compute_logits(hidden)
         return F.linear(hidden, self.lm_head).float()  # [N, V]
 
     # -- weights ------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def create_app(
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))
     app.add_route("/ping", resources.Ping(engine))
     app.add_route("/health", resources.Health(engine))
-    app.add_route("/version", resources.Version())
+    app.add_route("/version", resources.Version(engine))
     app.add_route("/metrics", resources.Metrics())
     if config.enable_server_load_tracking:
         app.add_route("/load", resources.Load(engine))

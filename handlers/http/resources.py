@@ -201,8 +201,19 @@ def server_version() -> str:
 
 
 class Version:
+    """The server version, plus (once the engine is warm) the weights mode and kernels it
+    chose for this host, so a deployment can check what it runs."""
+
+    def __init__(self, engine: EngineClient | None = None) -> None:
+        self._engine = engine
+
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        resp.media = {"version": server_version()}
+        body: dict[str, str] = {"version": server_version()}
+        info = self._engine.model_info if self._engine is not None else None
+        if info is not None:
+            body["quantization"] = info.quantization
+            body["kernels"] = info.kernels
+        resp.media = body
 
 
 class Load:

@@ -8,6 +8,11 @@ an online softmax in float32, and nothing of size ``seq_len`` is materialised.
 * decode: one program per (sequence, kv head). The ``GROUP`` query heads that share the kv
   head are the rows of one ``tl.dot``, so each K/V tile is read once per kv head, not once
   per query head.
+* split-KV decode (flash-decoding): when a decode batch has too few (sequence, kv head)
+  programs to fill the GPU and contexts are long, each sequence's context is cut into
+  ``num_splits`` slices run by separate programs, then a small reduce kernel merges the
+  partial softmax states. The slice bounds come from the device-side ``seq_lens``, and the
+  split count only from host values fixed per batch shape, so CUDA graphs capture it.
 * prefill: one program per (chunk, query head, ``BLOCK_M`` queries). Query j of a chunk of
   length q sits at position ``seq_len - q + j`` and sees keys up to and including its own
   position; the key loop stops at the last position the block's queries can see.
@@ -24,9 +29,33 @@ import triton.language as tl
 
 from kernels.metadata import AttentionMetadata
 
-__all__ = ["paged_attention_triton"]
+__all__ = ["decode_num_splits", "paged_attention_triton"]
 
 _LOG2E = 1.4426950408889634
+
+SPLIT_MIN_SEQ_LEN = 1024
+"""Below this longest context, one program per (sequence, kv head) finishes quickly."""
+MAX_SPLITS = 16
+MIN_KEYS_PER_SPLIT = 256
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Context slices per sequence for a decode batch: enough programs for about two
+    waves over the ``num_sms`` multiprocessors, only when contexts are long (1 = no split).
+
+    Depends on host values only (under CUDA graphs ``max_seq_len`` is ``max_model_len``),
+    so capture and replay agree."""
+    programs = num_seqs * num_kv_heads
+    if max_seq_len < SPLIT_MIN_SEQ_LEN or programs <= 0 or programs >= num_sms:
+        return 1
+    want = -(-2 * num_sms // programs)
+    return max(1, min(want, MAX_SPLITS, max_seq_len // MIN_KEYS_PER_SPLIT))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: splitting only when a test asks for it
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
@@ -114,6 +143,130 @@ def _paged_attention_decode_kernel(
         out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=h_mask[:, None] & d_mask[None, :],
+    )
+
+
+@triton.jit
+def _paged_attention_decode_split_kernel(
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """Split-KV (flash-decoding) pass 1: program (seq, kv head, split) runs the online
+    softmax over its slice of the context and stores the unnormalised accumulator with its
+    running max and sum. The slice is computed from the sequence's length on the device,
+    so one launch shape (and one CUDA graph) serves every context length; splits past the
+    end store an empty state (max -inf, sum 0)."""
+    seq = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    part = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * part
+    hi = tl.minimum(lo + part, seq_len)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_h  # [BLOCK_H]
+    q = tl.load(
+        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_H, BLOCK_D]
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    table = block_tables_ptr + seq * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + offs_n  # [BLOCK_N]
+        n_mask = pos < hi
+        blk = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = _scores(q, k, FP32_DOT) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + _weighted(p, v, FP32_DOT)
+        m_i = m_new
+    # Partials: [num_seqs, NUM_HEADS, NUM_SPLITS] (+ [HEAD_DIM]), contiguous.
+    row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [BLOCK_H]
+    tl.store(part_m_ptr + row, m_i, mask=h_mask)
+    tl.store(part_l_ptr + row, l_i, mask=h_mask)
+    tl.store(
+        part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+        acc,
+        mask=h_mask[:, None] & d_mask[None, :],
+    )
+
+
+@triton.jit
+def _paged_attention_decode_reduce_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Split-KV pass 2: program (seq, head) rescales each split's accumulator to the
+    common max and divides by the combined sum. A row with no keys at all (a padding
+    row with context 0) gets zeros, never NaN."""
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    base = (seq * NUM_HEADS + head) * NUM_SPLITS
+    m = tl.load(part_m_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + base + offs_s, mask=s_mask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)  # [BLOCK_S]; 0 for empty splits
+    acc = tl.load(
+        part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    num = tl.sum(acc * w[:, None], axis=0)
+    den = tl.sum(l_s * w, axis=0)
+    out = num / tl.where(den > 0.0, den, 1.0)
+    tl.store(
+        out_ptr + seq * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
     )
 
 
@@ -236,11 +389,13 @@ def paged_attention_triton(
     *,
     block_m: int = 64,
     block_n: int = 64,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """``[T, num_heads, hd]`` attention output of the step described by ``meta``.
 
     Rows past the step's decode and prefill tokens (there are none today) are left
-    unwritten. ``block_m``/``block_n`` are the prefill query tile and the K/V tile.
+    unwritten. ``block_m``/``block_n`` are the prefill query tile and the K/V tile;
+    ``num_splits`` forces the split-KV decode slice count (None: ``decode_num_splits``).
     """
     _check(query, k_cache, v_cache, meta)
     _, num_heads, hd = query.shape
@@ -252,7 +407,11 @@ def paged_attention_triton(
     block_d = max(16, triton.next_power_of_2(hd))  # tl.dot needs K >= 16
     cs = k_cache.stride()
     nd = meta.num_decode_tokens
-    if nd > 0:
+    if num_splits is None and nd > 0:
+        num_splits = decode_num_splits(nd, nkv, meta.decode_max_seq_len, _num_sms(query.device))
+    if nd > 0 and num_splits is not None and num_splits > 1:
+        _decode_split(query, k_cache, v_cache, meta, out, qk_scale, num_splits, block_n, fp32_dot)
+    elif nd > 0:
         _paged_attention_decode_kernel[(nd, nkv)](
             out,
             query,
@@ -308,3 +467,68 @@ def paged_attention_triton(
             num_warps=4,
         )
     return out
+
+
+def _decode_split(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    out: torch.Tensor,
+    qk_scale: float,
+    num_splits: int,
+    block_n: int,
+    fp32_dot: bool,
+) -> None:
+    """The decode rows of ``out`` through the two split-KV kernels."""
+    nd = meta.num_decode_tokens
+    _, num_heads, hd = query.shape
+    _, block_size, nkv, _ = k_cache.shape
+    group = num_heads // nkv
+    cs = k_cache.stride()
+    f32 = {"dtype": torch.float32, "device": query.device}
+    part_out = torch.empty((nd, num_heads, num_splits, hd), **f32)
+    part_m = torch.empty((nd, num_heads, num_splits), **f32)
+    part_l = torch.empty((nd, num_heads, num_splits), **f32)
+    block_d = max(16, triton.next_power_of_2(hd))
+    _paged_attention_decode_split_kernel[(nd, nkv, num_splits)](
+        part_out,
+        part_m,
+        part_l,
+        query,
+        k_cache,
+        v_cache,
+        meta.decode_block_tables,
+        meta.decode_seq_lens,
+        qk_scale,
+        query.stride(0),
+        query.stride(1),
+        cs[0],
+        cs[1],
+        cs[2],
+        meta.decode_block_tables.stride(0),
+        NUM_HEADS=num_heads,
+        NUM_SPLITS=num_splits,
+        GROUP=group,
+        HEAD_DIM=hd,
+        BLOCK_SIZE=block_size,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        FP32_DOT=fp32_dot,
+        num_warps=4,
+    )
+    _paged_attention_decode_reduce_kernel[(nd, num_heads)](
+        out,
+        part_out,
+        part_m,
+        part_l,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        NUM_SPLITS=num_splits,
+        HEAD_DIM=hd,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_D=block_d,
+        num_warps=1,
+    )

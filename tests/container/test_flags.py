@@ -52,6 +52,7 @@ VLLM_FLAGS = [
     "--workers",
     "--device",
     "--kv-cache-memory",
+    "--quantization",
 ]
 """DESIGN §6: vLLM's names where the concept is the same, plus ours."""
 

@@ -96,7 +96,9 @@ def _generate(core, prompts: list[list[int]], tag: str, at_once: bool) -> list[l
 def core(model_smollm2_dir: str):
     from engine.core import EngineCore
 
-    return EngineCore(EngineConfig(model=model_smollm2_dir, max_model_len=2048, max_num_seqs=32))
+    return EngineCore(
+        EngineConfig(model=model_smollm2_dir, dtype="float32", max_model_len=2048, max_num_seqs=32)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +110,7 @@ def chunked_core(model_smollm2_dir: str):
     return EngineCore(
         EngineConfig(
             model=model_smollm2_dir,
+            dtype="float32",
             max_model_len=2048,
             max_num_batched_tokens=40,
             enable_prefix_caching=False,
@@ -151,7 +154,9 @@ def test_preemption_by_recompute_gives_the_same_tokens(
     # A pool far too small for all eleven sequences at once: running sequences must
     # be preempted (blocks freed, recomputed later) for the batch to finish.
     small = EngineCore(
-        EngineConfig(model=model_smollm2_dir, num_kv_blocks=64, max_num_batched_tokens=256)
+        EngineConfig(
+            model=model_smollm2_dir, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=256
+        )
     )
     assert small.max_model_len == 64 * 16
     assert _generate(small, prompts, "preempt", at_once=True) == reference

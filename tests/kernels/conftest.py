@@ -29,11 +29,11 @@ if not HAS_CUDA:
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 _TRITON_KERNEL_MODULES = (
-    "kernels.activation",
-    "kernels.kv_cache",
-    "kernels.paged_attention",
-    "kernels.rms_norm",
-    "kernels.rotary",
+    "kernels.triton.activation",
+    "kernels.triton.kv_cache",
+    "kernels.triton.paged_attention",
+    "kernels.triton.rms_norm",
+    "kernels.triton.rotary",
 )
 
 

@@ -1,0 +1,100 @@
+"""Engine-only timing: prefill and decode step times of the in-process core, no HTTP.
+
+    python -m engine.bench_step [--quantization auto|gguf|none] [--batch 1 16 64]
+
+Prints, per batch size, the median decode step (ms), decode tok/s of the engine alone and
+the prefill time of `--prompt-len` tokens per sequence, after a warm-up. It isolates the
+engine's cost from the API workers' (HTTP, detokenization, SSE); `hearth bench` measures
+the whole server. Figures on a shared host are only comparable within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.messages import AddRequest
+from engine.sampling_params import SamplingParams
+
+
+def _run(core: EngineCore, batch: int, prompt_len: int, decode_steps: int, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 1, ignore_eos=True)
+    for i in range(batch):
+        ids = torch.randint(100, 40000, (prompt_len,), generator=gen).tolist()
+        msg = AddRequest(request_id=f"b{seed}-{i}", prompt_token_ids=ids, params=params)
+        assert core.add_request(msg).accepted
+    prefill_start = time.perf_counter()
+    step_times: list[float] = []
+    cpu_times: list[float] = []
+    produced = 0
+    first_token_at = None
+    while core.has_work():
+        t0, c0 = time.perf_counter(), time.process_time()
+        outs = core.step()
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        produced += len(outs)
+        if first_token_at is None and produced >= batch:
+            first_token_at = time.perf_counter()
+        elif first_token_at is not None and len(outs) == batch:
+            step_times.append(dt)
+            cpu_times.append(dc)
+    prefill = (first_token_at or time.perf_counter()) - prefill_start
+    med = statistics.median(step_times) if step_times else float("nan")
+    cpu = statistics.median(cpu_times) if cpu_times else float("nan")
+    return {
+        "batch": batch,
+        "prefill_s": prefill,
+        "decode_ms": med * 1e3,
+        "cpu_ms": cpu * 1e3,
+        "tok_s": batch / med,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench_step", description=__doc__)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"])
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="engine threads (default: all)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=16384,
+        help="step budget (large by default, so a whole batch is prefilled before decoding)",
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_model_len=2048,
+        kv_cache_memory=1 << 30,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=False,
+    )
+    core = EngineCore(config, progress=print)
+    core.warm_up()
+    print(f"mode: {core.weights_mode.description}")
+    print("batch  prefill(s)  decode step(ms)  step CPU(ms)  decode tok/s")
+    for i, batch in enumerate(args.batch):
+        r = _run(core, batch, args.prompt_len, args.decode_steps, seed=i)
+        print(
+            f"{r['batch']:5d}  {r['prefill_s']:10.2f}  {r['decode_ms']:15.1f}  "
+            f"{r['cpu_ms']:12.1f}  {r['tok_s']:12.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

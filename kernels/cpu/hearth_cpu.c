@@ -1,0 +1,525 @@
+/*
+ * hearth's CPU kernels: the fast path of the engine on x86 (AVX2 + FMA + F16C; the same
+ * source is also built for AVX-512 hosts, where the compiler gets 32 vector registers).
+ *
+ * Why plain C behind ctypes and not a torch extension: it builds in a second with the
+ * system compiler (no torch headers, no ninja), and it links the same `libgomp.so.1`
+ * that torch already loaded, so its OpenMP threads are torch's threads (no second pool
+ * spinning against the first on a two-core host).
+ *
+ * Precision contract (docs/performance.md):
+ *  - Linear layers read the GGUF file's own Q4_1 / Q8_0 blocks. Each weight is rebuilt
+ *    exactly as gguf-py's dequantizer does (Q4_1: d*q + m, Q8_0: d*q, float32, two
+ *    roundings), and products are accumulated in float32: the same function as the
+ *    dequantized float32 model, up to the order of the sums.
+ *  - Every result of a token depends only on that token (and, for attention, on its own
+ *    sequence's cache): no kernel splits a sum differently by batch size, chunking or
+ *    thread count. A request's output therefore never changes with load.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#define Q4_BLOCK 32
+#define GROUP 8 /* output rows per packed group: one AVX2 lane each */
+
+/* -------------------------------------------------------------------------- packing */
+/*
+ * Packed layout of an [N, K] weight (N % 8 == 0, K % 32 == 0), group g = rows 8g..8g+7,
+ * block b = columns 32b..32b+31:
+ *   Q4_1: d[8] f16 | m[8] f16 | q[16][8] bytes      (byte (j, r) = row r's GGUF qs[j]:
+ *         low nibble = column j, high nibble = column j + 16)            160 B / block
+ *   Q8_0: d[8] f16 | q[32][8] int8                                       272 B / block
+ * Groups are stored one after the other, blocks in column order inside a group.
+ */
+int64_t hearth_q4_1_packed_bytes(int64_t n, int64_t k) { return (n / GROUP) * (k / Q4_BLOCK) * 160; }
+int64_t hearth_q8_0_packed_bytes(int64_t n, int64_t k) { return (n / GROUP) * (k / Q4_BLOCK) * 272; }
+
+/* src: GGUF Q4_1 rows, 20 bytes per block (f16 d, f16 m, 16 bytes qs), row-major. */
+void hearth_pack_q4_1(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    const int64_t nb = k / Q4_BLOCK;
+    const int64_t row_bytes = nb * 20;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / GROUP; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + (g * nb + b) * 160;
+            for (int r = 0; r < GROUP; r++) {
+                const uint8_t *blk = src + (g * GROUP + r) * row_bytes + b * 20;
+                memcpy(out + 2 * r, blk, 2);      /* d */
+                memcpy(out + 16 + 2 * r, blk + 2, 2); /* m */
+                for (int j = 0; j < 16; j++) out[32 + j * GROUP + r] = blk[4 + j];
+            }
+        }
+    }
+}
+
+/* src: GGUF Q8_0 rows, 34 bytes per block (f16 d, 32 int8), row-major. */
+void hearth_pack_q8_0(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    const int64_t nb = k / Q4_BLOCK;
+    const int64_t row_bytes = nb * 34;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / GROUP; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + (g * nb + b) * 272;
+            for (int r = 0; r < GROUP; r++) {
+                const uint8_t *blk = src + (g * GROUP + r) * row_bytes + b * 34;
+                memcpy(out + 2 * r, blk, 2);
+                for (int j = 0; j < 32; j++) out[16 + j * GROUP + r] = blk[2 + j];
+            }
+        }
+    }
+}
+
+static inline float hsum(__m256 v);
+
+/* ------------------------------------------------------------------ quantized GEMM */
+/*
+ * out[t, n] = sum_k x[t, k] * W[n, k] (+ bias[n]) for T tokens. Lanes are output rows, so
+ * each (token, row) is one lane accumulating its products in column order: the result of
+ * a token does not depend on how many tokens share the call. Token tiles of up to 8 reuse
+ * each rebuilt weight vector from registers.
+ */
+#define TILE 5 /* tokens per register tile */
+
+static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
+
+/*
+ * A register tile is G groups (8 output rows each; G = 2, or 1 for an odd last group) by
+ * NT tokens: every broadcast input feeds G FMAs. Per block, each lane sums q * x over the
+ * block's 32 columns with the raw quants (column j, then j + 16, for j = 0..15), then
+ * folds in the scale and min once: acc += d * sum(q x) + m * sum(x). The weights are
+ * exactly the file's (d q + m); only the rounding of the sums differs from the dequantized
+ * product, and the per-lane arithmetic is the same for every G, NT and token count.
+ */
+#define Q4_TILE_FN(G, NT)                                                                     \
+    static void q4_tile_##G##_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg, \
+                                   int64_t group_bytes, const float *xsum, __m256 *out) {     \
+        __m256 acc[G][NT];                                                                    \
+        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                                  \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps(); \
+        const __m256i low = _mm256_set1_epi32(0xF);                                          \
+        for (int64_t b = 0; b < nb; b++) {                                                    \
+            const float *xb = x + b * Q4_BLOCK;                                               \
+            __m256 s[G][NT];                                                                  \
+            _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                              \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_ps(); \
+            for (int j = 0; j < 16; j++) {                                                    \
+                __m256 w0[G], w1[G];                                                          \
+                _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                        \
+                    const uint8_t *q = wg + g * group_bytes + b * 160 + 32 + j * GROUP;       \
+                    const __m256i qi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)); \
+                    w0[g] = _mm256_cvtepi32_ps(_mm256_and_si256(qi, low));                    \
+                    w1[g] = _mm256_cvtepi32_ps(_mm256_srli_epi32(qi, 4));                     \
+                }                                                                             \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
+                    const __m256 x0 = bcast(xb + t * ldx + j);                                \
+                    const __m256 x1 = bcast(xb + t * ldx + j + 16);                           \
+                    _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                    \
+                        s[g][t] = _mm256_fmadd_ps(x0, w0[g], s[g][t]);                        \
+                        s[g][t] = _mm256_fmadd_ps(x1, w1[g], s[g][t]);                        \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                            \
+                const uint8_t *blk = wg + g * group_bytes + b * 160;                          \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));     \
+                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
+                    acc[g][t] = _mm256_fmadd_ps(s[g][t], d, acc[g][t]);                       \
+                    acc[g][t] = _mm256_fmadd_ps(m, bcast(xsum + t * nb + b), acc[g][t]);      \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                                  \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[g * TILE + t] = acc[g][t]; \
+    }
+
+/* Q8_0 (the tied LM head): one group per tile, two FMA chains per token (even and odd
+ * columns), which measured faster than two groups for the small token counts it sees. */
+#define Q8_TILE_FN(G, NT)                                                                     \
+    static void q8_tile_##G##_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg, \
+                                   int64_t group_bytes, const float *xsum, __m256 *out) {     \
+        (void)xsum;                                                                           \
+        (void)group_bytes;                                                                    \
+        __m256 acc[NT];                                                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();   \
+        for (int64_t b = 0; b < nb; b++) {                                                    \
+            const uint8_t *blk = wg + b * 272;                                                \
+            const int8_t *q = (const int8_t *)(blk + 16);                                     \
+            const float *xb = x + b * Q4_BLOCK;                                               \
+            __m256 s[NT], u[NT];                                                              \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                            \
+                s[t] = _mm256_setzero_ps();                                                   \
+                u[t] = _mm256_setzero_ps();                                                   \
+            }                                                                                 \
+            for (int j = 0; j < 32; j += 2) {                                                 \
+                const __m256 w = _mm256_cvtepi32_ps(                                          \
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j * GROUP)))); \
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                     \
+                    _mm_loadl_epi64((const __m128i *)(q + (j + 1) * GROUP))));                \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
+                    s[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j), w, s[t]);                 \
+                    u[t] = _mm256_fmadd_ps(bcast(xb + t * ldx + j + 1), v, u[t]);             \
+                }                                                                             \
+            }                                                                                 \
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));         \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)                              \
+                acc[t] = _mm256_fmadd_ps(_mm256_add_ps(s[t], u[t]), d, acc[t]);               \
+        }                                                                                     \
+        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[t] = acc[t];                \
+    }
+
+#define TILE_SET(Q, G) \
+    Q##_TILE_FN(G, 1) Q##_TILE_FN(G, 2) Q##_TILE_FN(G, 3) Q##_TILE_FN(G, 4) Q##_TILE_FN(G, 5)
+TILE_SET(Q4, 1)
+TILE_SET(Q4, 2)
+TILE_SET(Q8, 1)
+
+typedef void (*tile_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, const float *,
+                        __m256 *);
+/* [G - 1][NT] */
+static const tile_fn Q4_TILES[2][TILE + 1] = {
+    {0, q4_tile_1_1, q4_tile_1_2, q4_tile_1_3, q4_tile_1_4, q4_tile_1_5},
+    {0, q4_tile_2_1, q4_tile_2_2, q4_tile_2_3, q4_tile_2_4, q4_tile_2_5}};
+static const tile_fn Q8_TILES[2][TILE + 1] = {
+    {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}, {0}};
+
+static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, const uint8_t *w,
+                       int64_t n, int64_t block_bytes, const tile_fn (*tiles)[TILE + 1],
+                       int64_t groups_per_tile, const float *bias, float *out, int64_t ldo) {
+    const int64_t nb = k / Q4_BLOCK;
+    const int64_t groups = n / GROUP;
+    const int64_t pairs = (groups + groups_per_tile - 1) / groups_per_tile;
+    const int64_t group_bytes = nb * block_bytes;
+    const int64_t tiles_t = (t_count + TILE - 1) / TILE;
+    /* Per token and block, the sum of its 32 inputs (Q4_1's min term), in a fixed order. */
+    float *xsum = (float *)malloc((size_t)(t_count * nb + 1) * sizeof(float));
+    if (!xsum) return;
+#pragma omp parallel for schedule(static) if (t_count * nb > 4096)
+    for (int64_t i = 0; i < t_count * nb; i++) {
+        const float *xb = x + (i / nb) * ldx + (i % nb) * Q4_BLOCK;
+        __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                                 _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
+        xsum[i] = hsum(v);
+    }
+    /* One work item = (pair of groups, token tile). Dynamic chunks of ~1/8 of a thread's
+     * share: on a two-core host the API workers preempt engine threads all the time, and
+     * a static split would leave the other thread waiting for the preempted half. */
+    const int64_t items = pairs * tiles_t;
+    int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
+    if (chunk < 1) chunk = 1;
+#pragma omp parallel for schedule(dynamic, chunk) collapse(2)
+    for (int64_t pg = 0; pg < pairs; pg++) {
+        for (int64_t tt = 0; tt < tiles_t; tt++) {
+            const int64_t g0 = groups_per_tile * pg;
+            const int ng = (g0 + 1 < groups && groups_per_tile == 2) ? 2 : 1;
+            const int64_t t0 = tt * TILE;
+            const int nt = (int)((t_count - t0) < TILE ? (t_count - t0) : TILE);
+            __m256 acc[2 * TILE];
+            tiles[ng - 1][nt](x + t0 * ldx, ldx, nb, w + g0 * group_bytes, group_bytes,
+                              xsum + t0 * nb, acc);
+            for (int g = 0; g < ng; g++) {
+                const int64_t col = (g0 + g) * GROUP;
+                const __m256 bv = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
+                for (int t = 0; t < nt; t++)
+                    _mm256_storeu_ps(out + (t0 + t) * ldo + col, _mm256_add_ps(acc[g * TILE + t], bv));
+            }
+        }
+    }
+    free(xsum);
+}
+
+void hearth_q4_1_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
+                      const float *bias, float *out, int64_t ldo) {
+    quant_gemm(x, t, ldx, k, w, n, 160, Q4_TILES, 2, bias, out, ldo);
+}
+
+void hearth_q8_0_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
+                      const float *bias, float *out, int64_t ldo) {
+    quant_gemm(x, t, ldx, k, w, n, 272, Q8_TILES, 1, bias, out, ldo);
+}
+
+/* ------------------------------------------------------------------ vector helpers */
+
+static inline float hsum(__m256 v) {  /* fixed order: lanes 0+4, 1+5, ... */
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* exp(x) for x <= 0 in float32 (Cephes-style: 2^n * p(r), |rel err| < 2e-7). */
+static inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    x = _mm256_max_ps(x, lo);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(fx, c1));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(fx, c2));
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline float exp_scalar(float x) {
+    float buf[8];
+    _mm256_storeu_ps(buf, exp256(_mm256_set1_ps(x)));
+    return buf[0];
+}
+
+/* ------------------------------------------------------------------ norms, activation */
+
+static void rms_row(const float *x, const float *w, float *out, int64_t h, float eps) {
+    __m256 s = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= h; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        s = _mm256_fmadd_ps(v, v, s);
+    }
+    float ss = hsum(s);
+    for (; i < h; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= h; i += 8)
+        _mm256_storeu_ps(out + i,
+                         _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), vi)));
+    for (; i < h; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+/* out = rms_norm(x) * w, row by row. */
+void hearth_rms_norm(const float *x, const float *w, float *out, int64_t t, int64_t h, float eps) {
+#pragma omp parallel for schedule(static) if (t > 4)
+    for (int64_t r = 0; r < t; r++) rms_row(x + r * h, w, out + r * h, h, eps);
+}
+
+/* residual += x; x = rms_norm(residual) * w (both in place). */
+void hearth_add_rms_norm(float *x, float *residual, const float *w, int64_t t, int64_t h, float eps) {
+#pragma omp parallel for schedule(static) if (t > 4)
+    for (int64_t r = 0; r < t; r++) {
+        float *xr = x + r * h, *rr = residual + r * h;
+        int64_t i = 0;
+        for (; i + 8 <= h; i += 8)
+            _mm256_storeu_ps(rr + i, _mm256_add_ps(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(rr + i)));
+        for (; i < h; i++) rr[i] += xr[i];
+        rms_row(rr, w, xr, h, eps);
+    }
+}
+
+/* out[t, :I] = silu(gu[t, :I]) * gu[t, I:] */
+void hearth_silu_mul(const float *gu, float *out, int64_t t, int64_t inter) {
+#pragma omp parallel for schedule(static) if (t > 1)
+    for (int64_t r = 0; r < t; r++) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        int64_t i = 0;
+        const __m256 one = _mm256_set1_ps(1.0f);
+        for (; i + 8 <= inter; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            /* silu(g) = g / (1 + exp(-g)); exp of -|g| keeps the argument <= 0. */
+            __m256 neg_abs = _mm256_or_ps(gv, _mm256_set1_ps(-0.0f));
+            __m256 e = exp256(neg_abs);
+            __m256 pos = _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_GE_OQ);
+            __m256 sig = _mm256_blendv_ps(_mm256_div_ps(e, _mm256_add_ps(one, e)),
+                                          _mm256_div_ps(one, _mm256_add_ps(one, e)), pos);
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        }
+        for (; i < inter; i++) {
+            float e = exp_scalar(-fabsf(g[i]));
+            float sig = g[i] >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            o[i] = g[i] * sig * u[i];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ rotary + KV write */
+/*
+ * qkv: [T, ld] rows holding q (nh*hd) | k (nkv*hd) | v (nkv*hd). Rotates q and k in place
+ * (rotate_half style; cos_sin row p = cos[hd/2] | sin[hd/2]) and copies k, v into the paged
+ * caches [num_blocks * block_size, nkv, hd] at slot[t] (slots < 0 are skipped).
+ */
+void hearth_rope_kv_write(float *qkv, int64_t t, int64_t ld, int64_t nh, int64_t nkv, int64_t hd,
+                          const int64_t *positions, const float *cos_sin, float *k_cache,
+                          float *v_cache, const int64_t *slots) {
+    const int64_t half = hd / 2;
+#pragma omp parallel for schedule(static) if (t > 4)
+    for (int64_t r = 0; r < t; r++) {
+        float *row = qkv + r * ld;
+        const float *cs = cos_sin + positions[r] * hd;
+        for (int64_t h = 0; h < nh + nkv; h++) {
+            float *x = row + h * hd;
+            int64_t i = 0;
+            for (; i + 8 <= half; i += 8) {
+                __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(cs + half + i);
+                __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + half + i);
+                _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x2, s)));
+                _mm256_storeu_ps(x + half + i, _mm256_add_ps(_mm256_mul_ps(x2, c), _mm256_mul_ps(x1, s)));
+            }
+            for (; i < half; i++) {
+                float c = cs[i], s = cs[half + i], x1 = x[i], x2 = x[half + i];
+                x[i] = x1 * c - x2 * s;
+                x[half + i] = x2 * c + x1 * s;
+            }
+        }
+        const int64_t slot = slots[r];
+        if (slot >= 0) {
+            memcpy(k_cache + slot * nkv * hd, row + nh * hd, (size_t)(nkv * hd) * sizeof(float));
+            memcpy(v_cache + slot * nkv * hd, row + (nh + nkv) * hd, (size_t)(nkv * hd) * sizeof(float));
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ paged attention */
+/*
+ * One query token at a time: token r belongs to sequence seq[r] (a row of block_tables)
+ * and attends to that sequence's keys 0 .. ctx[r]-1 (causal: ctx = position + 1), read in
+ * place from the paged cache. Decodes and prefill chunks are the same loop, so a token's
+ * output never depends on how its prompt was chunked or what it was batched with.
+ * q: [T, ldq] (heads at q + h*hd); out: [T, nh*hd]; caches [blocks*bs, nkv, hd].
+ */
+static inline float dot64(const float *a, const float *b, int64_t hd) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= hd; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum(_mm256_add_ps(s0, s1));
+    for (; i < hd; i++) s += a[i] * b[i];
+    return s;
+}
+
+void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+                            const float *k_cache, const float *v_cache, int64_t block_size,
+                            const int32_t *block_tables, int64_t max_blocks, const int32_t *seq,
+                            const int32_t *ctx, float scale, float *out, float *scratch,
+                            int64_t scratch_per_thread) {
+    const int64_t group = nh / nkv;
+    const int64_t kv_stride = nkv * hd; /* floats between consecutive slots */
+#pragma omp parallel for schedule(dynamic, 1) collapse(2)
+    for (int64_t r = 0; r < t; r++) {
+        for (int64_t kvh = 0; kvh < nkv; kvh++) {
+            float *scores = scratch + (int64_t)omp_get_thread_num() * scratch_per_thread;
+            const int64_t n = ctx[r];
+            const int32_t *table = block_tables + (int64_t)seq[r] * max_blocks;
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t h = kvh * group + g;
+                const float *qh = q + r * ldq + h * hd;
+                float mx = -INFINITY;
+                for (int64_t i = 0; i < n; i++) {
+                    const int64_t slot = (int64_t)table[i / block_size] * block_size + i % block_size;
+                    const float s = dot64(qh, k_cache + slot * kv_stride + kvh * hd, hd) * scale;
+                    scores[i] = s;
+                    mx = s > mx ? s : mx;
+                }
+                /* softmax numerator in fixed 8-wide order, then the tail */
+                const __m256 vmx = _mm256_set1_ps(mx);
+                __m256 vsum = _mm256_setzero_ps();
+                int64_t i = 0;
+                for (; i + 8 <= n; i += 8) {
+                    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), vmx));
+                    _mm256_storeu_ps(scores + i, e);
+                    vsum = _mm256_add_ps(vsum, e);
+                }
+                float sum = hsum(vsum);
+                for (; i < n; i++) {
+                    scores[i] = exp_scalar(scores[i] - mx);
+                    sum += scores[i];
+                }
+                const float inv = 1.0f / sum;
+                float *o = out + r * nh * hd + h * hd;
+                for (int64_t d0 = 0; d0 < hd; d0 += 32) {
+                    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+                    for (int64_t j = 0; j < n; j++) {
+                        const int64_t slot = (int64_t)table[j / block_size] * block_size + j % block_size;
+                        const float *v = v_cache + slot * kv_stride + kvh * hd + d0;
+                        const __m256 p = _mm256_set1_ps(scores[j]);
+                        a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
+                        a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
+                        a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
+                        a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+                    }
+                    const __m256 vi = _mm256_set1_ps(inv);
+                    _mm256_storeu_ps(o + d0, _mm256_mul_ps(a0, vi));
+                    _mm256_storeu_ps(o + d0 + 8, _mm256_mul_ps(a1, vi));
+                    _mm256_storeu_ps(o + d0 + 16, _mm256_mul_ps(a2, vi));
+                    _mm256_storeu_ps(o + d0 + 24, _mm256_mul_ps(a3, vi));
+                }
+            }
+        }
+    }
+}
+
+int hearth_num_threads(void) { return omp_get_max_threads(); }
+
+/* ------------------------------------------------------------------ whole decoder stack */
+/*
+ * All layers of a Llama-family decoder in one call, so a step costs one trip from
+ * Python instead of ~10 per layer. Each layer's weights are packed (kind 0 = Q4_1,
+ * 1 = Q8_0). Buffers are the caller's: `hidden` [T, H] holds the embeddings on entry and
+ * the final normed hidden states on return; the rest are scratch of the sizes named.
+ */
+typedef struct {
+    const uint8_t *w[4]; /* qkv, o_proj, gate_up, down */
+    int32_t kind[4];
+    const float *bias[4];
+    const float *ln_in, *ln_post;
+    float *k_cache, *v_cache;
+} hearth_layer;
+
+static void packed_linear(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
+                          int32_t kind, int64_t n, const float *bias, float *out) {
+    if (kind == 0)
+        hearth_q4_1_gemm(x, t, ldx, k, w, n, bias, out, n);
+    else
+        hearth_q8_0_gemm(x, t, ldx, k, w, n, bias, out, n);
+}
+
+void hearth_forward_layers(const hearth_layer *layers, int64_t num_layers, int64_t t, int64_t h,
+                           int64_t nh, int64_t nkv, int64_t hd, int64_t inter, float eps,
+                           float scale, const int64_t *positions, const float *cos_sin,
+                           const int64_t *slots, int64_t block_size, const int32_t *block_tables,
+                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx,
+                           const float *final_norm, float *hidden, float *residual, float *x,
+                           float *qkv, float *attn, float *gate_up, float *act, float *scratch,
+                           int64_t scratch_per_thread) {
+    const int64_t qkv_n = (nh + 2 * nkv) * hd;
+    memcpy(residual, hidden, (size_t)(t * h) * sizeof(float));
+    for (int64_t l = 0; l < num_layers; l++) {
+        const hearth_layer *ly = layers + l;
+        if (l == 0)
+            hearth_rms_norm(residual, ly->ln_in, x, t, h, eps);
+        else
+            hearth_add_rms_norm(x, residual, ly->ln_in, t, h, eps);
+        packed_linear(x, t, h, h, ly->w[0], ly->kind[0], qkv_n, ly->bias[0], qkv);
+        hearth_rope_kv_write(qkv, t, qkv_n, nh, nkv, hd, positions, cos_sin, ly->k_cache,
+                             ly->v_cache, slots);
+        hearth_paged_attention(qkv, t, qkv_n, nh, nkv, hd, ly->k_cache, ly->v_cache, block_size,
+                               block_tables, max_blocks, seq, ctx, scale, attn, scratch,
+                               scratch_per_thread);
+        packed_linear(attn, t, nh * hd, nh * hd, ly->w[1], ly->kind[1], h, ly->bias[1], x);
+        hearth_add_rms_norm(x, residual, ly->ln_post, t, h, eps);
+        packed_linear(x, t, h, h, ly->w[2], ly->kind[2], 2 * inter, ly->bias[2], gate_up);
+        hearth_silu_mul(gate_up, act, t, inter);
+        packed_linear(act, t, inter, inter, ly->w[3], ly->kind[3], h, ly->bias[3], x);
+    }
+    if (num_layers == 0) {
+        hearth_rms_norm(residual, final_norm, hidden, t, h, eps);
+        return;
+    }
+    hearth_add_rms_norm(x, residual, final_norm, t, h, eps);
+    memcpy(hidden, x, (size_t)(t * h) * sizeof(float));
+}

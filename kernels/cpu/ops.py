@@ -1,0 +1,361 @@
+"""torch-facing wrappers of the C kernels (`hearth_cpu.c`): the CPU fast path.
+
+Each wrapper checks what the C code cannot (dtype, contiguity, shapes) and passes raw
+pointers through ctypes. torch is imported before the library is loaded, so the
+library's `libgomp.so.1` is torch's own and both share one OpenMP thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels.cpu.build import build, host_isa
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+_SIGNATURES: dict[str, list[type]] = {
+    "hearth_q4_1_packed_bytes": [_i64, _i64],
+    "hearth_q8_0_packed_bytes": [_i64, _i64],
+    "hearth_pack_q4_1": [_ptr, _i64, _i64, _ptr],
+    "hearth_pack_q8_0": [_ptr, _i64, _i64, _ptr],
+    "hearth_q4_1_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
+    "hearth_q8_0_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
+    "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
+    "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
+    "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
+    "hearth_rope_kv_write": [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
+    "hearth_paged_attention": [
+        *[_ptr, _i64, _i64, _i64, _i64, _i64],
+        *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64],
+    ],
+    "hearth_num_threads": [],
+    "hearth_forward_layers": [
+        *[_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32],
+        *[_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr],
+        *[_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
+    ],
+}
+
+GROUP = 8
+"""Output rows per packed group: N must be a multiple of it."""
+QBLOCK = 32
+"""Weights per GGUF quant block: K must be a multiple of it."""
+
+
+class LayerWeights(ctypes.Structure):
+    """One decoder layer for `forward_layers` (mirrors ``hearth_layer`` in the C source)."""
+
+    _fields_ = [
+        ("w", ctypes.c_void_p * 4),
+        ("kind", ctypes.c_int32 * 4),
+        ("bias", ctypes.c_void_p * 4),
+        ("ln_in", ctypes.c_void_p),
+        ("ln_post", ctypes.c_void_p),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    ]
+
+
+class NativeKernelsUnavailable(RuntimeError):
+    """The host has no AVX2, or the library could not be built."""
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The C library for this host's ISA variant, built on first use if not cached."""
+    isa = host_isa()
+    if isa.variant is None:
+        raise NativeKernelsUnavailable(f"no fast CPU kernels for this host: {isa.describe()}")
+    try:
+        path = build(isa.variant)
+    except (RuntimeError, OSError) as exc:
+        raise NativeKernelsUnavailable(str(exc)) from exc
+    lib = ctypes.CDLL(str(path))
+    for name, args in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = (
+            _i64 if name.endswith("_bytes") else ctypes.c_int if "threads" in name else None
+        )
+    return lib
+
+
+def available() -> bool:
+    try:
+        library()
+    except NativeKernelsUnavailable:
+        return False
+    return True
+
+
+def _p(t: torch.Tensor | np.ndarray | None) -> int | None:
+    if t is None:
+        return None
+    if isinstance(t, np.ndarray):
+        return t.ctypes.data
+    return t.data_ptr()
+
+
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> None:
+    if t.dtype != dtype or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU {dtype} tensor, got {t.dtype} on {t.device}")
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """An [n, k] linear weight in the kernels' packed GGUF-block layout (see hearth_cpu.c)."""
+
+    kind: str
+    """``q4_1`` | ``q8_0``"""
+    n: int
+    k: int
+    data: torch.Tensor
+    """uint8, packed."""
+    bias: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+_RAW_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+
+
+def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> PackedWeight:
+    """Pack GGUF rows (``[n, k/32 * block_bytes]`` uint8, row-major) for the GEMM kernel."""
+    if kind not in _RAW_BLOCK_BYTES:
+        raise ValueError(f"unsupported packed weight kind {kind!r}")
+    raw = np.ascontiguousarray(raw_rows, dtype=np.uint8)
+    n = raw.shape[0]
+    k = raw.shape[1] // _RAW_BLOCK_BYTES[kind] * QBLOCK
+    if raw.shape[1] % _RAW_BLOCK_BYTES[kind] or n % GROUP:
+        raise ValueError(f"{kind} weight [{n}, {k}] needs rows % {GROUP} == 0 and whole blocks")
+    lib = library()
+    size = getattr(lib, f"hearth_{kind}_packed_bytes")(n, k)
+    out = torch.empty(size, dtype=torch.uint8)
+    getattr(lib, f"hearth_pack_{kind}")(_p(raw), n, k, _p(out))
+    if bias is not None:
+        bias = bias.detach().to(torch.float32).contiguous()
+    return PackedWeight(kind, n, k, out, bias)
+
+
+def linear(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)``: ``[T, k]`` float32 (rows may be strided) -> ``[T, n]``."""
+    _check(x, "x")
+    if x.dim() != 2 or x.shape[1] != weight.k or x.stride(1) != 1:
+        raise ValueError(f"x must be [T, {weight.k}] with unit column stride, got {tuple(x.shape)}")
+    t = x.shape[0]
+    if out is None:
+        out = torch.empty((t, weight.n), dtype=torch.float32)
+    fn = library().hearth_q4_1_gemm if weight.kind == "q4_1" else library().hearth_q8_0_gemm
+    fn(
+        _p(x),
+        t,
+        x.stride(0),
+        weight.k,
+        _p(weight.data),
+        weight.n,
+        _p(weight.bias),
+        _p(out),
+        out.stride(0),
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check(x, "x")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    library().hearth_rms_norm(_p(x), _p(weight), _p(out), x.shape[0], x.shape[1], eps)
+    return out
+
+
+def add_rms_norm_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
+    """In place: ``residual += x``, then ``x = rms_norm(residual) * weight``."""
+    _check(x, "x")
+    _check(residual, "residual")
+    if not (x.is_contiguous() and residual.is_contiguous()):
+        raise ValueError("add_rms_norm_ needs contiguous x and residual")
+    library().hearth_add_rms_norm(_p(x), _p(residual), _p(weight), x.shape[0], x.shape[1], eps)
+
+
+def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    _check(gate_up, "gate_up")
+    gate_up = gate_up.contiguous()
+    t, two_i = gate_up.shape
+    if out is None:
+        out = torch.empty((t, two_i // 2), dtype=torch.float32)
+    library().hearth_silu_mul(_p(gate_up), _p(out), t, two_i // 2)
+    return out
+
+
+def rope_and_write_kv_(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotate q and k inside the fused ``qkv [T, (nh + 2 nkv) hd]`` rows in place and copy
+    the rotated k and v into their cache slots (slots < 0 are skipped)."""
+    _check(qkv, "qkv")
+    if qkv.stride(1) != 1 or positions.dtype != torch.int64 or slot_mapping.dtype != torch.int64:
+        raise ValueError("qkv needs unit column stride; positions and slots int64")
+    library().hearth_rope_kv_write(
+        _p(qkv),
+        qkv.shape[0],
+        qkv.stride(0),
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        _p(positions),
+        _p(cos_sin_cache),
+        _p(k_cache),
+        _p(v_cache),
+        _p(slot_mapping),
+    )
+
+
+class AttentionScratch:
+    """Per-thread score buffers of the attention kernel, grown on demand and reused."""
+
+    def __init__(self) -> None:
+        self._buf = torch.empty(0, dtype=torch.float32)
+        self.per_thread = 0
+
+    def get(self, max_ctx: int) -> torch.Tensor:
+        threads = library().hearth_num_threads()
+        need = max(max_ctx, 1)
+        if need > self.per_thread or self._buf.numel() < need * threads:
+            self.per_thread = max(need, 2 * self.per_thread)
+            self._buf = torch.empty(self.per_thread * threads, dtype=torch.float32)
+        return self._buf
+
+
+def paged_attention(
+    q: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,
+    token_ctx: torch.Tensor,
+    max_ctx: int,
+    scale: float,
+    scratch: AttentionScratch,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of each query token over its own sequence's paged keys.
+
+    ``q``: ``[T, >= nh*hd]`` rows (unit column stride; the fused qkv works as is);
+    ``block_tables [S, max_blocks]`` int32; ``token_seq [T]`` (row of block_tables) and
+    ``token_ctx [T]`` (keys seen = position + 1) int32. Returns ``[T, nh*hd]``.
+    """
+    _check(q, "q")
+    if head_dim % 32:
+        raise ValueError("the CPU attention kernel needs head_dim % 32 == 0")
+    t = q.shape[0]
+    if out is None:
+        out = torch.empty((t, num_heads * head_dim), dtype=torch.float32)
+    buf = scratch.get(max_ctx)
+    library().hearth_paged_attention(
+        _p(q),
+        t,
+        q.stride(0),
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        _p(k_cache),
+        _p(v_cache),
+        k_cache.shape[1],
+        _p(block_tables),
+        block_tables.shape[1],
+        _p(token_seq),
+        _p(token_ctx),
+        scale,
+        _p(out),
+        _p(buf),
+        scratch.per_thread,
+    )
+    return out
+
+
+_KIND_CODES = {"q4_1": 0, "q8_0": 1}
+
+
+def layer_weights(
+    packed: list[PackedWeight],
+    ln_in: torch.Tensor,
+    ln_post: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> LayerWeights:
+    """`packed` = [qkv, o_proj, gate_up, down]. The caller keeps every tensor alive."""
+    lw = LayerWeights()
+    for i, w in enumerate(packed):
+        lw.w[i] = _p(w.data)
+        lw.kind[i] = _KIND_CODES[w.kind]
+        lw.bias[i] = _p(w.bias)
+    lw.ln_in, lw.ln_post = _p(ln_in), _p(ln_post)
+    lw.k_cache, lw.v_cache = _p(k_cache), _p(v_cache)
+    return lw
+
+
+def forward_layers(
+    layers: ctypes.Array,
+    hidden: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    eps: float,
+    scale: float,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,
+    token_ctx: torch.Tensor,
+    max_ctx: int,
+    final_norm: torch.Tensor,
+    scratch: AttentionScratch,
+) -> torch.Tensor:
+    """Every decoder layer plus the final norm in one call; `hidden` [T, H] (the
+    embeddings) is overwritten with the result and returned."""
+    _check(hidden, "hidden")
+    t, h = hidden.shape
+    f32 = torch.float32
+    residual = torch.empty((t, h), dtype=f32)
+    x = torch.empty((t, h), dtype=f32)
+    qkv = torch.empty((t, (num_heads + 2 * num_kv_heads) * head_dim), dtype=f32)
+    attn = torch.empty((t, num_heads * head_dim), dtype=f32)
+    gate_up = torch.empty((t, 2 * intermediate), dtype=f32)
+    act = torch.empty((t, intermediate), dtype=f32)
+    buf = scratch.get(max_ctx)
+    library().hearth_forward_layers(
+        layers, len(layers), t, h, num_heads, num_kv_heads, head_dim, intermediate, eps, scale,
+        _p(positions), _p(cos_sin_cache), _p(slot_mapping), block_size, _p(block_tables),
+        block_tables.shape[1], _p(token_seq), _p(token_ctx), _p(final_norm), _p(hidden),
+        _p(residual), _p(x), _p(qkv), _p(attn), _p(gate_up), _p(act), _p(buf), scratch.per_thread,
+    )  # fmt: skip
+    return hidden
