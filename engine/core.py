@@ -249,7 +249,7 @@ class EngineCore:
 
     def _validate(self, msg: AddRequest) -> str | None:
         ids = msg.prompt_token_ids
-        if msg.request_id in self.scheduler.requests:
+        if msg.request_id in self.scheduler.requests or self.structured.is_pending(msg.request_id):
             return f"request id {msg.request_id!r} is already in use"
         if not ids:
             return "the prompt is empty"

@@ -136,6 +136,9 @@ class StructuredOutputManager:
         """Forget a request still compiling (aborted); its result will be dropped."""
         return self._pending.pop(request_id, None) is not None
 
+    def is_pending(self, request_id: str) -> bool:
+        return request_id in self._pending
+
     @property
     def num_pending(self) -> int:
         return len(self._pending)

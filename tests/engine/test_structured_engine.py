@@ -1,8 +1,8 @@
 """Constrained decoding in the engine core, driven in-process (no transport).
 
-One small core where prompts are prefilled in chunks (40-token budget) and the KV pool
-is too small for the batch, so constrained sequences are chunk-prefilled, preempted and
-recomputed while sharing steps with unconstrained ones.
+One small core where prompts are prefilled in chunks (16-token budget) and the KV pool
+(12 blocks of 16 tokens) is too small for the batch, so constrained sequences are
+chunk-prefilled, preempted and recomputed while sharing steps with unconstrained ones.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 
 import pytest
 
@@ -28,7 +29,7 @@ PERSON = {
     "required": ["name", "age", "pets"],
     "additionalProperties": False,
 }
-LONG_SYSTEM = "You are a careful assistant that always answers in the requested format. " * 3
+LONG_SYSTEM = "You are a careful assistant that always answers in the requested format."
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +44,10 @@ def core(model_smollm2_dir: str):
     return EngineCore(
         EngineConfig(
             model=model_smollm2_dir,
-            num_kv_blocks=32,
-            max_num_batched_tokens=40,
-            max_num_seqs=16,
+            num_kv_blocks=12,
+            max_num_batched_tokens=16,
+            max_num_seqs=8,
+            num_threads=1,
             enable_prefix_caching=False,
         )
     )
@@ -85,7 +87,7 @@ def _text(tok: Tokenizer, tokens: list[int]) -> str:
 
 
 def test_mixed_batch_with_chunked_prefill_and_preemption(core, tok) -> None:
-    plain = SamplingParams(temperature=0.0, max_tokens=24)
+    plain = SamplingParams(temperature=0.0, max_tokens=12)
     free_prompt = _prompt(tok, "Name three colours.")
     alone = _drive(
         core, [AddRequest(request_id="alone", prompt_token_ids=free_prompt, params=plain)]
@@ -101,7 +103,7 @@ def test_mixed_batch_with_chunked_prefill_and_preemption(core, tok) -> None:
                 params=SamplingParams(
                     temperature=1.0,
                     seed=i,
-                    max_tokens=50,
+                    max_tokens=40,
                     structured=_spec("json", json.dumps(PERSON)),
                 ),
             )
@@ -218,3 +220,31 @@ def test_compiled_grammars_are_cached(core) -> None:
     first = core.structured.compile(spec)
     assert core.structured.compile(spec) is first
     assert core.structured.num_compiles == compiles + 1
+
+
+def test_compile_past_the_time_limit_is_refused(core, tok, monkeypatch) -> None:
+    release = threading.Event()
+    real_compile = core.structured.compile
+
+    def stuck_compile(spec):
+        release.wait(10)  # a pathological grammar, as far as the engine can tell
+        return real_compile(spec)
+
+    monkeypatch.setattr(core.structured, "compile", stuck_compile)
+    spec = _spec("regex", r"[0-9]{3}-timeout-[a-z]+", param="guided_regex")
+    msg = AddRequest(
+        request_id="slow",
+        prompt_token_ids=_prompt(tok, "hi"),
+        params=SamplingParams(structured=spec),
+    )
+    limit = core.structured.compile_timeout_s
+    core.structured.compile_timeout_s = 0.0
+    try:
+        assert core.add_request(msg) is None
+        [(_, admission)] = core.poll_compiled()
+    finally:
+        core.structured.compile_timeout_s = limit
+        release.set()
+    assert not admission.accepted and admission.param == "guided_regex"
+    assert "took longer" in admission.message
+    assert core.num_compiling == 0 and "slow" not in core.scheduler.requests
