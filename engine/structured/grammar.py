@@ -65,7 +65,11 @@ class GrammarCompiler:
                     spec.value, any_whitespace=spec.any_whitespace, strict_mode=True
                 )
             if spec.kind == "json_object":
-                return c.compile_builtin_json_grammar()
+                # NOTE: xgrammar's builtin JSON grammar allows any value ([null] too);
+                # OpenAI's json_object means an object.
+                return c.compile_json_schema(
+                    '{"type": "object"}', any_whitespace=spec.any_whitespace
+                )
             if spec.kind == "regex":
                 return c.compile_regex(spec.value)
             if spec.kind == "choice":

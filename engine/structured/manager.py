@@ -24,7 +24,8 @@ from engine.structured.grammar import GrammarCompiler, GrammarError
 
 logger = logging.getLogger("hearth.engine")
 
-DEFAULT_COMPILE_TIMEOUT_S = 10.0
+DEFAULT_COMPILE_TIMEOUT_S = 30.0
+"""Counted from when compiling starts (time queued behind other compiles is free)."""
 DEFAULT_CACHE_SIZE = 512
 
 
@@ -33,7 +34,8 @@ class PendingCompile:
     payload: Any
     """Whatever the caller needs to admit the request once compiled (message, client)."""
     future: Future[Any]
-    deadline: float
+    started: list[float]
+    """Set by the compile thread when it starts (a list: written from that thread)."""
 
 
 @dataclass(slots=True)
@@ -127,10 +129,17 @@ class StructuredOutputManager:
             self.num_cache_hits += 1
             future = Future()
             future.set_result(compiled)
+        started: list[float] = []
+        if compiled is not None:
+            started.append(time.monotonic())
         else:
-            future = self._pool.submit(self.compile, spec)
-        deadline = time.monotonic() + self.compile_timeout_s
-        self._pending[request_id] = PendingCompile(payload, future, deadline)
+
+            def run() -> Any:
+                started.append(time.monotonic())
+                return self.compile(spec)
+
+            future = self._pool.submit(run)
+        self._pending[request_id] = PendingCompile(payload, future, started)
 
     def discard(self, request_id: str) -> bool:
         """Forget a request still compiling (aborted); its result will be dropped."""
@@ -159,7 +168,7 @@ class StructuredOutputManager:
                 except Exception as exc:  # a library bug must not kill the engine
                     logger.exception("grammar compile failed for %s", rid)
                     done.append(CompileResult(item.payload, None, f"compile failed: {exc}"))
-            elif now >= item.deadline:
+            elif item.started and now - item.started[0] >= self.compile_timeout_s:
                 del self._pending[rid]
                 item.future.cancel()
                 done.append(

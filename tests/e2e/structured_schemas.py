@@ -6,11 +6,12 @@ fields, anyOf unions, string formats and patterns. Strings carry a max length so
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 Short = Field(max_length=24)
+Word = Annotated[str, Field(max_length=16)]
 
 
 class Color(StrEnum):
@@ -42,7 +43,7 @@ class PersonWithAddress(BaseModel):
 
 
 class Tags(BaseModel):
-    tags: list[str] = Field(min_length=1, max_length=3)
+    tags: list[Word] = Field(min_length=1, max_length=3)
 
 
 class Scores(BaseModel):
@@ -114,7 +115,7 @@ class Polygon(BaseModel):
 
 class Recipe(BaseModel):
     dish: str = Short
-    ingredients: list[str] = Field(min_length=2, max_length=3)
+    ingredients: list[Word] = Field(min_length=2, max_length=3)
     minutes: int = Field(ge=1, le=240)
 
 

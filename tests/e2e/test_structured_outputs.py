@@ -53,7 +53,7 @@ def test_parse_pydantic_models(default_server: Server) -> None:
 
 def test_parse_streamed_with_the_sdk_helper(default_server: Server) -> None:
     sdk = client(default_server)
-    for model, prompt in SCHEMAS[:3]:
+    for model, prompt in SCHEMAS[:2]:
         with sdk.chat.completions.stream(
             model=MODEL,
             messages=_ask(prompt),
@@ -69,13 +69,13 @@ def test_parse_streamed_with_the_sdk_helper(default_server: Server) -> None:
 
 def test_json_object_regex_choice_and_grammar(default_server: Server) -> None:
     sdk = async_client(default_server)
-    prompts = ["Describe a dog.", "Name a city.", "Count to three.", "Say hello."]
+    prompts = ["Describe a dog.", "Say hello."]
     date = r"20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])"
     grammar = 'root ::= greeting ", " name "!"\ngreeting ::= "Hello" | "Hi"\nname ::= [A-Z] [a-z]+'
 
     async def chat(prompt, **extra):
         reply = await sdk.chat.completions.create(
-            model=MODEL, messages=_ask(prompt), max_tokens=60, temperature=0.7, seed=1, **extra
+            model=MODEL, messages=_ask(prompt), max_tokens=40, temperature=0.7, seed=1, **extra
         )
         return reply.choices[0].message.content
 
@@ -224,7 +224,7 @@ def test_named_tool_is_always_called(default_server: Server) -> None:
         )
         return reply.choices[0]
 
-    choices = asyncio.run(_gather([one(p) for p in TOOL_PROMPTS[:6]]))
+    choices = asyncio.run(_gather([one(p) for p in TOOL_PROMPTS[:4]]))
     for choice in choices:
         [call] = choice.message.tool_calls
         assert call.function.name == "add"
@@ -250,7 +250,7 @@ def test_tool_round_trip(default_server: Server) -> None:
             {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"celsius": 21})}
         )
     final = sdk.chat.completions.create(
-        model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=40
+        model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=12
     )
     choice = final.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
@@ -287,7 +287,7 @@ def test_mixed_constrained_and_unconstrained_at_c16(default_server: Server) -> N
 
     async def plain():
         reply = await sdk.chat.completions.create(
-            model=MODEL, messages=_ask(prompt), temperature=0, max_tokens=16
+            model=MODEL, messages=_ask(prompt), temperature=0, max_tokens=8
         )
         return reply.choices[0].message.content
 
