@@ -11,6 +11,7 @@ import json
 import math
 import re
 import threading
+import time
 
 import pytest
 
@@ -241,7 +242,13 @@ def test_compile_past_the_time_limit_is_refused(core, tok, monkeypatch) -> None:
     core.structured.compile_timeout_s = 0.0
     try:
         assert core.add_request(msg) is None
-        [(_, admission)] = core.poll_compiled()
+        answers: list = []
+        for _ in range(500):  # until the compile thread has started (and overrun at once)
+            answers = core.poll_compiled()
+            if answers:
+                break
+            time.sleep(0.01)
+        [(_, admission)] = answers
     finally:
         core.structured.compile_timeout_s = limit
         release.set()
