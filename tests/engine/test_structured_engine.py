@@ -55,8 +55,15 @@ def core(model_smollm2_dir: str):
 
 
 def _prompt(tok: Tokenizer, text: str) -> list[int]:
-    chat = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": text}]
-    return tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
+    """The chat prompt, padded in the system turn to whole KV blocks, so that the very
+    first generated token of each sequence needs a new block (preemption is certain)."""
+    system = LONG_SYSTEM
+    while True:
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        ids = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
+        if len(ids) % 16 == 0:
+            return ids
+        system += " ok"
 
 
 def _drive(core, requests: list[AddRequest]) -> dict[str, dict]:
@@ -142,6 +149,9 @@ def test_mixed_batch_with_chunked_prefill_and_preemption(core, tok) -> None:
             ),
         ),
     ]
+    for msg in msgs:  # compiled ahead, so every request is admitted in the same step
+        if msg.params.structured is not None:
+            core.structured.compile(msg.params.structured)
     results = _drive(core, msgs)
 
     # Unconstrained greedy output is unchanged by sharing steps with masked rows.
