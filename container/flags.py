@@ -186,6 +186,20 @@ def add_serve_flags(
         "Accept 'chat_template' in request bodies (arbitrary Jinja from clients)",
     )
     api.value("--response-role", str, "assistant", "Role of generated chat messages")
+    api.value(
+        "--tool-call-parser",
+        str,
+        None,
+        "Tool-call format (default: detected from the chat template)",
+        choices=["hermes", "llama3_json", "mistral"],
+    )
+    api.value(
+        "--reasoning-parser",
+        str,
+        None,
+        "Move <think>...</think> into reasoning_content (default: on when the template has <think>)",
+        choices=["think", "none"],
+    )
     api.switch("--enable-request-id-headers", False, "Echo X-Request-Id in responses")
     api.value(
         "--sse-keep-alive-interval",

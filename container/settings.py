@@ -96,6 +96,8 @@ def serve_configs(
         served_model_names=tuple(served),
         api_key_digests=tuple(digest_api_key(k) for k in args.api_key),
         response_role=args.response_role,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         chat_template=read_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
         allowed_origins=tuple(args.allowed_origins),

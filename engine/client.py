@@ -171,7 +171,7 @@ class EngineClient(ABC):
             message = admission.message or "request refused"
             if admission.error_kind == "overloaded":
                 raise EngineOverloadedError(message)
-            raise InvalidEngineRequestError(message)
+            raise InvalidEngineRequestError(message, param=admission.param)
         return collector
 
     async def abort(self, request_ids: list[str]) -> None:

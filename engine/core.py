@@ -30,6 +30,8 @@ from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, Scheduler
+from engine.structured.grammar import GrammarState
+from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
 from engine.weights_mode import apply_weights_mode
 
@@ -144,6 +146,7 @@ class EngineCore:
             quantization=self.weights_mode.quantization,
             kernels=self.weights_mode.description,
         )
+        self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_consecutive_step_failures = 0
@@ -183,7 +186,9 @@ class EngineCore:
         return int(blocks)
 
     # -- requests --------------------------------------------------------------------
-    def add_request(self, msg: AddRequest, client_id: bytes = b"") -> Admission:
+    def add_request(self, msg: AddRequest, client_id: bytes = b"") -> Admission | None:
+        """Admit or refuse at once, or (a constrained request whose grammar must first
+        compile) return None: `poll_compiled` answers it later."""
         rid = msg.request_id
         problem = self._validate(msg)
         if problem is not None:
@@ -206,21 +211,60 @@ class EngineCore:
                 error_kind="overloaded",
                 message=f"The server is at capacity ({sched.num_waiting_tokens} prompt tokens waiting); retry later.",
             )
+        if msg.params.structured is not None:
+            self.structured.submit(rid, msg.params.structured, (msg, client_id))
+            return None
+        return self._admit(msg, client_id, None)
+
+    def _admit(self, msg: AddRequest, client_id: bytes, grammar: GrammarState | None) -> Admission:
         request = Request(
-            rid,
+            msg.request_id,
             msg.prompt_token_ids,
             msg.params,
             client_id,
             msg.priority,
             msg.arrival_time or None,
         )
-        sched.add(request)
+        request.grammar = grammar
+        self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
-        return Admission(request_id=rid, accepted=True)
+        return Admission(request_id=msg.request_id, accepted=True)
+
+    def poll_compiled(self) -> list[tuple[bytes, Admission]]:
+        """Admit (or refuse) the constrained requests whose grammar finished compiling."""
+        answers: list[tuple[bytes, Admission]] = []
+        for result in self.structured.ready():
+            msg, client_id = result.payload
+            if result.compiled is None:
+                spec = msg.params.structured
+                param = spec.param if spec is not None and spec.param else None
+                prefix = f"{param}: " if param else ""
+                admission = Admission(
+                    request_id=msg.request_id,
+                    accepted=False,
+                    error_kind="invalid",
+                    message=f"{prefix}{result.error}",
+                    param=param,
+                )
+            elif msg.request_id in self.scheduler.requests:
+                admission = Admission(
+                    request_id=msg.request_id,
+                    accepted=False,
+                    error_kind="invalid",
+                    message=f"request id {msg.request_id!r} is already in use",
+                )
+            else:
+                admission = self._admit(msg, client_id, GrammarState(result.compiled))
+            answers.append((client_id, admission))
+        return answers
+
+    @property
+    def num_compiling(self) -> int:
+        return self.structured.num_pending
 
     def _validate(self, msg: AddRequest) -> str | None:
         ids = msg.prompt_token_ids
-        if msg.request_id in self.scheduler.requests:
+        if msg.request_id in self.scheduler.requests or self.structured.is_pending(msg.request_id):
             return f"request id {msg.request_id!r} is already in use"
         if not ids:
             return "the prompt is empty"
@@ -238,6 +282,8 @@ class EngineCore:
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
+            if self.structured.discard(rid):
+                continue
             request = self.scheduler.abort(rid)
             if request is not None:
                 self.runner.forget(request)
@@ -289,6 +335,8 @@ class EngineCore:
             request.all_token_ids.append(token)
             self.num_generation_tokens_total += 1
             finish = self._check_stop(request, token)
+            if request.grammar is not None and finish is None:
+                finish = self._advance_grammar(request, token)
             out = RequestOutput(
                 request_id=request.request_id,
                 new_token_ids=[token],
@@ -325,6 +373,20 @@ class EngineCore:
             outputs.append((request.client_id, out))
         return outputs
 
+    @staticmethod
+    def _advance_grammar(request: Request, token: int) -> str | None:
+        """Feed the sampled token to the request's grammar. A grammar that accepted its
+        stop token has nothing left to match, so the request ends there even under
+        min_tokens or ignore_eos (the mask would allow no further token)."""
+        grammar = request.grammar
+        assert grammar is not None
+        if not grammar.accept(token):
+            logger.error(
+                "request %s: sampled token %d rejected by its grammar", request.request_id, token
+            )
+            return "stop"
+        return "stop" if grammar.is_terminated else None
+
     def _check_stop(self, request: Request, token: int) -> str | None:
         p: SamplingParams = request.params
         num_out = request.num_output_tokens
@@ -347,10 +409,11 @@ class EngineCore:
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         msg = AddRequest(request_id="__warmup__", prompt_token_ids=[1] * max(n, 1), params=params)
         admission = self.add_request(msg)
-        if not admission.accepted:
+        if admission is None or not admission.accepted:
             raise RuntimeError(f"warm-up request refused: {admission.message}")
         while self.has_work():
             self.step()
+        self.structured.prewarm()
         self.block_manager.reset_prefix_cache()
         self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
         return time.monotonic() - start

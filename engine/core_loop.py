@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from engine.ipc import Heartbeat
 
 IDLE_POLL_MS = 100
+COMPILE_POLL_MS = 5
+"""Poll interval while only grammar compiles are pending (no step to run)."""
 
 
 class EngineTransport(Protocol):
@@ -45,7 +47,9 @@ def handle_message(
     core: EngineCore, transport: EngineTransport, client_id: bytes, message: EngineMessage
 ) -> None:
     if isinstance(message, AddRequest):
-        transport.send(client_id, core.add_request(message, client_id))
+        admission = core.add_request(message, client_id)
+        if admission is not None:  # None: answered by poll_compiled once compiled
+            transport.send(client_id, admission)
     elif isinstance(message, AbortRequest):
         core.abort(message.request_ids)
     elif isinstance(message, Hello):
@@ -67,11 +71,16 @@ def run_engine_loop(
     while not stop.is_set():
         if heartbeat is not None:
             heartbeat.loop()
-        timeout = 0 if core.has_work() else IDLE_POLL_MS
+        if core.has_work():
+            timeout = 0
+        else:
+            timeout = COMPILE_POLL_MS if core.num_compiling else IDLE_POLL_MS
         messages = transport.poll(timeout)
         for client_id, message in messages:
             handle_message(core, transport, client_id, message)
         changed = bool(messages)
+        for client_id, admission in core.poll_compiled():
+            transport.send(client_id, admission)
         for client_id in transport.take_gone_clients():
             # A dead worker's requests would run to max_tokens for nobody.
             changed = core.abort_client(client_id) > 0 or changed

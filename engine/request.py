@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.grammar import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -29,6 +33,7 @@ class Request:
         "block_ids",
         "client_id",
         "finish_reason",
+        "grammar",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_prompt_tokens",
@@ -67,6 +72,9 @@ class Request:
         self.stop_reason: int | None = None
         self.stop_token_set = frozenset(params.stop_token_ids)
         """Checked for every generated token: a set, not the wire list."""
+        self.grammar: GrammarState | None = None
+        """Structured outputs: the matcher the sampler masks with (kept across a
+        preemption: recompute only refills the KV cache of tokens it already accepted)."""
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from engine.messages import TokenLogprob
 from engine.request import Request
+from engine.structured.grammar import apply_grammar_masks
 
 MIN_TEMPERATURE = 1e-5
 
@@ -63,6 +64,10 @@ class Sampler:
     ) -> SamplerOutput:
         # logits: [num_rows, vocab] float32
         logits = self._apply_penalties_and_bias(logits, requests, eos_token_ids)
+        if any(r.grammar is not None for r in requests):
+            # Structured outputs: after penalties and bias, so nothing can re-allow a
+            # token the grammar forbids; logprobs below see the masked distribution.
+            logits = apply_grammar_masks(logits, requests)
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 

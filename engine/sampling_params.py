@@ -12,6 +12,25 @@ from __future__ import annotations
 import msgspec
 
 
+class StructuredOutputSpec(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
+    """One decoding constraint, as the serving layer resolved it from the request.
+
+    The engine compiles it (once per distinct spec and tokenizer) and masks the logits
+    of this sequence so that the output always matches it.
+    """
+
+    kind: str
+    """'json' (a JSON schema), 'json_object' (any JSON object), 'regex', 'choice'
+    (one of several strings) or 'grammar' (EBNF/GBNF)."""
+    value: str = ""
+    """The schema as JSON text, the regex, the grammar, or the choices as a JSON list."""
+    any_whitespace: bool = False
+    """JSON only: allow free whitespace between tokens (off: compact JSON, which small
+    models cannot fill with runs of blank lines)."""
+    param: str = ""
+    """The request field the constraint came from, named in the 400 if it fails to compile."""
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """What the engine needs to sample and stop one sequence (n is fanned out above)."""
 
@@ -34,3 +53,5 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
+    structured: StructuredOutputSpec | None = None
+    """A grammar the output must match (structured outputs, forced tool calls)."""

@@ -40,6 +40,10 @@ class ServerConfig:
     """SHA-256 hex digests of the accepted API keys (`digest_api_key`); empty: no auth."""
     response_role: str = "assistant"
     """Role of the generated message (vLLM's --response-role)."""
+    tool_call_parser: str | None = None
+    """Tool-call format ('hermes', 'llama3_json', 'mistral'); None: from the chat template."""
+    reasoning_parser: str | None = None
+    """'think' or 'none'; None: 'think' when the chat template mentions <think>."""
     chat_template: str | None = None
     """Template text overriding the model's own (the CLI reads --chat-template files)."""
     trust_request_chat_template: bool = False

@@ -136,5 +136,5 @@ def from_engine_error(exc: BaseException) -> ServingError | None:
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailableError(str(exc) or "The engine has stopped; the server restarts.")
     if isinstance(exc, InvalidEngineRequestError):
-        return BadRequestError(str(exc))
+        return BadRequestError(str(exc), param=exc.param)
     return None

@@ -23,12 +23,6 @@ MAX_PROMPTS = 256
 
 _UNSUPPORTED_COMPLETION_FIELDS = {
     "suffix": "suffix (fill-in-the-middle) is not supported",
-    "guided_json": "structured output is not supported yet",
-    "guided_regex": "structured output is not supported yet",
-    "guided_choice": "structured output is not supported yet",
-    "guided_grammar": "structured output is not supported yet",
-    "structured_outputs": "structured output is not supported yet",
-    "response_format": "structured output is not supported yet",
     "prompt_logprobs": "prompt logprobs are not supported yet",
     "prompt_embeds": "prompt embeddings are not supported",
     "allowed_token_ids": "allowed_token_ids is not supported yet",

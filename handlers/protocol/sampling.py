@@ -12,15 +12,15 @@ from typing import Any, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from handlers.errors import BadRequestError
 from handlers.protocol.base import (
     FieldError,
-    OpenAIBaseModel,
     StreamOptions,
     limits_from,
     reject_unsupported,
 )
+from handlers.protocol.structured import StructuredOutputFields
 
 INT64_MAX = 2**63 - 1
 
@@ -61,8 +61,9 @@ def check_in_vocabulary(token_ids: Iterable[int], vocab_size: int, param: str) -
             )
 
 
-class SamplingRequest(OpenAIBaseModel):
-    """Fields every generation request (chat and completion) accepts."""
+class SamplingRequest(StructuredOutputFields):
+    """Fields every generation request (chat and completion) accepts, including the
+    output constraints (`response_format`, `structured_outputs`, `guided_*`)."""
 
     n: int = Field(default=1, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -179,8 +180,10 @@ class SamplingRequest(OpenAIBaseModel):
         vocab_size: int,
         logprobs: int | None,
         defaults: Mapping[str, Any] | None = None,
+        structured: StructuredOutputSpec | None = None,
     ) -> SamplingParams:
-        """SamplingParams for one choice; request values win over the model's defaults."""
+        """SamplingParams for one choice; request values win over the model's defaults.
+        `structured` overrides the request's own constraint (chat's forced tool calls)."""
         self.check_token_ids(vocab_size)
         if self.min_tokens > max_tokens:
             raise BadRequestError(
@@ -216,6 +219,7 @@ class SamplingRequest(OpenAIBaseModel):
             if self.logit_bias
             else None,
             logprobs=logprobs,
+            structured=structured if structured is not None else self.structured_spec(),
         )
 
 

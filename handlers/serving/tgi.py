@@ -68,6 +68,7 @@ class ServingTGI(ServingBase):
             repetition_penalty=repetition_penalty,
             frequency_penalty=p.frequency_penalty or 0.0,
             logprobs=0 if want_logprobs else None,
+            structured=p.grammar.spec() if p.grammar is not None else None,
         )
         # NOTE: TGI keeps the stop sequence in the generated text.
         options = ChoiceOptions(

@@ -47,7 +47,12 @@ async def test_non_stream_answer_and_usage(client, engine: FakeEngine, tokenizer
     assert body["id"].startswith("chatcmpl-")
     assert body["model"] == "tiny-alias"
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": "The capital of France is Paris."}
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": "The capital of France is Paris.",
+        "reasoning_content": None,
+        "tool_calls": [],
+    }
     assert choice["finish_reason"] == "stop"
     prompt_len = len(engine.added[0].prompt_token_ids)
     assert body["usage"] == {
@@ -413,7 +418,8 @@ async def test_content_parts_and_developer_role_render(client, engine: FakeEngin
     rendered = tokenizer.decode(engine.added[0].prompt_token_ids, skip_special_tokens=False)
     assert "<|im_start|>developer\nBe brief.<|im_end|>" in rendered
     assert "<|im_start|>user\na\nb<|im_end|>" in rendered
-    assert "<|im_start|>tool\n42<|im_end|>" in rendered
+    # SmolLM2's template knows no tools: results go in as hearth's Hermes-style user turn.
+    assert "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>" in rendered
 
 
 async def test_generation_config_defaults_apply(make_client, engine: FakeEngine, model_dir):
