@@ -14,7 +14,7 @@ BENCH_ARGS ?=
 # vLLM dtypes for bench-compare; the better vLLM per level counts for the ratios.
 BENCH_DTYPES ?= float32,bfloat16
 
-.PHONY: setup serve test test-fast lint format bench bench-quick bench-compare bench-compare-quick clean gpu-check gpu-wheels
+.PHONY: setup serve test test-fast lint format bench bench-quick bench-compare bench-compare-quick soak clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -83,6 +83,12 @@ gpu-wheels:
 	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 -d $(GPU_WHEELS) -r tests/gpu/wheels.txt
+
+# Not part of `make test`: 10,000 mixed requests with 20 % client disconnects against a
+# server it starts, then leak checks (tests/reliability/soak.py; SOAK_ARGS to change).
+SOAK_ARGS ?= --requests 10000 --concurrency 16
+soak: setup
+	$(BIN)/python tests/reliability/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

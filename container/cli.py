@@ -13,9 +13,9 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 
-from container.flags import add_serve_flags, finish_many
+from container.flags import add_serve_flags, finish_many, log_level_from_env
+from container.settings import configure_logging
 
 logger = logging.getLogger("hearth")
 
@@ -49,79 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_chat_template(value: str | None) -> str | None:
-    if value is None:
-        return None
-    path = Path(value)
-    if len(value) < 4096 and path.is_file():
-        return path.read_text()
-    if "{" not in value:
-        raise SystemExit(
-            f"hearth: --chat-template {value!r} is neither a file nor a Jinja template"
-        )
-    return value
-
-
-def build_configs(args: argparse.Namespace, model_dir: str):  # -> (EngineConfig, ServerConfig)
-    from engine.config import EngineConfig
-    from handlers.config import ServerConfig, digest_api_key
-
-    engine = EngineConfig(
-        model=model_dir,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        device=args.device,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        seed=args.seed,
-        max_num_queued_reqs=args.max_num_queued_reqs,
-        max_num_queued_tokens=args.max_num_queued_tokens,
-        scheduling_policy=args.scheduling_policy,
-        num_threads=args.num_threads,
-        disable_log_stats=args.disable_log_stats,
-    )
-    served = args.served_model_name or (["smollm2"] if args.model is None else [])
-    server = ServerConfig(
-        model_dir=model_dir,
-        served_model_names=tuple(served) or (args.model.rstrip("/"),),
-        api_key_digests=tuple(digest_api_key(k) for k in args.api_key),
-        response_role=args.response_role,
-        chat_template=_read_chat_template(args.chat_template),
-        trust_request_chat_template=args.trust_request_chat_template,
-        allowed_origins=tuple(args.allowed_origins),
-        allowed_methods=tuple(args.allowed_methods or ["*"]),
-        allowed_headers=tuple(args.allowed_headers or ["*"]),
-        allow_credentials=args.allow_credentials,
-        enable_request_id_headers=args.enable_request_id_headers,
-        sse_keep_alive_interval=args.sse_keep_alive_interval,
-        enable_server_load_tracking=args.enable_server_load_tracking,
-        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-        root_path=args.root_path,
-        max_log_len=args.max_log_len,
-    )
-    return engine, server
-
-
 def run_serve(args: argparse.Namespace) -> int:
     from container.gunicorn_app import EngineSupervisor, HearthApplication
+    from container.settings import serve_configs
     from engine.ipc import ENV_ENGINE_CONFIG, ENV_RUNTIME_DIR
-    from engine.model_loader import ModelNotFoundError, resolve_model_dir
+    from engine.model_resolver import ModelNotFoundError, resolve_model_dir
     from engine.process import config_to_env
 
-    if not args.api_key and os.environ.get("HEARTH_API_KEY"):
-        args.api_key = [os.environ["HEARTH_API_KEY"]]
     try:
         model_dir = resolve_model_dir(args.model, progress=lambda m: logger.info("%s", m))
     except ModelNotFoundError as exc:
         print(f"hearth: {exc}", file=sys.stderr)
         return 2
-    engine_config, server_config = build_configs(args, model_dir)
+    configure_logging(args.log_level)
+    engine_config, server_config = serve_configs(args, model_dir)
 
     runtime_dir = tempfile.mkdtemp(prefix="hearth-")
     metrics_dir = tempfile.mkdtemp(prefix="hearth-metrics-")
@@ -141,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "timeout": 120,
         "keepalive": 5,
         "control_socket_disable": True,
-        "loglevel": os.environ.get("HEARTH_LOG_LEVEL", "info").lower(),
+        "loglevel": args.log_level,
         "proc_name": "hearth",
     }
     if args.ssl_keyfile or args.ssl_certfile:
@@ -173,10 +114,7 @@ def _host(host: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=os.environ.get("HEARTH_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s [hearth] %(message)s",
-    )
+    configure_logging(log_level_from_env())
     for noisy in ("httpx", "httpcore"):  # one line per request of `hearth bench`
         logging.getLogger(noisy).setLevel(logging.WARNING)
     parser = build_parser()

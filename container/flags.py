@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 TRUE = {"1", "true", "yes", "on"}
@@ -64,15 +64,20 @@ def _convert(type: Callable[[str], Any], raw: str, flag: str, choices: Any = Non
 
 
 class FlagAdder:
-    """Adds flags whose defaults come from HEARTH_<FLAG> when set."""
+    """Adds flags whose defaults come from HEARTH_<FLAG> in `environ` when set."""
 
-    def __init__(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    def __init__(
+        self,
+        parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
         self.parser = parser
+        self.environ = environ
 
     def value(
         self, flag: str, type: Callable[[str], Any], default: Any, help: str, **kwargs: Any
     ) -> None:
-        raw = os.environ.get(env_name(flag))
+        raw = self.environ.get(env_name(flag))
         if raw is not None:
             default = _convert(type, raw, flag, kwargs.get("choices"))
         self.parser.add_argument(
@@ -80,7 +85,7 @@ class FlagAdder:
         )
 
     def switch(self, flag: str, default: bool, help: str) -> None:
-        raw = os.environ.get(env_name(flag))
+        raw = self.environ.get(env_name(flag))
         if raw is not None:
             default = parse_bool(raw, flag)
         self.parser.add_argument(
@@ -93,7 +98,7 @@ class FlagAdder:
     def many(self, flag: str, help: str, repeat_only: bool = False, **kwargs: Any) -> None:
         """A list flag: `--flag a b` (vLLM style), or with repeat_only `--flag a --flag b`,
         for flags that come before the positional MODEL and must not swallow it."""
-        raw = os.environ.get(env_name(flag))
+        raw = self.environ.get(env_name(flag))
         default = [v for v in raw.split(",") if v] if raw else []
         self.parser.add_argument(
             flag,
@@ -116,21 +121,37 @@ def finish_many(args: argparse.Namespace) -> None:
             delattr(args, key)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def log_level_from_env(environ: Mapping[str, str] = os.environ) -> str:
+    """HEARTH_LOG_LEVEL before any command line is parsed (the logging of every
+    subcommand is set up first); `hearth serve --log-level` then takes over."""
+    raw = environ.get(env_name("--log-level"))
+    if raw is None:
+        return "info"
+    return _convert(str.lower, raw, "--log-level", LOG_LEVELS)
+
+
 SERVE_USAGE = "hearth serve [MODEL] [flags]   (hearth serve --help lists every flag)"
 
 
-def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+def add_serve_flags(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ
+) -> None:
+    """Every `hearth serve` flag, defaults read from `environ` (docs/architecture.md,
+    "Configuration"); `container/settings.py` turns the parsed flags into configs."""
     # A short usage line: argparse prints it above every error, and the full one is
     # ~40 lines that would bury the one line that matters.
     parser.usage = SERVE_USAGE
     parser.add_argument(
         "model",
         nargs="?",
-        default=os.environ.get("HEARTH_MODEL"),
+        default=environ.get("HEARTH_MODEL"),
         help="Hugging Face model directory or .gguf file; default: the embedded "
         "SmolLM2-135M-Instruct [env HEARTH_MODEL]",
     )
-    net = FlagAdder(parser.add_argument_group("server"))
+    net = FlagAdder(parser.add_argument_group("server"), environ)
     net.value("--host", str, "127.0.0.1", "Address to bind")
     net.value("--port", int, 8000, "Port to bind")
     net.value("--uds", str, None, "Serve on this Unix domain socket instead of host:port")
@@ -148,6 +169,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     net.many("--allowed-methods", "CORS methods (default all, when origins are set)")
     net.many("--allowed-headers", "CORS headers (default all, when origins are set)")
     net.switch("--allow-credentials", False, "CORS: allow credentials")
+    net.value("--log-level", str.lower, "info", "Log level", choices=LOG_LEVELS)
     net.value(
         "--timeout-graceful-shutdown",
         float,
@@ -155,7 +177,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "Seconds SIGTERM lets in-flight requests finish (SageMaker kills at 30)",
     )
 
-    api = FlagAdder(parser.add_argument_group("OpenAI API"))
+    api = FlagAdder(parser.add_argument_group("OpenAI API"), environ)
     api.many("--served-model-name", "Names clients use in 'model' (the first is reported)")
     api.value("--chat-template", str, None, "Chat template: a file path or the template text")
     api.switch(
@@ -164,12 +186,34 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "Accept 'chat_template' in request bodies (arbitrary Jinja from clients)",
     )
     api.value("--response-role", str, "assistant", "Role of generated chat messages")
+    api.value(
+        "--tool-call-parser",
+        str,
+        None,
+        "Tool-call format (default: detected from the chat template)",
+        choices=["hermes", "llama3_json", "mistral"],
+    )
+    api.value(
+        "--reasoning-parser",
+        str,
+        None,
+        "Move <think>...</think> into reasoning_content (default: on when the template has <think>)",
+        choices=["think", "none"],
+    )
     api.switch("--enable-request-id-headers", False, "Echo X-Request-Id in responses")
     api.value(
         "--sse-keep-alive-interval",
         float,
-        5.0,
-        "Seconds between SSE keep-alive comments while a stream waits",
+        None,
+        "Seconds between SSE keep-alive comments while a stream waits, for proxies that "
+        "close quiet connections (default: none; some clients cannot parse comments)",
+    )
+    api.value(
+        "--request-timeout",
+        float,
+        None,
+        "Seconds after which a request still generating ends with a 504 error and is "
+        "aborted (default: no limit; the SageMaker `serve` entry sets 60)",
     )
     api.switch("--enable-server-load-tracking", False, "Expose GET /load")
     api.switch(
@@ -178,7 +222,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     api.value("--max-log-len", int, None, "Characters of prompts shown in logs")
     api.switch("--disable-log-requests", False, "No per-request log line")
 
-    eng = FlagAdder(parser.add_argument_group("engine"))
+    eng = FlagAdder(parser.add_argument_group("engine"), environ)
     eng.value("--device", str, "auto", "auto, cpu or cuda[:N]")
     eng.value(
         "--dtype",

@@ -6,7 +6,7 @@ KV blocks) are resolved by the core at start-up; see `ResolvedModelInfo`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -44,7 +44,8 @@ class EngineConfig:
     num_threads: int | None = None
     """torch intra-op threads of the engine process (default: all cores)."""
     disable_log_stats: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
+    log_level: str = "info"
+    """Python logging level of the engine core process (--log-level)."""
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -8,6 +8,7 @@ thread (in-process mode).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -23,11 +24,14 @@ from engine.gpu_memory import (
     profile_peak_step_bytes,
 )
 from engine.messages import AddRequest, Admission, RequestOutput
-from engine.model_loader import load_model, resolve_model_dir
+from engine.model_loader import load_model
+from engine.model_resolver import resolve_model_dir
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledRequest, Scheduler
+from engine.structured.grammar import GrammarState
+from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
 from engine.weights_mode import apply_weights_mode
 
@@ -36,6 +40,16 @@ logger = logging.getLogger("hearth.engine")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_CPU_KV_BYTES = 4 << 30
 """vLLM-CPU's default KV space; memory is committed only as blocks are used."""
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+"""A step that raises fails only its own requests; this many in a row means the engine
+itself is broken, and it exits so the platform restarts the container."""
+ENV_FAULT_FILE = "HEARTH_TEST_FAULT_FILE"
+"""Test-only fault injection: when set and the named file exists, the next step removes
+it and raises (tests/reliability). Unset in production: one dict lookup per step."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the test-only fault hook."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -132,8 +146,11 @@ class EngineCore:
             quantization=self.weights_mode.quantization,
             kernels=self.weights_mode.description,
         )
+        self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        self.num_consecutive_step_failures = 0
+        self._fault_file = os.environ.get(ENV_FAULT_FILE) or None
         say(
             f"KV cache: {num_blocks} blocks of {block_size} tokens "
             f"({num_blocks * block_size} tokens), max_model_len {max_len}"
@@ -169,7 +186,9 @@ class EngineCore:
         return int(blocks)
 
     # -- requests --------------------------------------------------------------------
-    def add_request(self, msg: AddRequest, client_id: bytes = b"") -> Admission:
+    def add_request(self, msg: AddRequest, client_id: bytes = b"") -> Admission | None:
+        """Admit or refuse at once, or (a constrained request whose grammar must first
+        compile) return None: `poll_compiled` answers it later."""
         rid = msg.request_id
         problem = self._validate(msg)
         if problem is not None:
@@ -192,21 +211,60 @@ class EngineCore:
                 error_kind="overloaded",
                 message=f"The server is at capacity ({sched.num_waiting_tokens} prompt tokens waiting); retry later.",
             )
+        if msg.params.structured is not None:
+            self.structured.submit(rid, msg.params.structured, (msg, client_id))
+            return None
+        return self._admit(msg, client_id, None)
+
+    def _admit(self, msg: AddRequest, client_id: bytes, grammar: GrammarState | None) -> Admission:
         request = Request(
-            rid,
+            msg.request_id,
             msg.prompt_token_ids,
             msg.params,
             client_id,
             msg.priority,
             msg.arrival_time or None,
         )
-        sched.add(request)
+        request.grammar = grammar
+        self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
-        return Admission(request_id=rid, accepted=True)
+        return Admission(request_id=msg.request_id, accepted=True)
+
+    def poll_compiled(self) -> list[tuple[bytes, Admission]]:
+        """Admit (or refuse) the constrained requests whose grammar finished compiling."""
+        answers: list[tuple[bytes, Admission]] = []
+        for result in self.structured.ready():
+            msg, client_id = result.payload
+            if result.compiled is None:
+                spec = msg.params.structured
+                param = spec.param if spec is not None and spec.param else None
+                prefix = f"{param}: " if param else ""
+                admission = Admission(
+                    request_id=msg.request_id,
+                    accepted=False,
+                    error_kind="invalid",
+                    message=f"{prefix}{result.error}",
+                    param=param,
+                )
+            elif msg.request_id in self.scheduler.requests:
+                admission = Admission(
+                    request_id=msg.request_id,
+                    accepted=False,
+                    error_kind="invalid",
+                    message=f"request id {msg.request_id!r} is already in use",
+                )
+            else:
+                admission = self._admit(msg, client_id, GrammarState(result.compiled))
+            answers.append((client_id, admission))
+        return answers
+
+    @property
+    def num_compiling(self) -> int:
+        return self.structured.num_pending
 
     def _validate(self, msg: AddRequest) -> str | None:
         ids = msg.prompt_token_ids
-        if msg.request_id in self.scheduler.requests:
+        if msg.request_id in self.scheduler.requests or self.structured.is_pending(msg.request_id):
             return f"request id {msg.request_id!r} is already in use"
         if not ids:
             return "the prompt is empty"
@@ -224,20 +282,48 @@ class EngineCore:
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
+            if self.structured.discard(rid):
+                continue
             request = self.scheduler.abort(rid)
             if request is not None:
                 self.runner.forget(request)
+
+    def abort_client(self, client_id: bytes) -> int:
+        """Abort every request of one worker (it died); returns how many."""
+        ids = [rid for rid, r in self.scheduler.requests.items() if r.client_id == client_id]
+        self.abort(ids)
+        if ids:
+            logger.warning("worker %r is gone: aborted its %d requests", client_id, len(ids))
+        return len(ids)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     # -- one step ----------------------------------------------------------------------
     def step(self) -> list[tuple[bytes, RequestOutput]]:
-        """Run one step; returns each new output with the client it goes to."""
+        """Run one step; returns each new output with the client it goes to.
+
+        If the forward pass or sampling raises (an OOM on a big prefill, a sampler bug),
+        only the requests scheduled in this step fail, with finish_reason 'error'; their
+        blocks are freed and the engine goes on. Several failures in a row re-raise.
+        """
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
             return []
-        result = self.runner.execute(sched_out.scheduled)
+        try:
+            if self._fault_file is not None and os.path.exists(self._fault_file):
+                os.unlink(self._fault_file)
+                raise InjectedFault("injected fault (test hook)")
+            result = self.runner.execute(sched_out.scheduled)
+        except Exception as exc:
+            self.num_consecutive_step_failures += 1
+            if self.num_consecutive_step_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                raise
+            logger.exception(
+                "engine step failed; failing its %d requests", len(sched_out.scheduled)
+            )
+            return self._fail_step(sched_out.scheduled, exc)
+        self.num_consecutive_step_failures = 0
         self.scheduler.commit_step(sched_out)
         if result.output is None:
             return []
@@ -249,6 +335,8 @@ class EngineCore:
             request.all_token_ids.append(token)
             self.num_generation_tokens_total += 1
             finish = self._check_stop(request, token)
+            if request.grammar is not None and finish is None:
+                finish = self._advance_grammar(request, token)
             out = RequestOutput(
                 request_id=request.request_id,
                 new_token_ids=[token],
@@ -264,13 +352,48 @@ class EngineCore:
             outputs.append((request.client_id, out))
         return outputs
 
+    def _fail_step(
+        self, scheduled: list[ScheduledRequest], exc: Exception
+    ) -> list[tuple[bytes, RequestOutput]]:
+        outputs: list[tuple[bytes, RequestOutput]] = []
+        for item in scheduled:
+            request = item.request
+            if request.is_finished:
+                continue
+            self.scheduler.finish(request, "error")
+            self.runner.forget(request)
+            out = RequestOutput(
+                request_id=request.request_id,
+                new_token_ids=[],
+                finish_reason="error",
+                num_prompt_tokens=request.num_prompt_tokens,
+                # The client sees the kind of failure, never internals or a traceback.
+                error=f"The engine failed while running this request ({type(exc).__name__}).",
+            )
+            outputs.append((request.client_id, out))
+        return outputs
+
+    @staticmethod
+    def _advance_grammar(request: Request, token: int) -> str | None:
+        """Feed the sampled token to the request's grammar. A grammar that accepted its
+        stop token has nothing left to match, so the request ends there even under
+        min_tokens or ignore_eos (the mask would allow no further token)."""
+        grammar = request.grammar
+        assert grammar is not None
+        if not grammar.accept(token):
+            logger.error(
+                "request %s: sampled token %d rejected by its grammar", request.request_id, token
+            )
+            return "stop"
+        return "stop" if grammar.is_terminated else None
+
     def _check_stop(self, request: Request, token: int) -> str | None:
         p: SamplingParams = request.params
         num_out = request.num_output_tokens
         if num_out >= p.min_tokens:
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
-            if token in p.stop_token_ids:
+            if token in request.stop_token_set:
                 request.stop_reason = token
                 return "stop"
         if num_out >= p.max_tokens or request.num_tokens >= self.max_model_len:
@@ -286,10 +409,11 @@ class EngineCore:
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         msg = AddRequest(request_id="__warmup__", prompt_token_ids=[1] * max(n, 1), params=params)
         admission = self.add_request(msg)
-        if not admission.accepted:
+        if admission is None or not admission.accepted:
             raise RuntimeError(f"warm-up request refused: {admission.message}")
         while self.has_work():
             self.step()
+        self.structured.prewarm()
         self.block_manager.reset_prefix_cache()
         self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
         return time.monotonic() - start

@@ -7,9 +7,10 @@ transport instead of spinning, so an idle engine costs no CPU.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.core import EngineCore
 from engine.messages import (
@@ -23,21 +24,32 @@ from engine.messages import (
 )
 from engine.metrics import EngineMetrics, StatsLogger
 
+if TYPE_CHECKING:
+    from engine.ipc import Heartbeat
+
 IDLE_POLL_MS = 100
+COMPILE_POLL_MS = 5
+"""Poll interval while only grammar compiles are pending (no step to run)."""
 
 
 class EngineTransport(Protocol):
     def poll(self, timeout_ms: int) -> list[tuple[bytes, EngineMessage]]:
         """Messages that arrived, waiting up to timeout_ms for the first one."""
 
-    def send(self, client_id: bytes, message: WorkerMessage) -> None: ...
+    def send(self, client_id: bytes, message: WorkerMessage) -> None:
+        """Deliver in order; never drops a frame for a worker that is alive."""
+
+    def take_gone_clients(self) -> set[bytes]:
+        """Workers found dead since the last call (their requests must be aborted)."""
 
 
 def handle_message(
     core: EngineCore, transport: EngineTransport, client_id: bytes, message: EngineMessage
 ) -> None:
     if isinstance(message, AddRequest):
-        transport.send(client_id, core.add_request(message, client_id))
+        admission = core.add_request(message, client_id)
+        if admission is not None:  # None: answered by poll_compiled once compiled
+            transport.send(client_id, admission)
     elif isinstance(message, AbortRequest):
         core.abort(message.request_ids)
     elif isinstance(message, Hello):
@@ -49,21 +61,37 @@ def run_engine_loop(
     transport: EngineTransport,
     stop: threading.Event,
     log_stats: bool = True,
+    heartbeat: Heartbeat | None = None,
 ) -> None:
+    """Serve until `stop` is set. `heartbeat` hears of every iteration (idle ones too, at
+    least every IDLE_POLL_MS) and of every step, so a stuck loop shows as a stale one."""
     metrics = EngineMetrics.get()
     stats = StatsLogger()
     metrics.update(core)
     while not stop.is_set():
-        timeout = 0 if core.has_work() else IDLE_POLL_MS
+        if heartbeat is not None:
+            heartbeat.loop()
+        if core.has_work():
+            timeout = 0
+        else:
+            timeout = COMPILE_POLL_MS if core.num_compiling else IDLE_POLL_MS
         messages = transport.poll(timeout)
         for client_id, message in messages:
             handle_message(core, transport, client_id, message)
+        changed = bool(messages)
+        for client_id, admission in core.poll_compiled():
+            transport.send(client_id, admission)
+        for client_id in transport.take_gone_clients():
+            # A dead worker's requests would run to max_tokens for nobody.
+            changed = core.abort_client(client_id) > 0 or changed
         if not core.has_work():
-            if messages:
+            if changed:
                 metrics.update(core)  # an abort may just have freed blocks
             continue
         per_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
-        for client_id, output in core.step():
+        with heartbeat.step() if heartbeat is not None else contextlib.nullcontext():
+            step_outputs = core.step()
+        for client_id, output in step_outputs:
             per_client[client_id].append(output)
         for client_id, outputs in per_client.items():
             transport.send(client_id, OutputBatch(outputs))

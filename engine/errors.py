@@ -22,6 +22,10 @@ class EngineOverloadedError(EngineError):
 class InvalidEngineRequestError(EngineError):
     """The engine refused a request as malformed (400); the serving layer should catch it first."""
 
+    def __init__(self, message: str = "", param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
 
 class EngineShuttingDownError(EngineDeadError):
     """The server's drain deadline came before this request finished (503)."""

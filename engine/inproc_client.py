@@ -47,6 +47,9 @@ class _QueueTransport:
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._client._dispatch, message)
 
+    def take_gone_clients(self) -> set[bytes]:
+        return set()  # the one client lives as long as this process
+
 
 class InprocEngineClient(EngineClient):
     def __init__(self, config: EngineConfig) -> None:

@@ -44,6 +44,9 @@ class Admission(msgspec.Struct, tag="admission", kw_only=True):
     error_kind: str | None = None
     """'overloaded' (queue full -> 503) or 'invalid' (-> 400) when not accepted."""
     message: str | None = None
+    param: str | None = None
+    """The request field at fault, when the engine knows it (a constraint that failed
+    to compile)."""
 
 
 class RequestOutput(msgspec.Struct, tag="out", kw_only=True, omit_defaults=True):

@@ -57,7 +57,8 @@ class EngineMetrics:
             "hearth:prefix_cache_hits", "Prompt tokens served from the prefix cache"
         )
         # Prompt/generation token counters are the API workers' (labelled by model).
-        self._last = {"pre": 0, "pq": 0, "ph": 0}
+        self._last_totals = {"num_preemptions": 0, "num_prefix_queries": 0, "num_prefix_hits": 0}
+        """The core's running totals at the last update: counters advance by the difference."""
 
     @classmethod
     def get(cls) -> EngineMetrics:
@@ -73,20 +74,20 @@ class EngineMetrics:
         self.kv_usage.set(bm.usage)
         self.kv_used_blocks.set(bm.num_used_blocks)
         self.kv_total_blocks.set(bm.num_blocks)
-        now = {
-            "pre": sched.num_preemptions,
-            "pq": bm.num_prefix_queries,
-            "ph": bm.num_prefix_hits,
+        totals = {
+            "num_preemptions": sched.num_preemptions,
+            "num_prefix_queries": bm.num_prefix_queries,
+            "num_prefix_hits": bm.num_prefix_hits,
         }
-        for key, counter in (
-            ("pre", self.preemptions),
-            ("pq", self.prefix_queries),
-            ("ph", self.prefix_hits),
+        for name, counter in (
+            ("num_preemptions", self.preemptions),
+            ("num_prefix_queries", self.prefix_queries),
+            ("num_prefix_hits", self.prefix_hits),
         ):
-            delta = now[key] - self._last[key]
+            delta = totals[name] - self._last_totals[name]
             if delta > 0:
                 counter.inc(delta)
-        self._last = now
+        self._last_totals = totals
 
 
 class StatsLogger:

@@ -21,12 +21,32 @@ from engine.config import EngineConfig
 from engine.ipc import (
     ENV_ENGINE_CONFIG,
     ENV_RUNTIME_DIR,
+    Heartbeat,
     ZmqEngineTransport,
     hold_engine_lock,
     write_ready,
 )
 
 logger = logging.getLogger("hearth.engine")
+
+PARENT_CHECK_S = 0.5
+ORPHAN_EXIT_GRACE_S = 10.0
+
+
+def watch_parent(stop: threading.Event) -> None:
+    """Stop when the gunicorn master is gone (SIGKILLed: its on_exit never runs, and we
+    live in our own session, so nothing else would end us)."""
+    parent = os.getppid()
+
+    def run() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        logger.error("engine core: the server process (pid %d) is gone; exiting", parent)
+        stop.set()
+        time.sleep(ORPHAN_EXIT_GRACE_S)  # still loading, or stuck in a step
+        os._exit(1)
+
+    threading.Thread(target=run, name="hearth-parent-watch", daemon=True).start()
 
 
 def config_to_env(config: EngineConfig) -> str:
@@ -39,8 +59,9 @@ def config_from_env() -> EngineConfig:
 
 
 def main() -> int:
+    config = config_from_env()
     logging.basicConfig(
-        level=os.environ.get("HEARTH_LOG_LEVEL", "INFO").upper(),
+        level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s [engine] %(message)s",
         stream=sys.stderr,
     )
@@ -54,8 +75,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    watch_parent(stop)
 
-    config = config_from_env()
     from engine.core import EngineCore  # torch import happens here, after the lock
     from engine.core_loop import run_engine_loop
 
@@ -63,6 +84,7 @@ def main() -> int:
     core = EngineCore(config, progress=lambda msg: logger.info("%s", msg))
     transport = ZmqEngineTransport(runtime_dir)
     warm = core.warm_up()
+    heartbeat = Heartbeat(runtime_dir)
     write_ready(runtime_dir, core.model_info)
     logger.info(
         "engine core ready in %.1f s (warm-up %.2f s), pid %d",
@@ -71,8 +93,15 @@ def main() -> int:
         os.getpid(),
     )
     try:
-        run_engine_loop(core, transport, stop, log_stats=not config.disable_log_stats)
+        run_engine_loop(
+            core,
+            transport,
+            stop,
+            log_stats=not config.disable_log_stats,
+            heartbeat=heartbeat,
+        )
     finally:
+        heartbeat.close()
         transport.close()
         os.close(lock_fd)
     return 0

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.grammar import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -29,6 +33,7 @@ class Request:
         "block_ids",
         "client_id",
         "finish_reason",
+        "grammar",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_prompt_tokens",
@@ -37,6 +42,7 @@ class Request:
         "request_id",
         "status",
         "stop_reason",
+        "stop_token_set",
     )
 
     def __init__(
@@ -64,6 +70,11 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
+        self.stop_token_set = frozenset(params.stop_token_ids)
+        """Checked for every generated token: a set, not the wire list."""
+        self.grammar: GrammarState | None = None
+        """Structured outputs: the matcher the sampler masks with (kept across a
+        preemption: recompute only refills the KV cache of tokens it already accepted)."""
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from engine.messages import TokenLogprob
 from engine.request import Request
+from engine.structured.grammar import apply_grammar_masks
 
 MIN_TEMPERATURE = 1e-5
 
@@ -31,9 +32,23 @@ class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._generators: dict[str, torch.Generator] = {}
+        self._biases: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        """logit_bias as (ids, values) tensors, built once per request, not per step."""
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self._biases.pop(request_id, None)
+
+    def _bias(self, request: Request, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self._biases.get(request.request_id)
+        if cached is None:
+            bias = request.params.logit_bias or {}
+            cached = (
+                torch.tensor(list(bias.keys()), device=x.device),
+                torch.tensor(list(bias.values()), device=x.device, dtype=x.dtype),
+            )
+            self._biases[request.request_id] = cached
+        return cached
 
     def _generator(self, request: Request) -> torch.Generator:
         gen = self._generators.get(request.request_id)
@@ -49,6 +64,10 @@ class Sampler:
     ) -> SamplerOutput:
         # logits: [num_rows, vocab] float32
         logits = self._apply_penalties_and_bias(logits, requests, eos_token_ids)
+        if any(r.grammar is not None for r in requests):
+            # Structured outputs: after penalties and bias, so nothing can re-allow a
+            # token the grammar forbids; logprobs below see the masked distribution.
+            logits = apply_grammar_masks(logits, requests)
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
@@ -89,8 +108,7 @@ class Sampler:
             if needs_penalty:
                 _apply_penalties(x, request, vocab)
             if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias.keys()), device=x.device)
-                bias = torch.tensor(list(p.logit_bias.values()), device=x.device, dtype=x.dtype)
+                ids, bias = self._bias(request, x)
                 x.index_add_(0, ids, bias)
             if needs_min_tokens:
                 banned = list(p.stop_token_ids)

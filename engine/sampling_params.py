@@ -1,13 +1,34 @@
 """Sampling parameters as they cross from an API worker to the engine core.
 
 A msgspec Struct so that it travels over ZeroMQ as msgpack without a copy into
-another type. The serving layer validates ranges and builds one of these; the
-engine trusts it.
+another type. The serving layer owns every request rule (ranges, vocabulary, prompt
+length: docs/architecture.md, "Where each rule lives") and builds one of these; the
+engine trusts it, and re-checks only what would crash the core on a malformed message
+(`engine/core.py` `_validate`).
 """
 
 from __future__ import annotations
 
 import msgspec
+
+
+class StructuredOutputSpec(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
+    """One decoding constraint, as the serving layer resolved it from the request.
+
+    The engine compiles it (once per distinct spec and tokenizer) and masks the logits
+    of this sequence so that the output always matches it.
+    """
+
+    kind: str
+    """'json' (a JSON schema), 'json_object' (any JSON object), 'regex', 'choice'
+    (one of several strings) or 'grammar' (EBNF/GBNF)."""
+    value: str = ""
+    """The schema as JSON text, the regex, the grammar, or the choices as a JSON list."""
+    any_whitespace: bool = False
+    """JSON only: allow free whitespace between tokens (off: compact JSON, which small
+    models cannot fill with runs of blank lines)."""
+    param: str = ""
+    """The request field the constraint came from, named in the 400 if it fails to compile."""
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -32,3 +53,5 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
+    structured: StructuredOutputSpec | None = None
+    """A grammar the output must match (structured outputs, forced tool calls)."""

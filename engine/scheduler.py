@@ -59,18 +59,28 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self.num_waiting_tokens = 0
+        self._num_stale_waiting = 0
+        """Finished requests still in `waiting`: removal is lazy (popped when they reach
+        the head), so aborting a burst of queued requests is O(1) each, not O(queue)."""
 
     # -- queue ----------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) - self._num_stale_waiting
 
     @property
     def num_running(self) -> int:
         return len(self.running)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.num_waiting or self.running)
+
+    def _waiting_head(self) -> Request | None:
+        """The first live waiting request, dropping finished ones on the way."""
+        while self.waiting and self.waiting[0].is_finished:
+            self.waiting.popleft()
+            self._num_stale_waiting -= 1
+        return self.waiting[0] if self.waiting else None
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -82,6 +92,7 @@ class Scheduler:
         if self.policy == "priority":
             # Keep the deque sorted by (priority, arrival); preempted requests keep
             # their original arrival time, so they go back where they were.
+            # TODO(hardening): O(queue) insertion; fcfs (the default) is O(1).
             key = request.sort_key()
             index = next((i for i, r in enumerate(self.waiting) if r.sort_key() > key), None)
             if index is None:
@@ -94,7 +105,12 @@ class Scheduler:
             self.waiting.append(request)
 
     def _dequeue(self, request: Request) -> None:
-        self.waiting.remove(request)
+        """Take a request out of the queue: O(1) at the head, lazily elsewhere (the
+        caller marks it finished or running, and `_waiting_head` skips it)."""
+        if self.waiting and self.waiting[0] is request:
+            self.waiting.popleft()
+        else:
+            self._num_stale_waiting += 1
         self.num_waiting_tokens -= request.num_tokens
 
     def finish(self, request: Request, reason: str) -> None:
@@ -142,12 +158,11 @@ class Scheduler:
 
         # 2. Waiting sequences, unless this step already had to preempt.
         while (
-            self.waiting
-            and not out.preempted
+            not out.preempted
             and budget > 0
             and len(self.running) < self.max_num_seqs
+            and (request := self._waiting_head()) is not None
         ):
-            request = self.waiting[0]
             cached = bm.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             num_cached_tokens = len(cached) * bm.block_size
             num_new = min(request.num_tokens - num_cached_tokens, budget)

@@ -11,6 +11,9 @@ so templates written for HF render the same here.
 from __future__ import annotations
 
 import json
+import operator
+import threading
+import time
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -46,9 +49,92 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+MAX_RENDERED_CHARS = 4 << 20
+"""A rendered prompt (or any string a template builds) longer than this is refused; the
+largest context we serve is far below it in characters."""
+RENDER_TIME_LIMIT_S = 2.0
+"""CPU time one rendering may take; real chat templates take well under a millisecond."""
+_MAX_POWER_EXPONENT = 1024
+
+_render_deadline = threading.local()
+
+
+class TemplateLimitError(jinja2.exceptions.SecurityError):
+    """A template went past a size or time limit."""
+
+
+def _check_deadline() -> None:
+    deadline = getattr(_render_deadline, "at", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise TemplateLimitError(f"the chat template ran longer than {RENDER_TIME_LIMIT_S:g} s")
+
+
+def _sized(value: Any) -> int | None:
+    return len(value) if isinstance(value, (str, list, tuple)) else None
+
+
+class _GuardedEnvironment(ImmutableSandboxedEnvironment):
+    """jinja2's sandbox plus limits on what a request's template can do to a worker:
+    `*` and `+` may not build huge strings or lists, `**` may not build huge numbers,
+    and calls, attribute lookups and operators check a render deadline (so a loop that
+    does anything at all stops in time)."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def call_binop(self, context: Any, op: str, left: Any, right: Any) -> Any:
+        _check_deadline()
+        if op == "*":
+            for seq, count in ((left, right), (right, left)):
+                size = _sized(seq)
+                if (
+                    size is not None
+                    and isinstance(count, int)
+                    and size * count > MAX_RENDERED_CHARS
+                ):
+                    raise TemplateLimitError("the chat template builds a value that is too large")
+            return operator.mul(left, right)
+        if op == "**":
+            if isinstance(right, (int, float)) and abs(right) > _MAX_POWER_EXPONENT:
+                raise TemplateLimitError("the chat template raises to a power that is too large")
+            return operator.pow(left, right)
+        if op == "+":
+            sizes = (_sized(left), _sized(right))
+            if None not in sizes and sum(sizes) > MAX_RENDERED_CHARS:  # type: ignore[arg-type]
+                raise TemplateLimitError("the chat template builds a value that is too large")
+            return operator.add(left, right)
+        return super().call_binop(context, op, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_deadline()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check_deadline()
+        return super().getattr(obj, attribute)
+
+
+def _render_bounded(template: jinja2.Template, context: dict[str, Any]) -> str:
+    """Render piece by piece under the size cap and the deadline."""
+    _render_deadline.at = time.monotonic() + RENDER_TIME_LIMIT_S
+    try:
+        pieces: list[str] = []
+        size = 0
+        for piece in template.generate(**context):
+            size += len(piece)
+            if size > MAX_RENDERED_CHARS:
+                raise TemplateLimitError(
+                    f"the rendered prompt exceeds {MAX_RENDERED_CHARS} characters"
+                )
+            _check_deadline()
+            pieces.append(piece)
+        return "".join(pieces)
+    finally:
+        _render_deadline.at = None
+
+
 @lru_cache(maxsize=32)
 def _compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+    env = _GuardedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
@@ -132,9 +218,6 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
-
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
@@ -154,26 +237,29 @@ class Tokenizer:
         **kwargs: Any,
     ) -> str:
         """Render messages to the prompt text (special tokens as text; encode it without
-        adding special tokens again). Raises ChatTemplateError on a template error."""
+        adding special tokens again). Raises ChatTemplateError on a template error.
+
+        The request's flags are validated by their owner, the wire schema
+        (`handlers/protocol/chat.py` `check_template_flags`), before they get here.
+        """
         source = chat_template or self.chat_template
         if source is None:
             raise ChatTemplateError(
                 "This model has no chat template; pass one with --chat-template, "
                 "or use /v1/completions."
             )
-        if continue_final_message and add_generation_prompt:
-            raise ChatTemplateError(
-                "continue_final_message and add_generation_prompt cannot both be true."
-            )
         try:
             template = _compile_template(source)
-            rendered = template.render(
-                messages=messages,
-                tools=tools,
-                documents=documents,
-                add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
-                **kwargs,
+            rendered = _render_bounded(
+                template,
+                {
+                    "messages": messages,
+                    "tools": tools,
+                    "documents": documents,
+                    "add_generation_prompt": add_generation_prompt,
+                    **self.special_tokens,
+                    **kwargs,
+                },
             )
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(f"Chat template error: {exc}") from exc

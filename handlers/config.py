@@ -40,6 +40,10 @@ class ServerConfig:
     """SHA-256 hex digests of the accepted API keys (`digest_api_key`); empty: no auth."""
     response_role: str = "assistant"
     """Role of the generated message (vLLM's --response-role)."""
+    tool_call_parser: str | None = None
+    """Tool-call format ('hermes', 'llama3_json', 'mistral'); None: from the chat template."""
+    reasoning_parser: str | None = None
+    """'think' or 'none'; None: 'think' when the chat template mentions <think>."""
     chat_template: str | None = None
     """Template text overriding the model's own (the CLI reads --chat-template files)."""
     trust_request_chat_template: bool = False
@@ -51,15 +55,21 @@ class ServerConfig:
     allow_credentials: bool = False
     enable_request_id_headers: bool = False
     """Echo the request id in an `X-Request-Id` response header."""
-    sse_keep_alive_interval: float = 5.0
-    """Seconds between `: ping` comments while a stream waits for the engine; the only
-    moment a client disconnect is noticed during a long prefill."""
+    sse_keep_alive_interval: float | None = None
+    """Seconds between `: ping` comments while a stream waits for the engine, for proxies
+    that close quiet connections; None (default): no comments, which some clients (e.g.
+    `vllm bench serve`) cannot parse. Disconnects are noticed without them."""
+    request_timeout: float | None = None
+    """Seconds after arrival at which a request still generating is ended with a 504
+    error (or an error event) and aborted in the engine; None: no deadline."""
     enable_server_load_tracking: bool = False
     """Expose GET /load."""
     enable_prompt_tokens_details: bool = False
     """Report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)."""
     root_path: str = ""
     """Path prefix added by a proxy in front of the server; stripped before routing."""
+    disable_log_requests: bool = False
+    """No per-request log line (vLLM's --disable-log-requests)."""
     max_log_len: int | None = None
     """Characters of a prompt shown in debug logs; None: all."""
     max_n: int = 16
@@ -91,8 +101,10 @@ class ServerConfig:
         for digest in self.api_key_digests:
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
                 raise ValueError("ServerConfig.api_key_digests holds SHA-256 hex digests")
-        if self.sse_keep_alive_interval <= 0:
-            raise ValueError("ServerConfig.sse_keep_alive_interval must be > 0")
+        for name in ("sse_keep_alive_interval", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ServerConfig.{name} must be > 0 (or unset)")
         if self.max_n < 1 or self.max_request_body_bytes < 1 or self.max_logprobs < 0:
             raise ValueError("ServerConfig limits must be positive")
         if self.generation_config not in ("auto", "vllm"):

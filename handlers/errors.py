@@ -76,6 +76,13 @@ class ServiceUnavailableError(ServingError):
     status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
+class RequestTimeoutError(ServingError):
+    """The server's own deadline (--request-timeout) ended the request (504); its engine
+    requests were aborted, so a retry starts from scratch rather than piling work up."""
+
+    status = HTTPStatus.GATEWAY_TIMEOUT
+
+
 class InternalServerError(ServingError):
     """A bug or an engine-side generation failure; the message never carries internals."""
 
@@ -97,6 +104,7 @@ _STATUS_TO_CLASS: dict[int, type[ServingError]] = {
         RequestTooLargeError,
         UnsupportedMediaTypeError,
         ServiceUnavailableError,
+        RequestTimeoutError,
         InternalServerError,
     )
 }
@@ -128,5 +136,5 @@ def from_engine_error(exc: BaseException) -> ServingError | None:
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailableError(str(exc) or "The engine has stopped; the server restarts.")
     if isinstance(exc, InvalidEngineRequestError):
-        return BadRequestError(str(exc))
+        return BadRequestError(str(exc), param=exc.param)
     return None

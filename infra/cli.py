@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from infra import autoscaling, lambda_fn, sagemaker
+from infra import autoscaling, lambda_fn, rollout, sagemaker
 from infra.artifacts import ModelData, existing_model_data, package_and_upload
 from infra.errors import AWS_ERRORS, DeployError, describe_error
 from infra.invoke import (
@@ -30,7 +30,7 @@ from infra.invoke import (
     stream_deltas,
 )
 from infra.naming import validate_deployment_name
-from infra.results import Result, Status
+from infra.results import Result
 from infra.session import client_config, make_session
 
 __all__ = ["add_commands", "parse_env"]
@@ -111,12 +111,23 @@ def _wait_args(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------- arguments
 
 
+def _adopt_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--adopt",
+        action="store_true",
+        help="take over an existing endpoint/function that `hearth deploy` did not create "
+        "(it gets our ownership tag, so `delete` can remove it later)",
+    )
+
+
 def _sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
     """Arguments of ``deploy sagemaker`` (full spec) and ``deploy update`` (overrides only:
     every default is None so that "not given" keeps what the endpoint runs now)."""
 
     def d(value: Any) -> Any:
         return None if update else value
+
+    _adopt_arg(parser)
 
     parser.add_argument("--name", required=True, help="endpoint name (also prefixes the rest)")
     what = parser.add_argument_group("model")
@@ -248,15 +259,6 @@ def _model_data(
     return None, None
 
 
-def _check_scaling_wait(scaling: autoscaling.ScalingSpec | None, args: argparse.Namespace) -> None:
-    if scaling is not None:
-        scaling.validate()
-        if args.no_wait:
-            raise DeployError(
-                "autoscaling can only be registered on an InService endpoint; drop --no-wait"
-            )
-
-
 def _rollout(
     session: Any,
     args: argparse.Namespace,
@@ -266,48 +268,29 @@ def _rollout(
     remove_scaling: bool = False,
     running: sagemaker.EndpointSpec | None = None,
 ) -> int:
-    """Shared tail of ``deploy sagemaker`` and ``deploy update``.
-
-    Application Auto Scaling makes an update that changes the instance type fail, so a
-    registered target is removed first and put back (or replaced by ``scaling``) after.
-    ``running`` is what ``update`` read back from the endpoint: when the requested spec equals
-    it, the endpoint is left alone even if AWS echoed a field in a way that would hash
-    differently (no needless rolling update of a GPU fleet).
-    """
-    sm = session.client("sagemaker", config=client_config())
-    aas = session.client("application-autoscaling", config=client_config())
-    variant = spec.variant.name
-    waiting = _waiting(args)
-
-    restore: autoscaling.ScalingSpec | None = None
-    endpoint = sagemaker.describe_endpoint(sm, spec.name)
-    if endpoint is not None:
-        current = autoscaling.current_scaling(aas, spec.name, variant)
-        if current is not None:
-            now = running or sagemaker.read_spec(sm, spec.name)
-            if remove_scaling or now.variant.instance_type != spec.variant.instance_type:
-                for result in autoscaling.remove_scaling(aas, spec.name, variant):
-                    _emit(result)
-                restore = None if remove_scaling else current
-    if running is not None and spec == running:
-        _emit(Result("endpoint", spec.name, Status.UNCHANGED, "no endpoint setting changed"))
-    else:
-        sagemaker.deploy_endpoint(
-            sm, spec, waiting, wait=not args.no_wait, prune=not args.keep_old, report=_emit
-        )
-    wanted = scaling or restore
-    if wanted is not None and args.no_wait:
-        # Only reachable via `restore` (explicit scaling with --no-wait is refused earlier).
-        _progress(
-            "autoscaling was removed for the instance type change; once the endpoint is "
-            f"InService, restore it with `hearth deploy update --name {spec.name} "
-            f"--min-capacity {wanted.min_capacity} --max-capacity {wanted.max_capacity} "
-            f"--target-invocations {wanted.target_invocations:g}`"
-        )
-    elif wanted is not None:
-        for result in autoscaling.ensure_scaling(aas, spec.name, variant, wanted):
-            _emit(result)
+    """Shared tail of ``deploy sagemaker`` and ``deploy update`` (:func:`infra.rollout.rollout`)."""
+    rollout.rollout(
+        session.client("sagemaker", config=client_config()),
+        session.client("application-autoscaling", config=client_config()),
+        spec,
+        scaling,
+        _waiting(args),
+        wait=not args.no_wait,
+        prune=not args.keep_old,
+        report=_emit,
+        progress=_progress,
+        remove_scaling=remove_scaling,
+        running=running,
+    )
     return 0
+
+
+def _claim(session: Any, name: str, args: argparse.Namespace) -> None:
+    """Never take over an endpoint `hearth deploy` did not create, unless --adopt."""
+    sm = session.client("sagemaker", config=client_config())
+    result = sagemaker.claim_endpoint(sm, name, adopt=args.adopt)
+    if result is not None:
+        _emit(result)
 
 
 @_command
@@ -345,9 +328,10 @@ def cmd_deploy_sagemaker(args: argparse.Namespace) -> int:
     )
     # Validate everything before the (possibly long) upload.
     sagemaker.EndpointSpec(name, model, variant, metrics).validate()
-    _check_scaling_wait(scaling, args)
+    rollout.check_scaling_wait(scaling, wait=not args.no_wait)
 
     session = _session(args)
+    _claim(session, name, args)
     data, data_result = _model_data(session, args, name)
     if data_result is not None:
         _emit(data_result)
@@ -368,14 +352,13 @@ def cmd_deploy_update(args: argparse.Namespace) -> int:
     """Change some settings of an existing endpoint and roll it onto the result."""
     name = validate_deployment_name(args.name)
     session = _session(args)
+    _claim(session, name, args)
     sm = session.client("sagemaker", config=client_config())
-    aas = session.client("application-autoscaling", config=client_config())
     current = sagemaker.read_spec(sm, name)
 
-    environment = dict(current.model.environment)
-    environment.update(parse_env(args.env))
-    for key in args.unset_env or []:
-        environment.pop(key, None)
+    environment = rollout.updated_environment(
+        current.model.environment, parse_env(args.env), args.unset_env or []
+    )
     model = replace(
         current.model,
         environment=environment,
@@ -397,40 +380,29 @@ def cmd_deploy_update(args: argparse.Namespace) -> int:
             },
         ),
     )
-    metrics = current.metrics
-    if args.no_prometheus_metrics:
-        metrics = None
-    elif args.prometheus_metrics or (
-        metrics is not None and (args.metrics_path or args.metrics_frequency)
-    ):
-        base = metrics or sagemaker.MetricsSpec()
-        metrics = replace(
-            base, **_overrides(args, {"metrics_path": "path", "metrics_frequency": "frequency_s"})
-        )
-
-    scaling: autoscaling.ScalingSpec | None = None
-    scaling_args = _overrides(
-        args,
-        {
-            "max_capacity": "max_capacity",
-            "min_capacity": "min_capacity",
-            "target_invocations": "target_invocations",
-            "scale_in_cooldown": "scale_in_cooldown_s",
-            "scale_out_cooldown": "scale_out_cooldown_s",
-        },
+    metrics = rollout.updated_metrics(
+        current.metrics,
+        _overrides(args, {"metrics_path": "path", "metrics_frequency": "frequency_s"}),
+        enable=args.prometheus_metrics,
+        disable=args.no_prometheus_metrics,
     )
-    if scaling_args and not args.disable_autoscaling:
-        existing = autoscaling.current_scaling(aas, name, variant.name)
-        if existing is None and "max_capacity" not in scaling_args:
-            raise DeployError("the endpoint does not autoscale yet: give --max-capacity")
-        scaling = (
-            replace(existing, **scaling_args)
-            if existing is not None
-            else autoscaling.ScalingSpec(**scaling_args)
+    scaling = None
+    if not args.disable_autoscaling:
+        scaling_changes = _overrides(
+            args,
+            {
+                "max_capacity": "max_capacity",
+                "min_capacity": "min_capacity",
+                "target_invocations": "target_invocations",
+                "scale_in_cooldown": "scale_in_cooldown_s",
+                "scale_out_cooldown": "scale_out_cooldown_s",
+            },
         )
+        aas = session.client("application-autoscaling", config=client_config())
+        scaling = rollout.updated_scaling(aas, name, variant.name, scaling_changes)
     candidate = sagemaker.EndpointSpec(name, model, variant, metrics)
     candidate.validate()
-    _check_scaling_wait(scaling, args)
+    rollout.check_scaling_wait(scaling, wait=not args.no_wait)
 
     data, data_result = _model_data(session, args, name)
     if data_result is not None:
@@ -468,6 +440,12 @@ def cmd_deploy_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _has_api_key(spec: lambda_fn.LambdaSpec) -> bool:
+    if spec.environment.get("HEARTH_API_KEY"):
+        return True
+    return any(a == "--api-key" or a.startswith("--api-key=") for a in spec.serve_args)
+
+
 @_command
 def cmd_deploy_lambda(args: argparse.Namespace) -> int:
     """Create or update a container-image Lambda function and its Function URL."""
@@ -486,8 +464,14 @@ def cmd_deploy_lambda(args: argparse.Namespace) -> int:
         url_auth=None if args.no_url else args.url_auth,
     )
     spec.validate()
+    if spec.url_auth == "NONE" and not _has_api_key(spec):
+        _progress(
+            "warning: the Function URL is public (--url-auth NONE) and the function has no "
+            "API key (HEARTH_API_KEY): anyone with the URL can run the model. Set a key, "
+            "e.g. from Secrets Manager (see docs/deploy.md), or use --url-auth AWS_IAM."
+        )
     lam = _session(args).client("lambda", config=client_config())
-    _emit(lambda_fn.ensure_function(lam, spec))
+    _emit(lambda_fn.ensure_function(lam, spec, adopt=args.adopt))
     for result in lambda_fn.ensure_function_url(lam, spec):
         _emit(result)
     return 0
@@ -624,6 +608,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         "--url-auth", choices=("AWS_IAM", "NONE"), default="AWS_IAM", help="default AWS_IAM"
     )
     p.add_argument("--no-url", action="store_true", help="do not create a Function URL")
+    _adopt_arg(p)
     p.set_defaults(func=cmd_deploy_lambda)
 
     p = subparsers.add_parser(

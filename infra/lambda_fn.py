@@ -3,7 +3,7 @@
 Two ways to run the image on Lambda (no GPU there, so a small model on CPU):
 
 * ``buffered``: the Lambda runtime interface client runs the Mangum handler
-  ``handlers.lambda_handler.handler`` with the engine in-process.  The image's entrypoint is
+  ``container.lambda_handler.handler`` with the engine in-process.  The image's entrypoint is
   overridden with ``python -m awslambdaric``; responses (SSE included) come back whole, up to
   6 MB.
 * ``stream``: the image runs ``hearth serve`` unchanged and the AWS Lambda Web Adapter (an
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 MODES = ("buffered", "stream")
-DEFAULT_HANDLER = "handlers.lambda_handler.handler"
+DEFAULT_HANDLER = "container.lambda_handler.handler"
 # The Lambda Web Adapter's settings for streaming hearth's SSE (awslabs/aws-lambda-web-adapter).
 LWA_ENVIRONMENT = {
     "AWS_LWA_INVOKE_MODE": "response_stream",
@@ -155,14 +155,27 @@ def _config_drift(current: Mapping[str, Any], spec: LambdaSpec) -> list[str]:
     return drift
 
 
-def ensure_function(lam: Any, spec: LambdaSpec, wait_delay_s: int = 5) -> Result:
+def ensure_function(
+    lam: Any, spec: LambdaSpec, wait_delay_s: int = 5, *, adopt: bool = False
+) -> Result:
     """Create the function, or bring its image and configuration up to ``spec``.
 
     The image is compared by URI: push each build under a new tag (a git SHA), because
-    Lambda resolves a tag to a digest only when the code is (re)deployed.
+    Lambda resolves a tag to a digest only when the code is (re)deployed. An existing
+    function without our tag was made by someone else: it is refused unless ``adopt``
+    (then tagged, so that ``delete`` may remove it later).
     """
     spec.validate()
     current = _get_function(lam, spec.name)
+    if current is not None and current.get("Tags", {}).get(DEPLOYMENT_TAG) != spec.name:
+        if not adopt:
+            raise DeployError(
+                f"function {spec.name} exists but has no {DEPLOYMENT_TAG}={spec.name} tag, so "
+                "`hearth deploy lambda` did not create it; pass --adopt to take it over"
+            )
+        lam.tag_resource(
+            Resource=current["Configuration"]["FunctionArn"], Tags={DEPLOYMENT_TAG: spec.name}
+        )
     if current is None:
         conf = spec.configuration()
         conf["ImageConfig"] = _clean_image_config(conf["ImageConfig"])

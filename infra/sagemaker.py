@@ -48,6 +48,7 @@ __all__ = [
     "Report",
     "VariantSpec",
     "Waiting",
+    "claim_endpoint",
     "delete_deployment",
     "delete_stale",
     "deploy_endpoint",
@@ -359,6 +360,23 @@ def owned_endpoint(sm: Any, deployment: str) -> dict[str, Any] | None:
             "created by `hearth deploy`; delete it with the AWS console or CLI"
         )
     return endpoint
+
+
+def claim_endpoint(sm: Any, deployment: str, *, adopt: bool) -> Result | None:
+    """Refuse to converge an existing endpoint this tool did not create, unless ``adopt``:
+    then tag it as ours (and say so). ``None`` when there is nothing to claim."""
+    endpoint = describe_endpoint(sm, deployment)
+    if endpoint is None or _owned(sm, endpoint["EndpointArn"], deployment):
+        return None
+    if not adopt:
+        raise DeployError(
+            f"endpoint {deployment} exists but has no {DEPLOYMENT_TAG}={deployment} tag, so "
+            "`hearth deploy` did not create it; pass --adopt to take it over"
+        )
+    sm.add_tags(
+        ResourceArn=endpoint["EndpointArn"], Tags=[{"Key": DEPLOYMENT_TAG, "Value": deployment}]
+    )
+    return Result("endpoint", deployment, Status.UPDATED, "adopted")
 
 
 def delete_deployment(

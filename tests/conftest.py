@@ -25,6 +25,6 @@ def model_smollm2_dir() -> str:
     Converted once into the normal cache (`$HEARTH_CACHE_DIR` or ~/.cache/hearth/models),
     so later runs, and the server tests, reuse it.
     """
-    from engine.model_loader import resolve_model_dir
+    from engine.model_resolver import resolve_model_dir
 
     return resolve_model_dir(None)

@@ -15,7 +15,6 @@ matches neither (or has a block type without a kernel) stays a dense float32 wei
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,22 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.model_resolver import gguf_source
 from kernels.cpu import ops
 
+__all__ = ["PackedLayer", "PackedModel", "gguf_source", "pack_gguf_weights"]
+
 logger = logging.getLogger("hearth.engine")
-
-CONVERSION_MARKER = "hearth-conversion.json"
-"""Written by the model loader next to a converted GGUF; names the source file."""
-
-
-def gguf_source(model_dir: str | Path) -> Path | None:
-    """The GGUF file a converted model directory came from, if it still exists."""
-    marker = Path(model_dir) / CONVERSION_MARKER
-    try:
-        source = Path(json.loads(marker.read_text())["source"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return source if source.is_file() else None
 
 
 @dataclass

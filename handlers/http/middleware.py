@@ -16,7 +16,7 @@ from handlers.config import ServerConfig
 from handlers.errors import AuthenticationError
 
 OPEN_PATHS = frozenset({"/ping", "/health", "/version", "/metrics"})
-"""Routes answered without an API key: probes and monitoring (DESIGN §4)."""
+"""Routes answered without an API key: probes and monitoring (docs/api.md, "Routes")."""
 
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 REQUEST_ID_HEADER = "X-Request-Id"

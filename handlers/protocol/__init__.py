@@ -11,7 +11,6 @@ from handlers.protocol.base import (
     OpenAIBaseModel,
     PromptTokensDetails,
     RequestLimits,
-    ResponseFormat,
     StreamOptions,
     UsageInfo,
     WireModel,
@@ -39,6 +38,7 @@ from handlers.protocol.completion import (
     CompletionStreamResponse,
 )
 from handlers.protocol.models import ModelCard, ModelList
+from handlers.protocol.structured import ResponseFormat, StructuredOutputsParams
 from handlers.protocol.tgi import (
     TGIDetails,
     TGIParameters,
@@ -87,6 +87,7 @@ __all__ = [
     "RequestLimits",
     "ResponseFormat",
     "StreamOptions",
+    "StructuredOutputsParams",
     "TGIDetails",
     "TGIParameters",
     "TGIRequest",

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from handlers.errors import BadRequestError
 
@@ -42,8 +42,9 @@ class OpenAIBaseModel(BaseModel):
     @classmethod
     def _log_unknown_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            aliases = {f.alias for f in cls.model_fields.values() if f.alias}
             for name in data:
-                if name not in cls.model_fields and isinstance(name, str):
+                if name not in cls.model_fields and name not in aliases and isinstance(name, str):
                     key = f"{cls.__name__}.{name}"
                     if key not in _logged_unknown_fields and len(_logged_unknown_fields) < 1000:
                         _logged_unknown_fields.add(key)
@@ -187,20 +188,6 @@ class StreamOptions(OpenAIBaseModel):
     """vLLM: put the usage so far in every chunk."""
 
 
-class ResponseFormat(OpenAIBaseModel):
-    type: str = Field(default="text")
-
-    @model_validator(mode="after")
-    def _only_text(self) -> ResponseFormat:
-        if self.type in ("json_object", "json_schema", "structural_tag", "grammar", "regex"):
-            raise FieldError(
-                "type", f"response_format type {self.type!r} is not supported yet; use 'text'"
-            )
-        if self.type != "text":
-            raise FieldError("type", f"unknown response_format type {self.type!r}")
-        return self
-
-
 class RequestLimits(BaseModel):
     """Server limits that request validation enforces (pydantic validation context)."""
 
@@ -209,6 +196,12 @@ class RequestLimits(BaseModel):
     max_n: int = 16
     max_logprobs: int = 20
     max_stop_strings: int = 64
+    max_sequences_per_request: int = 1024
+    """prompts x n of one request: each is an engine request; 256 x 16 would queue 4096
+    at once and starve everyone else."""
+    max_stop_token_ids: int = 1024
+    max_logit_bias: int = 1024
+    """Entries of logit_bias (OpenAI's limit is of the same order; the full vocabulary is not)."""
 
 
 DEFAULT_LIMITS = RequestLimits()

@@ -8,29 +8,24 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from handlers.protocol.base import (
     ChunkModel,
     FieldError,
     OpenAIBaseModel,
-    ResponseFormat,
     UsageInfo,
     WireModel,
     limits_from,
 )
 from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
+from handlers.protocol.structured import check_json_schema, schema_text
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 # The chat request's SamplingRequest.unsupported_fields (why they are a 400: see there).
 _UNSUPPORTED_CHAT_FIELDS = {
-    "functions": "function calling is not supported yet",
-    "function_call": "function calling is not supported yet",
-    "guided_json": "structured output is not supported yet",
-    "guided_regex": "structured output is not supported yet",
-    "guided_choice": "structured output is not supported yet",
-    "guided_grammar": "structured output is not supported yet",
-    "structured_outputs": "structured output is not supported yet",
+    "functions": "the deprecated functions parameter is not supported; use tools",
+    "function_call": "the deprecated function_call parameter is not supported; use tool_choice",
     "prompt_logprobs": "prompt logprobs are not supported yet",
     "allowed_token_ids": "allowed_token_ids is not supported yet",
     "bad_words": "bad_words is not supported yet",
@@ -109,16 +104,37 @@ class ChatMessageParam(OpenAIBaseModel):
         return message
 
 
+MAX_TOOLS = 128
+"""Tools in one request; their definitions are rendered into every prompt."""
+
+
 class FunctionDefinition(OpenAIBaseModel):
-    name: str
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _check_parameters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_json_schema(value)
+            schema_text(value)
+        return value
 
 
 class ChatToolParam(OpenAIBaseModel):
     type: Literal["function"] = "function"
     function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 def check_template_flags(continue_final_message: bool, add_generation_prompt: bool) -> None:
@@ -143,9 +159,9 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
-    response_format: ResponseFormat | None = None
     tools: list[ChatToolParam] | None = None
-    tool_choice: Any = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """None: 'auto' when tools are given, else 'none' (OpenAI's default)."""
     parallel_tool_calls: bool | None = None
     echo: bool = False
     """vLLM: prepend the last message's content when it has the response role."""
@@ -159,13 +175,39 @@ class ChatCompletionRequest(SamplingRequest):
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _check_tool_choice(cls, value: Any) -> Any:
-        if value is None or value == "none":
+        if value is None or value in ("none", "auto", "required") or isinstance(value, dict):
             return value
-        if value in ("auto", "required") or isinstance(value, dict):
-            raise FieldError(
-                None, "tool calling is not supported yet; use tool_choice 'none' or omit it"
-            )
         raise FieldError(None, "must be 'none', 'auto', 'required' or a named tool")
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, value: list[ChatToolParam] | None) -> list[ChatToolParam] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_TOOLS:
+            raise FieldError(None, f"at most {MAX_TOOLS} tools are allowed, got {len(value)}")
+        names = [t.function.name for t in value]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise FieldError((i, "function", "name"), f"tool name {name!r} is used twice")
+        schema_text([t.function.parameters for t in value])
+        return value
+
+    @property
+    def effective_tool_choice(self) -> str:
+        """'none', 'auto', 'required' or 'named' (see `named_tool`)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice
+
+    @property
+    def named_tool(self) -> ChatToolParam | None:
+        if not isinstance(self.tool_choice, NamedToolChoice):
+            return None
+        name = self.tool_choice.function.name
+        return next(t for t in self.tools or () if t.function.name == name)
 
     @model_validator(mode="after")
     def _check_chat(self, info: ValidationInfo) -> ChatCompletionRequest:
@@ -180,11 +222,29 @@ class ChatCompletionRequest(SamplingRequest):
                     "top_logprobs", "when using top_logprobs, logprobs must be set to true"
                 )
         check_template_flags(self.continue_final_message, self.add_generation_prompt)
+        self._check_tool_choice_fits()
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise FieldError(
                 "continue_final_message", "continue_final_message needs a final assistant message"
             )
         return self
+
+    def _check_tool_choice_fits(self) -> None:
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise FieldError("tool_choice", "tool_choice is only allowed when tools are given")
+        is_forced = choice == "required" or isinstance(choice, NamedToolChoice)
+        if is_forced and self._constraint_fields():
+            raise FieldError(
+                "tool_choice",
+                "a forced tool call cannot be combined with another output constraint",
+            )
+        if isinstance(choice, NamedToolChoice):
+            name = choice.function.name
+            if all(t.function.name != name for t in self.tools or ()):
+                raise FieldError(
+                    ("tool_choice", "function", "name"), f"tool {name!r} is not among the tools"
+                )
 
     @property
     def requested_max_tokens(self) -> tuple[int | None, str]:
@@ -200,7 +260,9 @@ class ChatCompletionRequest(SamplingRequest):
         prompt_len: int,
         vocab_size: int,
         defaults: Mapping[str, Any] | None = None,
+        structured: StructuredOutputSpec | None = None,
     ) -> SamplingParams:
+        """`structured`: a forced tool call's constraint (it replaces response_format)."""
         requested, param = self.requested_max_tokens
         max_tokens = resolve_max_tokens(
             requested,
@@ -214,6 +276,7 @@ class ChatCompletionRequest(SamplingRequest):
             vocab_size=vocab_size,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             defaults=defaults,
+            structured=structured,
         )
 
 
@@ -232,9 +295,23 @@ class ChatCompletionLogProbs(WireModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
+class FunctionCall(WireModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text, as OpenAI sends them."""
+
+
+class ToolCall(WireModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(WireModel):
     role: str
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(WireModel):
@@ -255,9 +332,26 @@ class ChatCompletionResponse(WireModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(WireModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(WireModel):
+    """One fragment of a streamed tool call: the first carries id, type and name; later
+    ones only argument text, joined by `index` (OpenAI's stream format)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(WireModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionChunkChoice(WireModel):

@@ -23,12 +23,6 @@ MAX_PROMPTS = 256
 
 _UNSUPPORTED_COMPLETION_FIELDS = {
     "suffix": "suffix (fill-in-the-middle) is not supported",
-    "guided_json": "structured output is not supported yet",
-    "guided_regex": "structured output is not supported yet",
-    "guided_choice": "structured output is not supported yet",
-    "guided_grammar": "structured output is not supported yet",
-    "structured_outputs": "structured output is not supported yet",
-    "response_format": "structured output is not supported yet",
     "prompt_logprobs": "prompt logprobs are not supported yet",
     "prompt_embeds": "prompt embeddings are not supported",
     "allowed_token_ids": "allowed_token_ids is not supported yet",
@@ -64,13 +58,15 @@ class CompletionRequest(SamplingRequest):
             )
         if not value:
             raise FieldError(None, "must not be empty")
-        if len(value) > MAX_PROMPTS:
-            raise FieldError(None, f"at most {MAX_PROMPTS} prompts per request")
-        if all(isinstance(p, str) for p in value):
-            return value
+        # One prompt of token ids first: its length is bounded by the context, not by
+        # the prompt count.
         if all(isinstance(p, int) and not isinstance(p, bool) for p in value):
             if any(p < 0 for p in value):
                 raise FieldError(None, "token ids must be >= 0")
+            return value
+        if len(value) > MAX_PROMPTS:
+            raise FieldError(None, f"at most {MAX_PROMPTS} prompts per request")
+        if all(isinstance(p, str) for p in value):
             return value
         if all(isinstance(p, list) for p in value):
             for i, ids in enumerate(value):
@@ -90,6 +86,13 @@ class CompletionRequest(SamplingRequest):
             raise FieldError("best_of", "best_of other than n is not supported")
         if self.echo and self.logprobs is not None:
             raise FieldError("echo", "echo with logprobs needs prompt logprobs (not supported yet)")
+        num_sequences = len(self.prompts()) * self.n
+        if num_sequences > limits.max_sequences_per_request:
+            raise FieldError(
+                "n",
+                f"prompts x n is {num_sequences}; at most {limits.max_sequences_per_request} "
+                "sequences per request",
+            )
         return self
 
     def prompts(self) -> list[Prompt]:

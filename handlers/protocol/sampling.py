@@ -7,20 +7,20 @@ need the model (vocabulary, context length) run in `to_sampling_params`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from handlers.errors import BadRequestError
 from handlers.protocol.base import (
     FieldError,
-    OpenAIBaseModel,
     StreamOptions,
     limits_from,
     reject_unsupported,
 )
+from handlers.protocol.structured import StructuredOutputFields
 
 INT64_MAX = 2**63 - 1
 
@@ -50,8 +50,20 @@ def numerically_safe(
 GENERATION_CONFIG_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-class SamplingRequest(OpenAIBaseModel):
-    """Fields every generation request (chat and completion) accepts."""
+def check_in_vocabulary(token_ids: Iterable[int], vocab_size: int, param: str) -> None:
+    """The one vocabulary rule for token ids a request names (prompt token ids,
+    `stop_token_ids`, `logit_bias` keys): 400 naming the field."""
+    for token_id in token_ids:
+        if not 0 <= token_id < vocab_size:
+            raise BadRequestError(
+                f"{param}: token id {token_id} is outside the vocabulary (size {vocab_size})",
+                param=param,
+            )
+
+
+class SamplingRequest(StructuredOutputFields):
+    """Fields every generation request (chat and completion) accepts, including the
+    output constraints (`response_format`, `structured_outputs`, `guided_*`)."""
 
     n: int = Field(default=1, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -113,16 +125,28 @@ class SamplingRequest(OpenAIBaseModel):
 
     @field_validator("stop_token_ids")
     @classmethod
-    def _non_negative_ids(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(t < 0 for t in value):
+    def _non_negative_ids(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if value is None:
+            return value
+        limit = limits_from(info.context).max_stop_token_ids
+        if len(value) > limit:
+            raise FieldError(None, f"at most {limit} stop token ids are allowed, got {len(value)}")
+        if any(t < 0 for t in value):
             raise FieldError(None, "token ids must be >= 0")
         return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+    def _check_logit_bias(
+        cls, value: dict[str, float] | None, info: ValidationInfo
+    ) -> dict[str, float] | None:
         if value is None:
             return None
+        limit = limits_from(info.context).max_logit_bias
+        if len(value) > limit:
+            raise FieldError(
+                None, f"at most {limit} logit_bias entries are allowed, got {len(value)}"
+            )
         for key, bias in value.items():
             try:
                 token_id = int(key)
@@ -146,19 +170,8 @@ class SamplingRequest(OpenAIBaseModel):
     # -- building ---------------------------------------------------------------------
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids named in the request must exist in the model's vocabulary."""
-        for token_id in self.stop_token_ids or ():
-            if token_id >= vocab_size:
-                raise BadRequestError(
-                    f"stop_token_ids: token id {token_id} is outside the vocabulary "
-                    f"(size {vocab_size})",
-                    param="stop_token_ids",
-                )
-        for key in self.logit_bias or {}:
-            if int(key) >= vocab_size:
-                raise BadRequestError(
-                    f"logit_bias: token id {key} is outside the vocabulary (size {vocab_size})",
-                    param="logit_bias",
-                )
+        check_in_vocabulary(self.stop_token_ids or (), vocab_size, "stop_token_ids")
+        check_in_vocabulary((int(key) for key in self.logit_bias or {}), vocab_size, "logit_bias")
 
     def build_sampling_params(
         self,
@@ -167,8 +180,10 @@ class SamplingRequest(OpenAIBaseModel):
         vocab_size: int,
         logprobs: int | None,
         defaults: Mapping[str, Any] | None = None,
+        structured: StructuredOutputSpec | None = None,
     ) -> SamplingParams:
-        """SamplingParams for one choice; request values win over the model's defaults."""
+        """SamplingParams for one choice; request values win over the model's defaults.
+        `structured` overrides the request's own constraint (chat's forced tool calls)."""
         self.check_token_ids(vocab_size)
         if self.min_tokens > max_tokens:
             raise BadRequestError(
@@ -204,6 +219,7 @@ class SamplingRequest(OpenAIBaseModel):
             if self.logit_bias
             else None,
             logprobs=logprobs,
+            structured=structured if structured is not None else self.structured_spec(),
         )
 
 

@@ -3,15 +3,54 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import Field, RootModel, field_validator
+from pydantic import Field, RootModel, field_validator, model_validator
 
-from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel
+from engine.sampling_params import StructuredOutputSpec
+from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel, reject_unsupported
 from handlers.protocol.sampling import INT64_MAX
+from handlers.protocol.structured import check_text, parse_schema, schema_text
 
 DEFAULT_MAX_NEW_TOKENS = 100
 """TGI's default when `max_new_tokens` is not given."""
+
+
+_UNSUPPORTED_TGI_PARAMETERS: Mapping[str, str] = {
+    "top_n_tokens": "top_n_tokens is not supported yet",
+    "decoder_input_details": "decoder_input_details needs prompt logprobs (not supported yet)",
+}
+"""TGI parameters that would change the answer if honoured: a 400, never ignored."""
+
+
+class TGIGrammar(OpenAIBaseModel):
+    """TGI's guidance: `{"type": "json", "value": <schema>}` or `{"type": "regex", ...}`."""
+
+    type: Literal["json", "regex"]
+    value: Any
+
+    @model_validator(mode="after")
+    def _check_value(self) -> TGIGrammar:
+        try:
+            if self.type == "json":
+                self.value = parse_schema(self.value)
+            elif not isinstance(self.value, str):
+                raise FieldError(None, "a regex grammar's value must be a string")
+            else:
+                check_text(self.value, "regex")
+        except FieldError as exc:
+            raise FieldError("value", exc.message) from None
+        return self
+
+    def spec(self) -> StructuredOutputSpec:
+        if self.type == "json":
+            return StructuredOutputSpec(
+                kind="json", value=schema_text(self.value), param="parameters.grammar.value"
+            )
+        return StructuredOutputSpec(
+            kind="regex", value=self.value, param="parameters.grammar.value"
+        )
 
 
 class TGIParameters(OpenAIBaseModel):
@@ -26,8 +65,14 @@ class TGIParameters(OpenAIBaseModel):
     do_sample: bool = False
     details: bool = False
     return_full_text: bool = False
-    decoder_input_details: bool = False
     best_of: int | None = Field(default=None, ge=1, le=1)
+    grammar: TGIGrammar | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        reject_unsupported(data, _UNSUPPORTED_TGI_PARAMETERS)
+        return data
 
     @field_validator("stop", mode="before")
     @classmethod

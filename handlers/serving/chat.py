@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from engine.messages import TokenLogprob
@@ -14,14 +15,19 @@ from handlers.protocol.chat import (
     ChatCompletionResponseChoice,
     ChatMessage,
     DeltaMessage,
+    FunctionCall,
+    ToolCall,
 )
 from handlers.serving.base import Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs
-from handlers.serving.render import render_chat
-from handlers.serving.sse import SSEStream
+from handlers.serving.reasoning import reasoning_enabled, split_reasoning
+from handlers.serving.render import render_chat, tool_format
+from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
+from handlers.serving.tool_render import forced_tool_spec, new_call_id, tool_calls_from_text
+from handlers.serving.tool_stream import ReasoningStreamer, StreamPiece, ToolCallStreamer
 
 
 class ServingChat(ServingBase):
@@ -40,7 +46,7 @@ class ServingChat(ServingBase):
         served = self.served
         model_name = served.resolve_name(request.model)
         info = served.info()
-        prompt_text = render_chat(served, request, documents=request.documents)
+        prompt_text = await render_chat(served, request, documents=request.documents)
         prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
         served.check_prompt_len(len(prompt_ids), "messages")
         params = request.to_sampling_params(
@@ -48,6 +54,7 @@ class ServingChat(ServingBase):
             prompt_len=len(prompt_ids),
             vocab_size=served.vocab_size(),
             defaults=served.sampling_defaults(),
+            structured=forced_tool_spec(request),
         )
         sequences = self.new_sequences(request.n, self.sequence_options(request))
         response_id, engine_id = self.request_ids("chatcmpl", ctx, request.request_id)
@@ -90,17 +97,7 @@ class ServingChat(ServingBase):
     async def _respond(self, run: Run, request: ChatCompletionRequest) -> ChatCompletionResponse:
         await self.collect(run)
         echo = self._echo_text(request)
-        role = self.served.config.response_role
-        choices = [
-            ChatCompletionResponseChoice(
-                index=seq.index,
-                message=ChatMessage(role=role, content=echo + seq.text),
-                logprobs=self._logprobs(request, seq.logprobs),
-                finish_reason=seq.finish_reason,
-                stop_reason=seq.stop_reason,
-            )
-            for seq in run.sequences
-        ]
+        choices = [self._choice(request, seq, echo + seq.text) for seq in run.sequences]
         return ChatCompletionResponse(
             id=run.response_id,
             created=run.created,
@@ -109,8 +106,51 @@ class ServingChat(ServingBase):
             usage=self.usage(run),
         )
 
+    def _choice(
+        self, request: ChatCompletionRequest, seq: Choice, text: str
+    ) -> ChatCompletionResponseChoice:
+        """One finished choice: reasoning split off, tool calls parsed out of the text."""
+        reasoning = None
+        if reasoning_enabled(self.served.config.reasoning_parser, self._template(request)):
+            reasoning, text = split_reasoning(text)
+        content, calls = tool_calls_from_text(text, request, tool_format(self.served, request))
+        finish = seq.finish_reason
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        message = ChatMessage(
+            role=self.served.config.response_role,
+            content=content if calls else text,
+            reasoning_content=reasoning,
+            tool_calls=[
+                ToolCall(
+                    id=new_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)
+                )
+                for c in calls
+            ],
+        )
+        return ChatCompletionResponseChoice(
+            index=seq.index,
+            message=message,
+            logprobs=self._logprobs(request, seq.logprobs),
+            finish_reason=finish,
+            stop_reason=seq.stop_reason,
+        )
+
+    def _template(self, request: ChatCompletionRequest) -> str | None:
+        return (
+            request.chat_template
+            or self.served.config.chat_template
+            or self.served.tokenizer().chat_template
+        )
+
     # -- streaming --------------------------------------------------------------------
     def _stream(self, run: Run, request: ChatCompletionRequest) -> SSEStream:
+        return self.sse(run, self._chunks(run, request))
+
+    async def _chunks(
+        self, run: Run, request: ChatCompletionRequest
+    ) -> AsyncGenerator[SSEPayload, None]:
+        """The role chunk of each choice, the echo, one chunk per delta, the usage tail."""
         chunks = StreamChunks(
             run,
             ChatCompletionChunk,
@@ -118,10 +158,9 @@ class ServingChat(ServingBase):
             include_cached=self.served.config.enable_prompt_tokens_details,
         )
         chunk, running_usage = chunks.chunk, chunks.running_usage
-
         role = self.served.config.response_role
-        head = [
-            chunk(
+        for seq in run.sequences:
+            yield chunk(
                 [
                     ChatCompletionChunkChoice(
                         index=seq.index,
@@ -132,12 +171,10 @@ class ServingChat(ServingBase):
                 ],
                 running_usage(),
             )
-            for seq in run.sequences
-        ]
         echo = self._echo_text(request)
         if echo:
-            head += [
-                chunk(
+            for seq in run.sequences:
+                yield chunk(
                     [
                         ChatCompletionChunkChoice(
                             index=seq.index,
@@ -148,21 +185,56 @@ class ServingChat(ServingBase):
                     ],
                     running_usage(),
                 )
-                for seq in run.sequences
-            ]
-
-        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
+        fmt = tool_format(self.served, request)
+        thinks = reasoning_enabled(self.served.config.reasoning_parser, self._template(request))
+        tools = {seq.index: ToolCallStreamer(request, fmt) for seq in run.sequences}
+        reasoning = {seq.index: ReasoningStreamer(thinks) for seq in run.sequences}
+        async for item in self.deltas(run, self.keep_alive):
+            if item is None:
+                yield None
+                continue
+            seq, delta = item
             if not (delta.text or delta.logprobs or delta.finish_reason):
-                return None
-            message = DeltaMessage(content=delta.text) if delta.text else DeltaMessage()
+                continue
+            message, finish = self._delta_message(delta, tools[seq.index], reasoning[seq.index])
             choice_fields: dict[str, Any] = {
                 "index": seq.index,
                 "delta": message,
                 "logprobs": self._logprobs(request, delta.logprobs),
-                "finish_reason": delta.finish_reason,
+                "finish_reason": finish,
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
-            return chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
+            yield chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
+        for payload in chunks.tail():
+            yield payload
 
-        return self.sse(run, head=head, chunk_for=chunk_for, tail=chunks.tail)
+    @staticmethod
+    def _delta_message(
+        delta: ChoiceDelta, tools: ToolCallStreamer, reasoning: ReasoningStreamer
+    ) -> tuple[DeltaMessage, str | None]:
+        """One delta's text through the reasoning split and the tool-call streamer; at
+        the end both are flushed. Only fields with something to say are set (chunks are
+        serialized with exclude_unset)."""
+        thought, text = reasoning.feed(delta.text) if delta.text else ("", "")
+        piece = tools.feed(text) if text else StreamPiece()
+        finish = delta.finish_reason
+        if finish is not None:
+            more_thought, more_text = reasoning.finish()
+            thought += more_thought
+            tail = tools.feed(more_text) if more_text else StreamPiece()
+            end = tools.finish()
+            piece = StreamPiece(
+                content=piece.content + tail.content + end.content,
+                tool_calls=piece.tool_calls + tail.tool_calls + end.tool_calls,
+            )
+            if tools.num_calls and finish == "stop":
+                finish = "tool_calls"
+        fields: dict[str, Any] = {}
+        if piece.content:
+            fields["content"] = piece.content
+        if thought:
+            fields["reasoning_content"] = thought
+        if piece.tool_calls:
+            fields["tool_calls"] = piece.tool_calls
+        return DeltaMessage(**fields), finish

@@ -79,7 +79,7 @@ class Choice:
         if self.finished:
             return ChoiceDelta("", [], None)
         if output.finish_reason == "error":
-            logger.error("engine failed request %s: %s", output.request_id, output.error)
+            logger.error("engine failed request %r: %s", output.request_id, output.error)
             raise InternalServerError("The engine failed while generating this response.")
         self.num_prompt_tokens = self.num_prompt_tokens or output.num_prompt_tokens
         self.num_cached_tokens = self.num_cached_tokens or output.num_cached_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,10 +15,10 @@ from handlers.protocol.completion import (
     CompletionStreamResponse,
 )
 from handlers.serving.base import Run, ServingBase
-from handlers.serving.choice import Choice, ChoiceDelta
+from handlers.serving.choice import ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import completion_logprobs
-from handlers.serving.sse import SSEStream
+from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
 
@@ -146,6 +147,12 @@ class ServingCompletion(ServingBase):
 
     # -- streaming --------------------------------------------------------------------
     def _stream(self, run: Run, request: CompletionRequest, echoes: list[str]) -> SSEStream:
+        return self.sse(run, self._chunks(run, request, echoes))
+
+    async def _chunks(
+        self, run: Run, request: CompletionRequest, echoes: list[str]
+    ) -> AsyncGenerator[SSEPayload, None]:
+        """One chunk per delta (a choice's echo goes out with its first), the usage tail."""
         chunks = StreamChunks(
             run,
             CompletionStreamResponse,
@@ -154,13 +161,16 @@ class ServingCompletion(ServingBase):
         )
         pending_echo = {seq.index: echoes[seq.index // run.n] for seq in run.sequences}
         offsets = {index: len(text) for index, text in pending_echo.items()}
-
-        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
+        async for item in self.deltas(run, self.keep_alive):
+            if item is None:
+                yield None
+                continue
+            seq, delta = item
             echo = pending_echo.pop(seq.index, "")
             text = echo + delta.text
             if not (text or delta.logprobs or delta.finish_reason):
                 pending_echo[seq.index] = echo
-                return None
+                continue
             logprobs = self._logprobs(request, delta, offsets[seq.index])
             if logprobs is not None and logprobs.text_offset:
                 last = logprobs.tokens[-1]
@@ -173,8 +183,8 @@ class ServingCompletion(ServingBase):
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
-            return chunks.chunk(
+            yield chunks.chunk(
                 [CompletionResponseStreamChoice(**choice_fields)], chunks.running_usage()
             )
-
-        return self.sse(run, head=[], chunk_for=chunk_for, tail=chunks.tail)
+        for payload in chunks.tail():
+            yield payload

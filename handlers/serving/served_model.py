@@ -20,7 +20,7 @@ from engine.tokenizer import Tokenizer
 from handlers.config import ServerConfig
 from handlers.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from handlers.protocol.base import RequestLimits
-from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS
+from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS, check_in_vocabulary
 from handlers.serving.logprobs import TokenTexts
 
 logger = logging.getLogger(__name__)
@@ -104,13 +104,7 @@ class ServedModel:
         return tokenizer.encode(text, add_special_tokens)
 
     def check_token_ids(self, token_ids: list[int], param: str) -> None:
-        vocab_size = self.vocab_size()
-        for token_id in token_ids:
-            if not 0 <= token_id < vocab_size:
-                raise BadRequestError(
-                    f"{param}: token id {token_id} is outside the vocabulary (size {vocab_size})",
-                    param=param,
-                )
+        check_in_vocabulary(token_ids, self.vocab_size(), param)
 
     def check_prompt_len(self, num_tokens: int, param: str) -> None:
         """vLLM's rule: a prompt must leave room for at least one generated token."""

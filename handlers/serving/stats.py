@@ -14,6 +14,16 @@ from typing import Protocol
 
 logger = logging.getLogger("handlers.requests")
 
+_MAX_LOGGED_ID = 300
+
+
+def loggable(text: str) -> str:
+    """A client-chosen id as it may appear in a log line: control characters (a newline
+    forging a second log line, terminal escapes) escaped, length capped."""
+    if not (text.isascii() and text.isprintable()):
+        text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= _MAX_LOGGED_ID else text[:_MAX_LOGGED_ID] + "..."
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -104,7 +114,7 @@ class RequestTracker:
         logger.info(
             "request %s %s: status=%s prompt_tokens=%d output_tokens=%d cached_tokens=%d "
             "ttft=%s e2e=%.3fs finish=%s",
-            record.request_id,
+            loggable(record.request_id),
             record.kind,
             status,
             num_prompt_tokens,

@@ -71,10 +71,6 @@ class StopStringMatcher:
         self._released = 0
         """Characters released so far (absolute offset of `_pending`)."""
 
-    @property
-    def held_back(self) -> str:
-        return self._pending
-
     def feed(self, delta: str, *, check: bool = True) -> StopResult:
         """Add newly detokenized text; return what can be released and whether it stopped.
 

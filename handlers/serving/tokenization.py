@@ -24,7 +24,7 @@ class ServingTokenization:
         served.resolve_name(request.model)
         info = served.info()
         if isinstance(request, TokenizeChatRequest):
-            text = render_chat(served, request)
+            text = await render_chat(served, request)
         else:
             text = request.prompt
         tokens = await served.encode(text, add_special_tokens=request.add_special_tokens)

@@ -59,10 +59,11 @@ async def _fill_queue_then_refuse(server: Server) -> dict[str, Any]:
     b_pinged = asyncio.Event()
 
     async def run_a() -> None:
+        # Minutes of CPU decoding if it ran to its end: only an abort frees the slot soon.
         body = {
             "model": "smollm2",
             "prompt": "Count from one to one thousand:",
-            "max_tokens": 300,
+            "max_tokens": 1000,
             "ignore_eos": True,
             "stream": True,
         }
@@ -121,6 +122,11 @@ async def _fill_queue_then_refuse(server: Server) -> dict[str, Any]:
     await asyncio.wait_for(b_pinged.wait(), 60)
     release_a.set()
     await asyncio.wait_for(task_a, 240)
+    # With one running slot, B leaves the queue only once A is out of the batch: closing
+    # A's connection must have aborted it in the engine, long before its 1000 tokens.
+    seen["waiting_after_cut"] = await asyncio.to_thread(
+        wait_metric, server, "hearth:num_requests_waiting", 0, 60
+    )
     await asyncio.wait_for(task_b, 240)
     return seen
 
@@ -128,6 +134,7 @@ async def _fill_queue_then_refuse(server: Server) -> dict[str, Any]:
 def test_full_queue_refuses_a_stream_before_the_status_line(small_server: Server) -> None:
     seen = asyncio.run(_fill_queue_then_refuse(small_server))
     assert seen["waiting"] == 1
+    assert seen["waiting_after_cut"] == 0, "the cut stream was not aborted in the engine"
     for name in (
         "refused_chat_stream",
         "refused_completion_stream",
@@ -289,6 +296,22 @@ def test_tgi_generate_non_stream(default_server: Server) -> None:
         for seed in (7, 7, 8)
     ]
     assert sampled[0] == sampled[1]
+    # do_sample really samples: the seeded TGI text is the seeded sample that
+    # /v1/completions draws with the same parameters, and not the greedy text.
+    same = client(default_server).completions.create(
+        model="smollm2",
+        prompt="Once upon a time",
+        max_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        seed=7,
+        extra_body={"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
+    )
+    greedy_story = client(default_server).completions.create(
+        model="smollm2", prompt="Once upon a time", max_tokens=8, temperature=0
+    )
+    assert sampled[0] == same.choices[0].text
+    assert sampled[0] != greedy_story.choices[0].text
 
 
 def test_tgi_generate_stream(default_server: Server) -> None:
@@ -360,7 +383,18 @@ def test_tool_call_history_renders(default_server: Server) -> None:
     reply = client(default_server).chat.completions.create(
         model="smollm2", messages=messages, temperature=0, max_tokens=4
     )
-    assert reply.usage.completion_tokens >= 1
+    assert reply.choices[0].message.content
+    # The whole history reached the model: the prompt is the template's rendering of all
+    # three turns, the tool's answer included.
+    rendered = httpx.post(
+        default_server.url + "/tokenize", json={"messages": messages}, timeout=120
+    ).json()
+    assert reply.usage.prompt_tokens == rendered["count"]
+    text = httpx.post(
+        default_server.url + "/detokenize", json={"tokens": rendered["tokens"]}, timeout=120
+    ).json()["prompt"]
+    assert "What is 6 times 7?" in text
+    assert "42" in text.split("What is 6 times 7?", 1)[1]
 
 
 def test_tiny_sampling_values_stay_numerically_sane(default_server: Server) -> None:

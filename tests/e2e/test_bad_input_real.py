@@ -201,14 +201,94 @@ CASES = [
     Case("top-logprobs-without-logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
     Case("top-logprobs-negative", chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs"),
     # -- unsupported features ---------------------------------------------------------------
-    Case("json-object", chat(response_format={"type": "json_object"}), 400, "response_format.type"),
+    # -- structured outputs ----------------------------------------------------------------
     Case(
-        "json-schema",
+        "json-schema-missing",
         chat(response_format={"type": "json_schema", "json_schema": {}}),
         400,
-        "response_format.type",
+        "response_format.json_schema.schema",
     ),
-    Case("response-format-unknown", chat(response_format={"type": "xml"}), 400, ...),
+    Case(
+        "json-schema-not-object",
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": 5}}),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "json-schema-unsupported-keyword",
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"type": "object", "not": {}}},
+            }
+        ),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "json-schema-too-large",
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"description": "x" * 70_000}},
+            }
+        ),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    Case("response-format-xml", chat(response_format={"type": "xml"}), 400, "response_format.type"),
+    Case(
+        "two-constraints",
+        chat(guided_regex="a+", response_format={"type": "json_object"}),
+        400,
+        "guided_regex",
+    ),
+    Case(
+        "structured-outputs-two-kinds",
+        chat(structured_outputs={"regex": "a", "choice": ["b"]}),
+        400,
+        "structured_outputs",
+    ),
+    Case("choice-empty", chat(structured_outputs={"choice": []}), 400, "structured_outputs.choice"),
+    Case("guided-json-bad-text", chat(guided_json="{nope"), 400, "guided_json"),
+    Case(
+        "structural-tag",
+        chat(structured_outputs={"structural_tag": {"a": 1}}),
+        400,
+        "structured_outputs.structural_tag",
+    ),
+    Case(
+        "json-schema-invalid-type",
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"type": "foo"}},
+            }
+        ),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    Case("bad-regex", chat(structured_outputs={"regex": "(abc"}), 400, "structured_outputs.regex"),
+    Case(
+        "grammar-syntax-error",
+        chat(structured_outputs={"grammar": 'root ::= ("a"'}),
+        400,
+        "structured_outputs.grammar",
+    ),
+    Case(
+        "tgi-grammar-bad-regex",
+        tgi(grammar={"type": "regex", "value": "[a-"}),
+        400,
+        "parameters.grammar.value",
+        path=INVOCATIONS,
+    ),
+    Case(
+        "tgi-grammar-bad-type",
+        tgi(grammar={"type": "xml", "value": "a"}),
+        400,
+        "parameters.grammar.type",
+        path=INVOCATIONS,
+    ),
     Case("tool-choice-auto", chat(tool_choice="auto"), 400, "tool_choice"),
     Case("tool-choice-required", chat(tool_choice="required"), 400, "tool_choice"),
     Case(
@@ -218,7 +298,6 @@ CASES = [
         "tool_choice",
     ),
     Case("functions", chat(functions=[{"name": "f"}]), 400, "functions"),
-    Case("guided-json", chat(guided_json={"type": "object"}), 400, "guided_json"),
     Case("beam-search", chat(use_beam_search=True), 400, "use_beam_search"),
     Case("untrusted-template", chat(chat_template="{{ messages }}"), 400, "chat_template"),
     Case(
@@ -276,7 +355,7 @@ CASES = [
         "prompt[1]",
         path=COMPLETIONS,
     ),
-    Case("prompt-empty-inner-list", comp(prompt=[[1], []]), 400, ..., path=COMPLETIONS),
+    Case("prompt-empty-inner-list", comp(prompt=[[1], []]), 400, "prompt[1]", path=COMPLETIONS),
     Case("prompt-mixed", comp(prompt=["a", 1]), 400, "prompt", path=COMPLETIONS),
     Case("prompt-number", comp(prompt=5), 400, "prompt", path=COMPLETIONS),
     Case(
@@ -312,10 +391,17 @@ CASES = [
         path=COMPLETIONS,
     ),
     Case(
-        "completion-response-format",
-        comp(response_format={"type": "json_object"}),
+        "completion-response-format-schema-missing",
+        comp(response_format={"type": "json_schema", "json_schema": {"name": "a"}}),
         400,
-        "response_format",
+        "response_format.json_schema.schema",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "completion-bad-regex",
+        comp(guided_regex="a{2,"),
+        400,
+        "guided_regex",
         path=COMPLETIONS,
     ),
     Case("completion-unknown-model", comp(model="x"), 404, "model", path=COMPLETIONS),

@@ -44,15 +44,20 @@ def test_stream_past_the_drain_window_ends_cleanly(
                 if len(lines) == 6:
                     sigterm_at = time.monotonic()
                     server.process.send_signal(signal.SIGTERM)
-        ended_after = time.monotonic() - sigterm_at
+        print(f"stream ended {time.monotonic() - sigterm_at:.2f} s after SIGTERM")
         data = [x.removeprefix("data: ") for x in lines if x.startswith("data: ")]
         assert data[-1] == "[DONE]"
         error = json.loads(data[-2])
         assert "error" in error and error["error"]["code"] == 503
         assert "shutting down" in error["error"]["message"]
-        # Ended shortly before uvicorn's deadline (5 s - 2 s margin), not at once.
-        assert 0.5 < ended_after < 5
+        # Not cut at SIGTERM: tokens kept coming during the drain window ...
+        after_sigterm = [x for x in lines[6:] if x.startswith("data: {") and '"error"' not in x]
+        assert after_sigterm
         assert server.process.wait(30) == 0
-        assert "ended 1 in-flight stream" in server.log()
+        log = server.log()
+        # ... until the worker ended it with the error event before uvicorn's own deadline
+        # (uvicorn never had to cancel the response).
+        assert "ended 1 in-flight stream" in log
+        assert "timeout graceful shutdown exceeded" not in log
     finally:
         server.stop()

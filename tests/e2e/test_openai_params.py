@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
-from tests.e2e.clients import async_client, client, sse_data
+from tests.e2e.clients import async_client, client, sse_data, wait_metric
 from tests.e2e.server import Server
 
 pytestmark = pytest.mark.slow
@@ -543,11 +542,8 @@ def test_add_generation_prompt_and_continue_final_message(
 
 
 # -- response_format, request_id, user ----------------------------------------------------------
-def test_response_format_json_is_refused_text_is_fine(default_server: Server) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        chat(default_server, response_format={"type": "json_object"}, max_tokens=2)
-    assert caught.value.status_code == 400
-    assert caught.value.param == "response_format.type"
+def test_response_format_text_is_plain_generation(default_server: Server) -> None:
+    # json_object / json_schema: tests/e2e/test_structured_outputs.py
     reply = chat(
         default_server, temperature=0, max_tokens=2, response_format={"type": "text"}, user="u-1"
     )
@@ -661,6 +657,9 @@ def test_load_counts_in_flight_requests(default_server: Server) -> None:
     seen, after = asyncio.run(_streams_and_load(default_server, 4))
     assert max(seen) >= 1, seen
     assert after[-10:] == [0] * 10, after
+    # The workers forgot them, and the engine stopped them: nothing runs, no KV block held.
+    assert wait_metric(default_server, "hearth:num_requests_running", 0) == 0
+    assert wait_metric(default_server, "hearth:kv_cache_used_blocks", 0) == 0
 
 
 def test_raw_stream_wire_format(default_server: Server) -> None:

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model_loader import (
+from engine.model_loader import load_model
+from engine.model_resolver import (
     ModelConversionError,
     ModelLoadError,
     ModelNotFoundError,
     default_gguf_path,
-    load_model,
     resolve_model_dir,
 )
 
@@ -254,7 +254,7 @@ def test_resolve_from_cache_never_imports_torch(
     plain = _write_hf_dir(tmp_path / "plain")
     code = (
         "import sys\n"
-        "from engine.model_loader import resolve_model_dir\n"
+        "from engine.model_resolver import resolve_model_dir\n"
         "def fail(line): raise AssertionError(line)\n"
         f"assert resolve_model_dir({str(model_tiny_gguf)!r}, {str(cache)!r}, fail) == {str(model_dir)!r}\n"
         f"assert resolve_model_dir({str(plain)!r}, None, fail) == {str(plain)!r}\n"
@@ -275,18 +275,34 @@ def test_unwritable_home_falls_back_to_the_temp_dir(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A read-only home (Lambda): the default cache moves to $TMPDIR/hearth-models."""
+    """A read-only home (Lambda): the default cache moves to $TMPDIR/hearth-models-<uid>."""
     _, model_dir, _ = model_tiny_converted
     home = tmp_path / "home-is-a-file"
     home.write_text("")  # ~/.cache/... cannot be created below a file
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("HEARTH_CACHE_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    fallback = tmp_path / "tmp" / "hearth-models" / model_dir.name
+    fallback = tmp_path / "tmp" / f"hearth-models-{os.geteuid()}" / model_dir.name
     shutil.copytree(model_dir, fallback)  # as if an earlier start had converted it there
     rec = Recorder()
     assert resolve_model_dir(str(model_tiny_gguf), progress=rec) == str(fallback)
     assert rec.lines == []
+
+
+def test_a_cache_others_can_write_is_not_trusted(
+    model_tiny_gguf: Path,
+    model_tiny_converted: tuple[Path, Path, list[Recorder]],
+    tmp_path: Path,
+) -> None:
+    """In a shared /tmp another user could plant weights or a template: an entry in a
+    directory writable by group or others is never loaded, and nothing is written there."""
+    _, model_dir, _ = model_tiny_converted
+    shared = tmp_path / "shared"
+    planted = shared / model_dir.name
+    shutil.copytree(model_dir, planted)
+    shared.chmod(0o777)
+    with pytest.raises(ModelLoadError, match="HEARTH_CACHE_DIR"):
+        resolve_model_dir(str(model_tiny_gguf), str(shared), Recorder())
 
 
 def test_no_writable_cache_is_a_clear_error(model_tiny_gguf: Path, tmp_path: Path) -> None:

@@ -150,12 +150,61 @@ CASES = [
     Case("top-logprobs-without-logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
     Case("top-logprobs-negative", chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs"),
     # -- unsupported features ---------------------------------------------------------------
-    Case("json-object", chat(response_format={"type": "json_object"}), 400, "response_format.type"),
+    # -- structured outputs ----------------------------------------------------------------
     Case(
-        "json-schema",
+        "json-schema-missing",
         chat(response_format={"type": "json_schema", "json_schema": {}}),
         400,
-        "response_format.type",
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "json-schema-not-object",
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": 5}}),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "json-schema-unsupported-keyword",
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"type": "object", "not": {}}},
+            }
+        ),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "json-schema-too-large",
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"description": "x" * 70_000}},
+            }
+        ),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    Case("response-format-xml", chat(response_format={"type": "xml"}), 400, "response_format.type"),
+    Case(
+        "two-constraints",
+        chat(guided_regex="a+", response_format={"type": "json_object"}),
+        400,
+        "guided_regex",
+    ),
+    Case(
+        "structured-outputs-two-kinds",
+        chat(structured_outputs={"regex": "a", "choice": ["b"]}),
+        400,
+        "structured_outputs",
+    ),
+    Case("choice-empty", chat(structured_outputs={"choice": []}), 400, "structured_outputs.choice"),
+    Case("guided-json-bad-text", chat(guided_json="{nope"), 400, "guided_json"),
+    Case(
+        "structural-tag",
+        chat(structured_outputs={"structural_tag": {"a": 1}}),
+        400,
+        "structured_outputs.structural_tag",
     ),
     Case("tool-choice-auto", chat(tool_choice="auto"), 400, "tool_choice"),
     Case("tool-choice-required", chat(tool_choice="required"), 400, "tool_choice"),
@@ -165,7 +214,6 @@ CASES = [
         400,
         "tool_choice",
     ),
-    Case("guided-json", chat(guided_json={"type": "object"}), 400, "guided_json"),
     Case("beam-search", chat(use_beam_search=True), 400, "use_beam_search"),
     Case("untrusted-template", chat(chat_template="{{ messages }}"), 400, "chat_template"),
     Case(

@@ -34,22 +34,24 @@ def test_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    "value",
+    ("value", "named"),
     [
-        "not json",
-        "[]",
-        '{"no_such_setting": 1}',
-        '{"max_n": "16"}',
-        '{"served_model_names": "one"}',
-        '{"api_key_digests": ["plain-key"]}',
-        '{"sse_keep_alive_interval": 0}',
-        '{"generation_config": "maybe"}',
-        '{"root_path": "api"}',
+        ("not json", "not valid JSON"),
+        ("[]", "JSON object"),
+        ('{"no_such_setting": 1}', "no_such_setting"),
+        ('{"max_n": "16"}', "max_n"),
+        ('{"served_model_names": "one"}', "served_model_names"),
+        ('{"api_key_digests": ["plain-key"]}', "api_key_digests"),
+        ('{"sse_keep_alive_interval": 0}', "sse_keep_alive_interval"),
+        ('{"request_timeout": -1}', "request_timeout"),
+        ('{"generation_config": "maybe"}', "generation_config"),
+        ('{"root_path": "api"}', "root_path"),
     ],
 )
-def test_bad_values_fail_loudly(value: str) -> None:
-    with pytest.raises((ValueError, TypeError)):
+def test_bad_values_fail_loudly_naming_the_setting(value: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named) as failure:
         ServerConfig.from_env({ENV_VAR: value})
+    assert ENV_VAR in str(failure.value) or "ServerConfig." in str(failure.value)
 
 
 def test_config_is_immutable() -> None:

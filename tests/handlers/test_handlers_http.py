@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.metadata
+from typing import Any
+
 import falcon.testing
 import pytest
 from fake_engine import FakeEngine
-from handlers_testing import assert_openai_error, call_asgi
+from handlers_testing import assert_openai_error, call_asgi, connected_client
 
 from handlers.config import ServerConfig
 from handlers.http.app import create_app
+from handlers.http.disconnect import CancelOnDisconnect
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "Hello"}]}
 KEY = "sk-test-123"
@@ -135,7 +140,8 @@ def test_models_list(client, model_dir):
 
 
 def test_version(client):
-    assert isinstance(client.simulate_get("/version").json["version"], str)
+    # The installed distribution's own version, not just any string.
+    assert client.simulate_get("/version").json == {"version": importlib.metadata.version("hearth")}
 
 
 def test_load_route_only_with_the_flag(client, make_client, engine):
@@ -148,7 +154,7 @@ def test_metrics_have_hearth_names(model_dir, tokenizer, engine):
     app = create_app(
         ServerConfig(model_dir=str(model_dir), served_model_names=["m"]), engine, tokenizer
     )
-    client = falcon.testing.TestClient(app)
+    client = connected_client(app)
     assert client.simulate_post("/v1/chat/completions", json=CHAT_BODY).status_code == 200
     result = client.simulate_get("/metrics")
     assert result.headers["content-type"].startswith("text/plain")
@@ -165,9 +171,19 @@ def test_metrics_have_hearth_names(model_dir, tokenizer, engine):
 
 
 def test_metrics_multiprocess_mode(monkeypatch, tmp_path, client):
+    """/metrics sums what every process wrote into the multiprocess directory (the
+    engine and each API worker write their own files)."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    key = mmap_key("hearth:num_preemptions", "hearth:num_preemptions_total", [], [], "p")
+    for pid, value in ((101, 2.0), (102, 3.0)):  # two processes' counters
+        values = MmapedDict(str(tmp_path / f"counter_{pid}.db"))
+        values.write_value(key, value, 0.0)
+        values.close()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     result = client.simulate_get("/metrics")
-    assert result.status_code == 200  # an empty directory aggregates to an empty page
+    assert result.status_code == 200
+    assert "hearth:num_preemptions_total 5.0" in result.text.splitlines()
 
 
 def test_cors_off_by_default(client):
@@ -218,3 +234,30 @@ def test_unhandled_bug_is_a_500_without_internals(client, engine: FakeEngine, mo
     result = client.simulate_post("/v1/chat/completions", json=CHAT_BODY)
     error = assert_openai_error(result, 500, None)
     assert "secret" not in error["message"] and error["type"] == "InternalServerError"
+
+
+@pytest.mark.anyio
+async def test_disconnect_watcher_leaves_the_body_to_the_app() -> None:
+    """The watcher reads `receive` only once the app has read the whole body, so the
+    server's flow control still bounds an upload (a 413 reads no more of it)."""
+    reads: list[int] = []
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        reads.append(len(reads))
+        if len(reads) == 1:
+            return {"type": "http.request", "body": b"x" * 10, "more_body": True}
+        await asyncio.Event().wait()  # the rest of a huge upload, never needed
+        raise AssertionError("unreachable")
+
+    async def refusing_app(scope: dict, receive: Any, send: Any) -> None:
+        await receive()  # the first chunk says the body is too large
+        await send({"type": "http.response.start", "status": 413, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await CancelOnDisconnect(refusing_app)({"type": "http"}, receive, send)
+    assert reads == [0]  # only the app's own read
+    assert sent[0]["status"] == 413

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from handlers.serving.stop import StopStringMatcher
+from handlers.serving.stop import StopStringMatcher, _Automaton
 
 
 def reference(text: str, stops: list[str], include: bool) -> tuple[str, str | None]:
@@ -66,13 +66,43 @@ def test_min_tokens_window_ignores_earlier_text() -> None:
     assert (result.text, result.stop) == ("z", "ab")
 
 
+class _CountingAutomaton(_Automaton):
+    """The matcher's KMP automaton, counting characters stepped and failure links followed."""
+
+    __slots__ = ()
+    steps = 0
+    links = 0
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(pattern)
+        counted = self
+
+        class Links(list):
+            def __getitem__(self, index):  # type: ignore[no-untyped-def]
+                type(counted).links += 1
+                return super().__getitem__(index)
+
+        self.failure = Links(self.failure)
+
+    def step(self, char: str) -> bool:
+        type(self).steps += 1
+        return super().step(char)
+
+
 def test_self_similar_long_stop_is_linear() -> None:
     stop = "a" * 5000 + "b"
     matcher = StopStringMatcher([stop])
+    _CountingAutomaton.steps = _CountingAutomaton.links = 0
+    matcher._automata = [_CountingAutomaton(stop)]
     for _ in range(100):
         assert matcher.feed("a" * 50).text == ""  # all could still become the stop
     assert matcher.feed("a" * 50).text == "a" * 50  # now too long to be a prefix of it
     assert matcher.feed("c").text == "a" * 5000 + "c"
+    # Work, not time: each of the 5,051 characters fed is stepped once, and KMP follows at
+    # most one failure link per character, amortized. A matcher that re-scanned its
+    # held-back tail on every delta would step about 250,000 times.
+    assert _CountingAutomaton.steps == 5051
+    assert _CountingAutomaton.links <= 5051
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -436,3 +436,16 @@ def test_body_asking_for_a_stream_is_streamed(cli: Any, shims: Any, eventstream:
     result = cli("invoke", "--endpoint", "demo", "--body", body)
     assert (result.code, result.out) == (0, "The capital is Paris — ça va.\n")
     assert shims.stream.requests[0]["body"]["prompt"] == "The capital of France"
+
+
+def test_public_function_url_without_api_key_warns(
+    cli: Any, clients: Any, role_arn: str, image: str
+) -> None:
+    """Issue 8 item 9: a public Function URL with no key must not deploy without a word."""
+    base = ["deploy", "lambda", "--name", "pub", "--image", image, "--role", role_arn]
+    public = cli(*base, "--url-auth", "NONE")
+    assert public.code == 0, public.err
+    assert "warning: the Function URL is public" in public.err
+    keyed = cli(*base, "--url-auth", "NONE", "--env", "HEARTH_API_KEY=k")
+    assert keyed.code == 0, keyed.err
+    assert "warning" not in keyed.err

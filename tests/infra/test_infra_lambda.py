@@ -53,7 +53,7 @@ def test_create_buffered_function(lam: Any, spec: LambdaSpec) -> None:
     assert conf["Environment"]["Variables"] == {"HOME": "/tmp", "HEARTH_MAX_MODEL_LEN": "2048"}
     assert conf["ImageConfigResponse"]["ImageConfig"] == {
         "EntryPoint": ["python", "-m", "awslambdaric"],
-        "Command": ["handlers.lambda_handler.handler"],
+        "Command": ["container.lambda_handler.handler"],
     }
     assert conf["Architectures"] == ["x86_64"]
     assert got["Tags"] == {DEPLOYMENT_TAG: "hearth-fn"}
@@ -181,3 +181,22 @@ def test_invalid_specs(lam: Any, spec: LambdaSpec, change: dict[str, Any], messa
     with pytest.raises(DeployError, match=message):
         lambda_fn.ensure_function(lam, replace(spec, **change))
     assert lam.list_functions()["Functions"] == []
+
+
+def test_deploy_refuses_a_function_it_did_not_create_unless_adopted(
+    lam: Any, spec: LambdaSpec
+) -> None:
+    """Issue 8 item 9: a name clash must not take over someone else's function."""
+    lam.create_function(
+        FunctionName=spec.name,
+        Role=spec.role_arn,
+        PackageType="Image",
+        Code={"ImageUri": "someone/else:1"},
+    )
+    with pytest.raises(DeployError, match="pass --adopt"):
+        lambda_fn.ensure_function(lam, spec, wait_delay_s=0)
+    assert lam.get_function(FunctionName=spec.name)["Code"]["ImageUri"] == "someone/else:1"
+    lambda_fn.ensure_function(lam, spec, wait_delay_s=0, adopt=True)
+    current = lam.get_function(FunctionName=spec.name)
+    assert current["Code"]["ImageUri"] == spec.image_uri
+    assert current["Tags"][DEPLOYMENT_TAG] == spec.name

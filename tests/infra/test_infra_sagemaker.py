@@ -372,3 +372,30 @@ def test_longest_name_still_fits_sagemaker(spec: EndpointSpec) -> None:
     name = validate_deployment_name("a" * MAX_DEPLOYMENT_NAME)
     long = replace(spec, name=name)
     assert len(long.model_name) == len(long.config_name) == 63
+
+
+def test_claim_refuses_an_endpoint_it_did_not_create_unless_adopted(
+    sm: Any, spec: EndpointSpec
+) -> None:
+    """Issue 8 item 9: `deploy sagemaker|update` must not take over a foreign endpoint."""
+    sm.create_model(
+        ModelName="byhand", ExecutionRoleArn=spec.model.role_arn, PrimaryContainer={"Image": "x"}
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="byhand",
+        ProductionVariants=[
+            {
+                "VariantName": "v",
+                "ModelName": "byhand",
+                "InstanceType": "ml.g4dn.xlarge",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    sm.create_endpoint(EndpointName="byhand", EndpointConfigName="byhand")
+    assert sagemaker.claim_endpoint(sm, "nothing-here", adopt=False) is None
+    with pytest.raises(DeployError, match="pass --adopt"):
+        sagemaker.claim_endpoint(sm, "byhand", adopt=False)
+    adopted = sagemaker.claim_endpoint(sm, "byhand", adopt=True)
+    assert adopted is not None and adopted.status is Status.UPDATED
+    assert sagemaker.claim_endpoint(sm, "byhand", adopt=False) is None  # ours now

@@ -1,6 +1,6 @@
 """Run the Lambda handler in a fresh process over stored events; print the responses.
 
-A separate process because importing `handlers.lambda_handler` starts an engine core
+A separate process because importing `container.lambda_handler` starts an engine core
 thread and installs the event loop Mangum uses, exactly as in a Lambda sandbox.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 
@@ -22,14 +21,19 @@ class FakeContext:
 
 
 def main(paths: list[str]) -> None:
-    start = time.monotonic()
-    from handlers import lambda_handler
+    from container import lambda_handler
 
-    init_s = time.monotonic() - start
-    results = {"init_seconds": init_s, "responses": {}}
+    engine = lambda_handler.engine
+    # State right after import: the engine thread has started, but import did not wait
+    # for the model (a Lambda init phase must stay short).
+    results = {
+        "after_import": {"started": engine._thread is not None, "ready": engine.is_ready()},
+        "responses": {},
+    }
     for path in paths:
         event = json.loads(Path(path).read_text())
         results["responses"][Path(path).stem] = lambda_handler.handler(event, FakeContext())
+    results["after_invocations"] = {"ready": engine.is_ready()}
     print("RESULTS " + json.dumps(results))
 
 

@@ -1,0 +1,123 @@
+"""The one reader of hearth's settings: `hearth serve` flags and their `HEARTH_<FLAG>`
+variables, turned into the engine's and the API workers' configs.
+
+`hearth serve` (and so SageMaker's `serve`, which maps `SM_HEARTH_<FLAG>` onto the same
+flags), and the Lambda entry all resolve their settings here, so one environment gives
+the same `EngineConfig` and `ServerConfig` everywhere (docs/architecture.md,
+"Configuration"). A new setting is one flag in `container/flags.py` plus its config
+field and one line in `serve_configs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from container.flags import add_serve_flags, finish_many
+from engine.config import EngineConfig
+from handlers.config import ServerConfig, digest_api_key
+
+DEFAULT_SERVED_NAME = "smollm2"
+"""What the embedded default model is called when no MODEL is given."""
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s [hearth] %(message)s",
+        force=True,
+    )
+
+
+def parse_serve_args(
+    argv: Sequence[str] = (), environ: Mapping[str, str] = os.environ
+) -> argparse.Namespace:
+    """`hearth serve`'s arguments from `argv` over the environment (for entries that have
+    no command line of their own, such as Lambda)."""
+    parser = argparse.ArgumentParser(prog="hearth serve", add_help=False)
+    add_serve_flags(parser, environ)
+    args = parser.parse_args(list(argv))
+    finish_many(args)
+    return args
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template is a file path or the template text itself."""
+    if value is None:
+        return None
+    path = Path(value)
+    if len(value) < 4096 and path.is_file():
+        return path.read_text()
+    if "{" not in value:
+        raise SystemExit(
+            f"hearth: --chat-template {value!r} is neither a file nor a Jinja template"
+        )
+    return value
+
+
+def serve_configs(
+    args: argparse.Namespace, model_dir: str | None = None
+) -> tuple[EngineConfig, ServerConfig]:
+    """The engine's and the API workers' configs from parsed `serve` arguments.
+
+    `model_dir` is the resolved model directory when the caller resolved it (the CLI does,
+    in the master); None leaves `args.model` for the engine to resolve (Lambda, whose
+    import must not wait for a conversion).
+    """
+    engine = EngineConfig(
+        model=model_dir or args.model,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        max_num_queued_tokens=args.max_num_queued_tokens,
+        scheduling_policy=args.scheduling_policy,
+        num_threads=args.num_threads,
+        disable_log_stats=args.disable_log_stats,
+        log_level=args.log_level,
+    )
+    served = args.served_model_name or (
+        [DEFAULT_SERVED_NAME] if args.model is None else [args.model.rstrip("/")]
+    )
+    server = ServerConfig(
+        model_dir=model_dir,
+        served_model_names=tuple(served),
+        api_key_digests=tuple(digest_api_key(k) for k in args.api_key),
+        response_role=args.response_role,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        chat_template=read_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
+        allowed_origins=tuple(args.allowed_origins),
+        allowed_methods=tuple(args.allowed_methods or ["*"]),
+        allowed_headers=tuple(args.allowed_headers or ["*"]),
+        allow_credentials=args.allow_credentials,
+        enable_request_id_headers=args.enable_request_id_headers,
+        sse_keep_alive_interval=args.sse_keep_alive_interval,
+        request_timeout=args.request_timeout,
+        enable_server_load_tracking=args.enable_server_load_tracking,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        root_path=args.root_path,
+        max_log_len=args.max_log_len,
+        disable_log_requests=args.disable_log_requests,
+    )
+    return engine, server
+
+
+def configs_from_env(
+    environ: Mapping[str, str] = os.environ,
+) -> tuple[EngineConfig, ServerConfig]:
+    """What `hearth serve` would run with in this environment, model left unresolved."""
+    return serve_configs(parse_serve_args((), environ))

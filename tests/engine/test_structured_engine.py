@@ -1,0 +1,267 @@
+"""Constrained decoding in the engine core, driven in-process (no transport).
+
+One small core where prompts are prefilled in chunks (16-token budget) and the KV pool
+(12 blocks of 16 tokens) is too small for the batch, so constrained sequences are
+chunk-prefilled, preempted and recomputed while sharing steps with unconstrained ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.messages import AddRequest
+from engine.sampling_params import SamplingParams, StructuredOutputSpec
+from engine.tokenizer import Tokenizer
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "pets"],
+    "additionalProperties": False,
+}
+LONG_SYSTEM = "You are a careful assistant that always answers in the requested format."
+
+
+@pytest.fixture(scope="module")
+def tok(model_smollm2_dir: str) -> Tokenizer:
+    return Tokenizer(model_smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def core(model_smollm2_dir: str):
+    from engine.core import EngineCore
+
+    return EngineCore(
+        EngineConfig(
+            model=model_smollm2_dir,
+            num_kv_blocks=12,
+            max_num_batched_tokens=16,
+            max_num_seqs=8,
+            num_threads=1,
+            enable_prefix_caching=False,
+        )
+    )
+
+
+def _prompt(tok: Tokenizer, text: str) -> list[int]:
+    """The chat prompt, padded in the system turn to whole KV blocks, so that the very
+    first generated token of each sequence needs a new block (preemption is certain)."""
+    system = LONG_SYSTEM
+    while True:
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        ids = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
+        if len(ids) % 16 == 0:
+            return ids
+        system += " ok"
+
+
+def _drive(core, requests: list[AddRequest]) -> dict[str, dict]:
+    """Submit all, then step until every request finished; returns id -> result."""
+    results: dict[str, dict] = {}
+    for msg in requests:
+        admission = core.add_request(msg)
+        if admission is not None:
+            assert admission.accepted, admission.message
+    while core.has_work() or core.num_compiling:
+        for _, admission in core.poll_compiled():
+            results[admission.request_id] = {"admission": admission, "tokens": [], "lps": []}
+        for _, out in core.step():
+            r = results.setdefault(out.request_id, {"tokens": [], "lps": []})
+            r["tokens"] += out.new_token_ids
+            r["lps"] += out.new_logprobs or []
+            if out.finish_reason:
+                r["finish"] = out.finish_reason
+    assert core.block_manager.num_used_blocks == 0
+    return results
+
+
+def _spec(kind: str, value: str = "", param: str = "structured_outputs") -> StructuredOutputSpec:
+    return StructuredOutputSpec(kind=kind, value=value, param=param)
+
+
+def _text(tok: Tokenizer, tokens: list[int]) -> str:
+    return tok.decode(tokens, skip_special_tokens=True)
+
+
+def test_mixed_batch_with_chunked_prefill_and_preemption(core, tok) -> None:
+    plain = SamplingParams(temperature=0.0, max_tokens=12)
+    free_prompt = _prompt(tok, "Name three colours.")
+    alone = _drive(
+        core, [AddRequest(request_id="alone", prompt_token_ids=free_prompt, params=plain)]
+    )
+
+    preemptions = core.scheduler.num_preemptions
+    msgs = [AddRequest(request_id="free", prompt_token_ids=free_prompt, params=plain)]
+    for i in range(2):  # n=2 of one request: two engine requests, two matchers
+        msgs.append(
+            AddRequest(
+                request_id=f"json-{i}",
+                prompt_token_ids=_prompt(tok, "Describe a person as JSON."),
+                params=SamplingParams(
+                    temperature=1.0,
+                    seed=i,
+                    max_tokens=40,
+                    structured=_spec("json", json.dumps(PERSON)),
+                ),
+            )
+        )
+    msgs += [
+        AddRequest(
+            request_id="regex",
+            prompt_token_ids=_prompt(tok, "Give a date."),
+            params=SamplingParams(
+                temperature=0.8,
+                seed=7,
+                max_tokens=20,
+                structured=_spec("regex", r"\d{4}-\d{2}-\d{2}"),
+            ),
+        ),
+        AddRequest(
+            request_id="choice",
+            prompt_token_ids=_prompt(tok, "Is the sky green?"),
+            params=SamplingParams(
+                temperature=0.0,
+                max_tokens=10,
+                min_tokens=8,
+                logprobs=5,
+                structured=_spec("choice", json.dumps(["yes", "no", "maybe not"])),
+            ),
+        ),
+        AddRequest(
+            request_id="grammar",
+            prompt_token_ids=_prompt(tok, "Add two numbers."),
+            params=SamplingParams(
+                temperature=1.0,
+                seed=3,
+                max_tokens=30,
+                structured=_spec("grammar", 'root ::= num " + " num\nnum ::= [1-9] [0-9]?'),
+            ),
+        ),
+    ]
+    for msg in msgs:  # compiled ahead, so every request is admitted in the same step
+        if msg.params.structured is not None:
+            core.structured.compile(msg.params.structured)
+    results = _drive(core, msgs)
+
+    # Unconstrained greedy output is unchanged by sharing steps with masked rows.
+    assert results["free"]["tokens"] == alone["alone"]["tokens"]
+    for i in range(2):
+        r = results[f"json-{i}"]
+        assert r["finish"] == "stop"
+        value = json.loads(_text(tok, r["tokens"]))
+        assert set(value) == {"name", "age", "pets"}
+        assert isinstance(value["age"], int) and 0 <= value["age"] <= 120
+        assert all(p in ("cat", "dog") for p in value["pets"]) and len(value["pets"]) <= 3
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", _text(tok, results["regex"]["tokens"]))
+    assert re.fullmatch(r"[1-9][0-9]? \+ [1-9][0-9]?", _text(tok, results["grammar"]["tokens"]))
+    # min_tokens cannot outlast a finished choice: the grammar allows nothing more.
+    choice = results["choice"]
+    assert _text(tok, choice["tokens"]) in ("yes", "no", "maybe not")
+    assert choice["finish"] == "stop"
+    # Logprobs are those of the masked distribution: every alternative reported is a
+    # token the grammar allowed, and the sampled one carries (almost) all the mass.
+    first = choice["lps"][0]
+    for token_id, lp in first.top:
+        if math.isfinite(lp):
+            piece = _text(tok, [token_id])
+            assert any(c.startswith(piece) for c in ("yes", "no", "maybe not")), piece
+    assert core.scheduler.num_preemptions > preemptions, "the pool was meant to force preemption"
+
+
+def test_max_tokens_cuts_a_constrained_output(core, tok) -> None:
+    msg = AddRequest(
+        request_id="short",
+        prompt_token_ids=_prompt(tok, "Describe a person as JSON."),
+        params=SamplingParams(
+            temperature=0.0, max_tokens=3, structured=_spec("json", json.dumps(PERSON))
+        ),
+    )
+    result = _drive(core, [msg])["short"]
+    assert result["finish"] == "length" and len(result["tokens"]) == 3
+    assert _text(tok, result["tokens"]).startswith("{")
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "needle"),
+    [
+        ("json", '{"type": "object", "properties": {"a": {"$ref": "#/nope"}}}', "nope"),
+        ("regex", "(abc", "parenthesis"),
+        ("grammar", 'root ::= ("a"', "line 1"),
+    ],
+)
+def test_bad_constraint_is_refused_with_its_field(core, tok, kind, value, needle) -> None:
+    msg = AddRequest(
+        request_id=f"bad-{kind}",
+        prompt_token_ids=_prompt(tok, "hi"),
+        params=SamplingParams(max_tokens=4, structured=_spec(kind, value, param="response_format")),
+    )
+    admission = _drive(core, [msg])[f"bad-{kind}"]["admission"]
+    assert not admission.accepted and admission.error_kind == "invalid"
+    assert admission.param == "response_format"
+    assert needle in admission.message
+
+
+def test_abort_while_compiling_admits_nothing(core, tok) -> None:
+    spec = _spec("regex", r"[a-z]{3}-never-seen-before-\d+")
+    msg = AddRequest(
+        request_id="gone",
+        prompt_token_ids=_prompt(tok, "hi"),
+        params=SamplingParams(structured=spec),
+    )
+    assert core.add_request(msg) is None
+    core.abort(["gone"])
+    assert core.num_compiling == 0
+    assert "gone" not in core.scheduler.requests
+
+
+def test_compiled_grammars_are_cached(core) -> None:
+    spec = _spec("json", json.dumps({"type": "array", "items": {"type": "integer"}}))
+    compiles = core.structured.num_compiles
+    first = core.structured.compile(spec)
+    assert core.structured.compile(spec) is first
+    assert core.structured.num_compiles == compiles + 1
+
+
+def test_compile_past_the_time_limit_is_refused(core, tok, monkeypatch) -> None:
+    release = threading.Event()
+    real_compile = core.structured.compile
+
+    def stuck_compile(spec):
+        release.wait(10)  # a pathological grammar, as far as the engine can tell
+        return real_compile(spec)
+
+    monkeypatch.setattr(core.structured, "compile", stuck_compile)
+    spec = _spec("regex", r"[0-9]{3}-timeout-[a-z]+", param="guided_regex")
+    msg = AddRequest(
+        request_id="slow",
+        prompt_token_ids=_prompt(tok, "hi"),
+        params=SamplingParams(structured=spec),
+    )
+    limit = core.structured.compile_timeout_s
+    core.structured.compile_timeout_s = 0.0
+    try:
+        assert core.add_request(msg) is None
+        answers: list = []
+        for _ in range(500):  # until the compile thread has started (and overrun at once)
+            answers = core.poll_compiled()
+            if answers:
+                break
+            time.sleep(0.01)
+        [(_, admission)] = answers
+    finally:
+        core.structured.compile_timeout_s = limit
+        release.set()
+    assert not admission.accepted and admission.param == "guided_regex"
+    assert "took longer" in admission.message
+    assert core.num_compiling == 0 and "slow" not in core.scheduler.requests

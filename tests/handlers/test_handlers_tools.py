@@ -1,0 +1,223 @@
+"""Tool calling and structured outputs through the serving layer, on a scripted engine:
+what reaches the engine (prompt, constraint) and what the client gets back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_engine import FakeEngine, Script
+from handlers_testing import EOS_ID, call_asgi, encode
+
+from engine.config import ModelInfo
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture
+def model_info(model_dir, tokenizer) -> ModelInfo:
+    # The tool definitions make long prompts for the stand-in tokenizer.
+    return ModelInfo(
+        model_dir=str(model_dir),
+        max_model_len=4096,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=[EOS_ID],
+        num_kv_blocks=512,
+        block_size=16,
+    )
+
+
+def _script(engine: FakeEngine, tokenizer, text: str) -> None:
+    engine.script = Script(token_ids=[*encode(tokenizer, text), EOS_ID])
+
+
+async def test_auto_parses_the_hermes_call_and_renders_tools(client, engine, tokenizer):
+    _script(
+        engine,
+        tokenizer,
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+    )
+    result = await call_asgi(client.app, CHAT, {"messages": MESSAGES, "tools": [WEATHER, TIME]})
+    assert result.status == 200, result.body
+    choice = result.json["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert choice["message"]["content"] is None
+    prompt = tokenizer.decode(engine.added[0].prompt_token_ids, skip_special_tokens=False)
+    assert "<tools>" in prompt and '"name": "get_weather"' in prompt
+    assert engine.added[0].params.structured is None  # auto: the model decides
+
+
+async def test_auto_plain_answer_stays_content(client, engine, tokenizer):
+    _script(engine, tokenizer, "It is sunny.")
+    result = await call_asgi(client.app, CHAT, {"messages": MESSAGES, "tools": [WEATHER]})
+    choice = result.json["choices"][0]
+    assert choice["message"]["content"] == "It is sunny."
+    assert choice["message"]["tool_calls"] == [] and choice["finish_reason"] == "stop"
+
+
+async def test_required_constrains_to_the_calls_and_parses_them(client, engine, tokenizer):
+    _script(engine, tokenizer, '[{"name": "get_time", "arguments": {}}]')
+    body = {"messages": MESSAGES, "tools": [WEATHER, TIME], "tool_choice": "required"}
+    result = await call_asgi(client.app, CHAT, body)
+    spec = engine.added[0].params.structured
+    assert spec is not None and spec.kind == "json"
+    schema = json.loads(spec.value)
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    names = [item["properties"]["name"]["const"] for item in schema["items"]["anyOf"]]
+    assert names == ["get_weather", "get_time"]
+    choice = result.json["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_time"]
+
+
+async def test_named_tool_constrains_to_its_arguments(client, engine, tokenizer):
+    _script(engine, tokenizer, '{"city": "Oslo"}')
+    body = {
+        "messages": MESSAGES,
+        "tools": [WEATHER, TIME],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
+    }
+    result = await call_asgi(client.app, CHAT, body)
+    spec = engine.added[0].params.structured
+    assert json.loads(spec.value) == WEATHER["function"]["parameters"]
+    [call] = result.json["choices"][0]["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+
+
+async def test_history_with_calls_and_results_renders(client, engine, tokenizer):
+    _script(engine, tokenizer, "It is 20 C in Paris.")
+    messages = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 20}'},
+    ]
+    result = await call_asgi(client.app, CHAT, {"messages": messages, "tools": [WEATHER]})
+    assert result.json["choices"][0]["message"]["content"] == "It is 20 C in Paris."
+    prompt = tokenizer.decode(engine.added[0].prompt_token_ids, skip_special_tokens=False)
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        in prompt
+    )
+    assert '<tool_response>\n{"temp": 20}\n</tool_response>' in prompt
+
+
+async def test_constraints_reach_the_engine_from_every_spelling(client, engine, tokenizer):
+    _script(engine, tokenizer, "x")
+    cases = [
+        ({"response_format": {"type": "json_object"}}, "json_object", "", CHAT),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": {"type": "integer"}},
+                }
+            },
+            "json",
+            '{"type":"integer"}',
+            CHAT,
+        ),
+        ({"structured_outputs": {"regex": "a+"}}, "regex", "a+", CHAT),
+        ({"guided_choice": ["a", "b"]}, "choice", '["a", "b"]', CHAT),
+        ({"guided_grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"', COMPLETIONS),
+        ({"guided_json": '{"type": "string"}'}, "json", '{"type":"string"}', COMPLETIONS),
+    ]
+    for fields, kind, value, path in cases:
+        body = {"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}
+        result = await call_asgi(client.app, path, {**body, **fields})
+        assert result.status == 200, (fields, result.body)
+        spec = engine.added[-1].params.structured
+        assert (spec.kind, spec.value) == (kind, value), fields
+
+
+async def test_tgi_grammar_reaches_the_engine(client, engine, tokenizer):
+    _script(engine, tokenizer, "x")
+    body = {"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "[a-z]+"}}}
+    result = await call_asgi(client.app, "/invocations", body)
+    assert result.status == 200, result.body
+    spec = engine.added[-1].params.structured
+    assert (spec.kind, spec.value, spec.param) == ("regex", "[a-z]+", "parameters.grammar.value")
+
+
+def _rebuild(events) -> tuple[str, list[dict], str]:
+    """Join streamed deltas the way the SDK does: content, tool calls by index, finish."""
+    content, calls, finish = "", {}, None
+    for event in events:
+        if not isinstance(event, dict) or not event.get("choices"):
+            continue
+        choice = event["choices"][0]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        for d in delta.get("tool_calls") or []:
+            call = calls.setdefault(d["index"], {"id": None, "name": None, "arguments": ""})
+            if d.get("id"):
+                assert call["id"] is None, "id sent twice"
+                call["id"] = d["id"]
+                assert d["type"] == "function" and d["function"]["name"]
+                call["name"] = d["function"]["name"]
+            call["arguments"] += d["function"].get("arguments") or ""
+        finish = choice.get("finish_reason") or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+async def test_streamed_auto_call_equals_non_streamed(client, engine, tokenizer):
+    text = 'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+    _script(engine, tokenizer, text)
+    body = {"messages": MESSAGES, "tools": [WEATHER, TIME]}
+    whole = (await call_asgi(client.app, CHAT, body)).json["choices"][0]
+    streamed = await call_asgi(client.app, CHAT, {**body, "stream": True})
+    content, calls, finish = _rebuild(streamed.events)
+    assert finish == whole["finish_reason"] == "tool_calls"
+    assert content.strip() == whole["message"]["content"] == "Checking."
+    [call] = whole["message"]["tool_calls"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (call["function"]["name"], json.loads(call["function"]["arguments"]))
+    ]
+    assert calls[0]["id"].startswith("call_")
+
+
+async def test_streamed_named_tool_sends_name_first_then_arguments(client, engine, tokenizer):
+    _script(engine, tokenizer, '{"city": "Oslo"}')
+    body = {
+        "messages": MESSAGES,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "stream": True,
+    }
+    streamed = await call_asgi(client.app, CHAT, body)
+    content, calls, finish = _rebuild(streamed.events)
+    assert content == "" and finish == "tool_calls"
+    assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {
+        "city": "Oslo"
+    }
