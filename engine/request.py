@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.messages import TokenLogprob
 
 
 class RequestStatus(enum.Enum):
@@ -34,6 +38,7 @@ class Request:
         "num_prompt_tokens",
         "params",
         "priority",
+        "prompt_logprobs",
         "request_id",
         "status",
         "stop_reason",
@@ -64,6 +69,11 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
+        """Entries scored so far, one per prompt position (the first has nothing before it:
+        None); None when the request did not ask for prompt logprobs. See prompt_logprobs.py."""
 
     @property
     def num_tokens(self) -> int:

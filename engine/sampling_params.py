@@ -32,3 +32,6 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
+    prompt_logprobs: int | None = None
+    """None: none. k >= 0: each prompt token's logprob plus the top k (no prefix-cache hit,
+    since cached blocks have nothing to score). With it, max_tokens may be 0: score only."""

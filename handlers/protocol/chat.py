@@ -13,6 +13,7 @@ from handlers.protocol.base import (
     ChunkModel,
     FieldError,
     OpenAIBaseModel,
+    PromptLogprob,
     ResponseFormat,
     UsageInfo,
     WireModel,
@@ -31,7 +32,6 @@ _UNSUPPORTED_CHAT_FIELDS = {
     "guided_choice": "structured output is not supported yet",
     "guided_grammar": "structured output is not supported yet",
     "structured_outputs": "structured output is not supported yet",
-    "prompt_logprobs": "prompt logprobs are not supported yet",
     "allowed_token_ids": "allowed_token_ids is not supported yet",
     "bad_words": "bad_words is not supported yet",
     "logprob_token_ids": "logprob_token_ids is not supported yet",
@@ -214,6 +214,7 @@ class ChatCompletionRequest(SamplingRequest):
             vocab_size=vocab_size,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             defaults=defaults,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -253,6 +254,8 @@ class ChatCompletionResponse(WireModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    """vLLM: the rendered prompt's tokens with their logprobs (see CompletionResponseChoice)."""
 
 
 class DeltaMessage(WireModel):
