@@ -214,7 +214,8 @@ class ChatCompletionRequest(SamplingRequest):
             vocab_size=vocab_size,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             defaults=defaults,
-            prompt_logprobs=self.prompt_logprobs,
+            # A stream never carries prompt_logprobs (0 is all a stream may ask for).
+            prompt_logprobs=None if self.stream else self.prompt_logprobs,
         )
 
 

@@ -96,12 +96,18 @@ class CompletionRequest(SamplingRequest):
         return self
 
     @property
+    def echo_logprobs(self) -> bool:
+        """The echoed prompt's tokens come with their logprobs (lm-evaluation-harness)."""
+        return self.echo and self.logprobs is not None
+
+    @property
     def engine_prompt_logprobs(self) -> int | None:
         """Prompt alternatives the engine computes: vLLM's `prompt_logprobs`, else `logprobs`
-        when the prompt is echoed (its tokens come with their logprobs)."""
-        if self.prompt_logprobs is not None:
+        when the prompt is echoed with logprobs. None when nothing would show them (a
+        stream never carries `prompt_logprobs`), so the prefix cache stays usable."""
+        if self.prompt_logprobs is not None and (self.echo_logprobs or not self.stream):
             return self.prompt_logprobs
-        return self.logprobs if self.echo else None
+        return self.logprobs if self.echo_logprobs else None
 
     def prompts(self) -> list[Prompt]:
         """The batch as a list: one entry per prompt (text or token ids)."""

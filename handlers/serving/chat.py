@@ -18,7 +18,7 @@ from handlers.protocol.chat import (
 from handlers.serving.base import Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
-from handlers.serving.logprobs import chat_logprobs
+from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
 from handlers.serving.render import render_chat
 from handlers.serving.sse import SSEStream
 from handlers.serving.stream_chunks import StreamChunks
@@ -101,12 +101,14 @@ class ServingChat(ServingBase):
             )
             for seq in run.sequences
         ]
+        first = run.sequences[0].prompt_logprobs
         return ChatCompletionResponse(
             id=run.response_id,
             created=run.created,
             model=run.model_name,
             choices=choices,
             usage=self.usage(run),
+            prompt_logprobs=prompt_logprobs(first, self.served.token_texts()) if first else None,
         )
 
     # -- streaming --------------------------------------------------------------------

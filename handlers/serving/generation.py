@@ -39,6 +39,7 @@ def _coalesce(first: RequestOutput, stream: RequestStream) -> RequestOutput:
                 new_logprobs=list(first.new_logprobs) if first.new_logprobs is not None else None,
                 num_prompt_tokens=first.num_prompt_tokens,
                 num_cached_tokens=first.num_cached_tokens,
+                prompt_logprobs=first.prompt_logprobs,
             )
         merged.new_token_ids.extend(nxt.new_token_ids)
         if nxt.new_logprobs is not None:

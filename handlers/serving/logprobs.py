@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 
 from engine.messages import TokenLogprob
@@ -105,7 +106,7 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    entries: list[TokenLogprob],
+    entries: Sequence[TokenLogprob | None],
     token_ids: list[int],
     texts: TokenTexts,
     num_top: int,

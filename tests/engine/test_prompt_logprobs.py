@@ -26,7 +26,7 @@ TEXTS = [
     "def add(a, b):\n    return a + b\n",
     "Quelle est la capitale de l'Allemagne ? Berlin.",
     "请用中文介绍一下长城。",
-    " ".join(f"Item {i}: a line of a long list." for i in range(60)),
+    " ".join(f"Item {i}: a line of a long list." for i in range(30)),
     SHARED + "Why is the sky blue?",
     SHARED + "Why do cats purr?",
 ]
@@ -51,13 +51,19 @@ def hf_model(model_smollm2_dir: str):
     return model.eval()
 
 
+_REFERENCE_CACHE: dict[tuple[int, ...], object] = {}
+
+
 def reference(hf_model, ids: list[int]):
     """transformers' log-softmax over the vocabulary for every prompt position: [L-1, V]."""
     import torch
 
-    with torch.inference_mode():
-        logits = hf_model(torch.tensor([ids])).logits[0, :-1].float()
-        return torch.log_softmax(logits, dim=-1)
+    key = tuple(ids)
+    if key not in _REFERENCE_CACHE:
+        with torch.inference_mode():
+            logits = hf_model(torch.tensor([ids])).logits[0, :-1].float()
+            _REFERENCE_CACHE[key] = torch.log_softmax(logits, dim=-1)
+    return _REFERENCE_CACHE[key]
 
 
 def check_against_reference(
@@ -145,7 +151,7 @@ def test_batch_matches_transformers(core, prompts, hf_model) -> None:
 
 
 def test_chunked_prefill_matches_transformers(chunked_core, prompts, hf_model) -> None:
-    assert max(len(p) for p in prompts) > 10 * 40
+    assert max(len(p) for p in prompts) > 8 * 40
     outs = score(chunked_core, prompts, "chunked")
     worst = 0.0
     for i, ids in enumerate(prompts):
