@@ -98,6 +98,7 @@ def build_configs(args: argparse.Namespace, model_dir: str):  # -> (EngineConfig
         allow_credentials=args.allow_credentials,
         enable_request_id_headers=args.enable_request_id_headers,
         sse_keep_alive_interval=args.sse_keep_alive_interval,
+        request_timeout=args.request_timeout,
         enable_server_load_tracking=args.enable_server_load_tracking,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,

@@ -168,8 +168,16 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     api.value(
         "--sse-keep-alive-interval",
         float,
-        5.0,
-        "Seconds between SSE keep-alive comments while a stream waits",
+        None,
+        "Seconds between SSE keep-alive comments while a stream waits, for proxies that "
+        "close quiet connections (default: none; some clients cannot parse comments)",
+    )
+    api.value(
+        "--request-timeout",
+        float,
+        None,
+        "Seconds after which a request still generating ends with a 504 error and is "
+        "aborted (default: no limit; the SageMaker `serve` entry sets 60)",
     )
     api.switch("--enable-server-load-tracking", False, "Expose GET /load")
     api.switch(

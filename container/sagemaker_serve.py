@@ -16,6 +16,8 @@ environment into `hearth serve` arguments:
   them on, so `false` gives `--no-<flag>` there: `false` always means off. List flags
   (`--api-key`, `--served-model-name`, `--allowed-*`) take comma-separated values, as
   their `HEARTH_<FLAG>` variables do;
+- `--request-timeout 60` unless the environment sets one: SageMaker's InvokeEndpoint
+  gives up after 60 s, and a request nobody waits for must not keep generating;
 - `HEARTH_<FLAG>` variables work as well (read by the flags themselves);
 - arguments given after `serve` (`docker run IMAGE serve --max-model-len 4096`) come
   last and so win over the environment.
@@ -35,6 +37,8 @@ SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 SAGEMAKER_SERVED_NAME = "model"
 PREFIX = "SM_HEARTH_"
 DEFAULT_PORT = "8080"
+DEFAULT_REQUEST_TIMEOUT = "60"
+"""Seconds: SageMaker's InvokeEndpoint timeout, after which no caller waits."""
 
 
 def _has_model(path: Path) -> bool:
@@ -94,6 +98,8 @@ def sagemaker_argv(environ: Mapping[str, str], model_dir: Path | None = None) ->
         argv += ["--host", "0.0.0.0"]
     if "HEARTH_PORT" not in environ:
         argv += ["--port", DEFAULT_PORT]
+    if "HEARTH_REQUEST_TIMEOUT" not in environ:
+        argv += ["--request-timeout", DEFAULT_REQUEST_TIMEOUT]
     for key in sorted(environ):
         if key.startswith(PREFIX) and key != PREFIX + "MODEL":
             argv += _flag_args(key, environ[key], flags)

@@ -5,7 +5,8 @@ side (`engine.core`, `engine.model_runner`, `engine.models`) is imported only by
 engine core process or thread.
 """
 
-from engine.client import EngineClient, RequestStream
+from engine.client import EngineClient
+from engine.collector import OutputCollector
 from engine.config import EngineConfig, ModelInfo
 from engine.errors import (
     EngineDeadError,
@@ -29,8 +30,8 @@ __all__ = [
     "IncrementalDetokenizer",
     "InvalidEngineRequestError",
     "ModelInfo",
+    "OutputCollector",
     "RequestOutput",
-    "RequestStream",
     "SamplingParams",
     "TokenLogprob",
     "Tokenizer",

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
 
+from engine.collector import OutputCollector
 from engine.config import ModelInfo
 from engine.errors import (
     EngineDeadError,
@@ -21,65 +21,8 @@ from engine.errors import (
     EngineOverloadedError,
     InvalidEngineRequestError,
 )
-from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch, RequestOutput
+from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch
 from engine.sampling_params import SamplingParams
-
-
-class RequestStream:
-    """Outputs of one admitted request, in order; closing it early aborts the request.
-
-    The serving layer must either iterate to the end or call `aclose()` (an `async
-    with` or a `finally` does it): that is what frees the request's KV blocks when a
-    client disconnects.
-    """
-
-    def __init__(self, request_id: str, client: EngineClient) -> None:
-        self.request_id = request_id
-        self._client = client
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._finished = False
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._finished:
-            raise StopAsyncIteration
-        return self._take(await self._queue.get())
-
-    def get_nowait(self) -> RequestOutput | None:
-        """The next queued output if one is already here (to coalesce a burst)."""
-        if self._finished or self._queue.empty():
-            return None
-        return self._take(self._queue.get_nowait())
-
-    def _take(self, item: RequestOutput | BaseException) -> RequestOutput:
-        """Hand one queued item to the consumer; the last one (or an error) ends the stream."""
-        if isinstance(item, BaseException) or item.finished:
-            self._finished = True
-            self._client._forget(self.request_id)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
-
-    async def aclose(self) -> None:
-        if not self._finished:
-            self._finished = True
-            self._client._forget(self.request_id)
-            await self._client.abort([self.request_id])
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 def dead_error() -> EngineDeadError:
@@ -103,7 +46,8 @@ class EngineClient(ABC):
 
     def __init__(self) -> None:
         _LIVE_CLIENTS.append(weakref.ref(self))
-        self._streams: dict[str, RequestStream] = {}
+        self._collectors: dict[str, OutputCollector] = {}
+        """Engine request id -> the collector of its API request, until it finishes."""
         self._admissions: dict[str, asyncio.Future[Admission]] = {}
         self._model_info: ModelInfo | None = None
         self._dead = False
@@ -126,7 +70,7 @@ class EngineClient(ABC):
     @property
     def num_in_flight(self) -> int:
         """Requests of this worker still producing output (/load)."""
-        return len(self._streams)
+        return len(self._collectors)
 
     @abstractmethod
     async def start(self) -> None:
@@ -159,19 +103,24 @@ class EngineClient(ABC):
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
-    ) -> RequestStream:
-        """Admit a request; raises EngineOverloadedError / EngineDeadError /
-        EngineNotReadyError / InvalidEngineRequestError before any output exists."""
+        collector: OutputCollector | None = None,
+    ) -> OutputCollector:
+        """Admit a request whose outputs go to `collector` (a new one by default; the n
+        choices of one API request share one). Raises EngineOverloadedError /
+        EngineDeadError / EngineNotReadyError / InvalidEngineRequestError before any
+        output exists."""
         if self._dead:
             raise dead_error()
         if not self.is_ready():
             raise EngineNotReadyError("The model is still loading; retry shortly.")
-        if request_id in self._streams or request_id in self._admissions:
+        if request_id in self._collectors or request_id in self._admissions:
             raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")
+        if collector is None:
+            collector = OutputCollector(self)
         future: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         self._admissions[request_id] = future
-        stream = RequestStream(request_id, self)
-        self._streams[request_id] = stream
+        self._collectors[request_id] = collector
+        collector.track(request_id)
         try:
             self._send(
                 AddRequest(
@@ -183,34 +132,39 @@ class EngineClient(ABC):
             )
             admission = await future
         except BaseException:
-            self._streams.pop(request_id, None)
-            if not self._dead:
-                # Cancelled while waiting for admission: the engine may still admit it.
-                self._send(AbortRequest([request_id]))
+            # Cancelled while waiting for admission: the engine may still admit it.
+            collector.abort([request_id])
             raise
         finally:
             self._admissions.pop(request_id, None)
         if not admission.accepted:
-            self._streams.pop(request_id, None)
+            self._collectors.pop(request_id, None)
+            collector.forget(request_id)
             message = admission.message or "request refused"
             if admission.error_kind == "overloaded":
                 raise EngineOverloadedError(message)
             raise InvalidEngineRequestError(message)
-        return stream
+        return collector
 
     async def abort(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            self._streams.pop(rid, None)
-        if not self._dead and request_ids:
-            self._send(AbortRequest(request_ids))
+        self._abort_now(request_ids)
+
+    def _abort_now(self, request_ids: list[str]) -> None:
+        """Tell the engine to stop these requests (those still in flight here)."""
+        ids = [rid for rid in request_ids if self._collectors.pop(rid, None) is not None]
+        if ids and not self._dead:
+            self._send(AbortRequest(ids))
 
     # -- incoming (called on the event loop) ------------------------------------------
     def _dispatch(self, message: Admission | OutputBatch) -> None:
         if isinstance(message, OutputBatch):
+            collectors = self._collectors
             for out in message.outputs:
-                stream = self._streams.get(out.request_id)
-                if stream is not None:
-                    stream.put(out)
+                collector = collectors.get(out.request_id)
+                if collector is not None:
+                    if out.finish_reason is not None:
+                        del collectors[out.request_id]
+                    collector.put(out)
         else:
             future = self._admissions.get(message.request_id)
             if future is not None and not future.done():
@@ -234,17 +188,14 @@ class EngineClient(ABC):
             self._ready_event.set()
 
     def fail_in_flight(self, error: BaseException) -> int:
-        """End every running stream of this client with `error` (the serving layer turns
+        """End every running request of this client with `error` (the serving layer turns
         it into an error chunk and `[DONE]`) and abort them in the engine. Used when the
         drain deadline comes, so a client sees a clean end instead of a cut connection."""
-        streams = list(self._streams.values())
-        for stream in streams:
-            stream.put(error)
-        ids = [s.request_id for s in streams]
-        self._streams.clear()
+        ids = list(self._collectors)
+        collectors = {id(c): c for c in self._collectors.values()}
+        self._collectors.clear()
+        for collector in collectors.values():
+            collector.fail(error)
         if ids and not self._dead:
             self._send(AbortRequest(ids))
         return len(ids)
-
-    def _forget(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)

@@ -51,9 +51,13 @@ class ServerConfig:
     allow_credentials: bool = False
     enable_request_id_headers: bool = False
     """Echo the request id in an `X-Request-Id` response header."""
-    sse_keep_alive_interval: float = 5.0
-    """Seconds between `: ping` comments while a stream waits for the engine; the only
-    moment a client disconnect is noticed during a long prefill."""
+    sse_keep_alive_interval: float | None = None
+    """Seconds between `: ping` comments while a stream waits for the engine, for proxies
+    that close quiet connections; None (default): no comments, which some clients (e.g.
+    `vllm bench serve`) cannot parse. Disconnects are noticed without them."""
+    request_timeout: float | None = None
+    """Seconds after arrival at which a request still generating is ended with a 504
+    error (or an error event) and aborted in the engine; None: no deadline."""
     enable_server_load_tracking: bool = False
     """Expose GET /load."""
     enable_prompt_tokens_details: bool = False
@@ -91,8 +95,10 @@ class ServerConfig:
         for digest in self.api_key_digests:
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
                 raise ValueError("ServerConfig.api_key_digests holds SHA-256 hex digests")
-        if self.sse_keep_alive_interval <= 0:
-            raise ValueError("ServerConfig.sse_keep_alive_interval must be > 0")
+        for name in ("sse_keep_alive_interval", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ServerConfig.{name} must be > 0 (or unset)")
         if self.max_n < 1 or self.max_request_body_bytes < 1 or self.max_logprobs < 0:
             raise ValueError("ServerConfig limits must be positive")
         if self.generation_config not in ("auto", "vllm"):

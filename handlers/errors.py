@@ -76,6 +76,13 @@ class ServiceUnavailableError(ServingError):
     status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
+class RequestTimeoutError(ServingError):
+    """The server's own deadline (--request-timeout) ended the request (504); its engine
+    requests were aborted, so a retry starts from scratch rather than piling work up."""
+
+    status = HTTPStatus.GATEWAY_TIMEOUT
+
+
 class InternalServerError(ServingError):
     """A bug or an engine-side generation failure; the message never carries internals."""
 
@@ -97,6 +104,7 @@ _STATUS_TO_CLASS: dict[int, type[ServingError]] = {
         RequestTooLargeError,
         UnsupportedMediaTypeError,
         ServiceUnavailableError,
+        RequestTimeoutError,
         InternalServerError,
     )
 }

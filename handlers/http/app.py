@@ -1,6 +1,8 @@
 """`create_app()`: the Falcon ASGI app over one engine client.
 
-Builds the serving classes once per worker and wires the route table of DESIGN §4.
+Builds the serving classes once per worker and wires the route table
+(docs/architecture.md, "Routes"); the app runs inside `CancelOnDisconnect`, so a
+client that goes away cancels its request wherever it waits.
 Tests pass a fake engine and a small tokenizer; production passes the ZMQ client
 (`asgi.py`).
 """
@@ -14,6 +16,7 @@ from engine.client import EngineClient
 from engine.tokenizer import Tokenizer
 from handlers.config import ServerConfig
 from handlers.http import resources
+from handlers.http.disconnect import CancelOnDisconnect
 from handlers.http.errors import handle_error
 from handlers.http.media import json_handler
 from handlers.http.metrics import PrometheusStats
@@ -36,7 +39,7 @@ def create_app(
     tokenizer: Tokenizer | None = None,
     *,
     stats: StatsSink | None = None,
-) -> falcon.asgi.App:
+) -> CancelOnDisconnect:
     """The app. `tokenizer` defaults to `Tokenizer(config.model_dir)`, or to the engine's
     model directory once it is known when the config names none; `stats` defaults to
     the Prometheus metrics of this process."""
@@ -76,4 +79,4 @@ def create_app(
 
     app.add_error_handler(Exception, handle_error)
     app.add_error_handler(falcon.HTTPError, handle_error)
-    return app
+    return CancelOnDisconnect(app)

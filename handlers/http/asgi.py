@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import falcon.asgi
-
 from engine.client import EngineClient
 from handlers.config import ServerConfig
 from handlers.http.app import create_app
+from handlers.http.disconnect import CancelOnDisconnect
 
-_app: falcon.asgi.App | None = None
+_app: CancelOnDisconnect | None = None
 
 
 def engine_client() -> EngineClient:
@@ -25,7 +24,7 @@ def engine_client() -> EngineClient:
     return ZmqEngineClient.from_env()
 
 
-def build_app() -> falcon.asgi.App:
+def build_app() -> CancelOnDisconnect:
     return create_app(ServerConfig.from_env(), engine_client())
 
 

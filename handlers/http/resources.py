@@ -8,12 +8,12 @@ stream, which is framed as server-sent events here.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import AsyncGenerator
 from http import HTTPStatus
 from typing import Any
 
 import falcon
 import falcon.asgi
-from falcon.asgi import SSEvent
 from pydantic import BaseModel
 
 from engine.client import EngineClient
@@ -52,12 +52,20 @@ def send_model(resp: falcon.asgi.Response, model: BaseModel) -> None:
     resp.data = model.__pydantic_serializer__.to_json(model)
 
 
-async def sse_events(payloads: SSEStream) -> Any:
-    """Serving payloads as SSEvents. Falcon stops iterating when the client is gone;
-    closing the payload stream then aborts the engine requests."""
+KEEP_ALIVE_COMMENT = b": ping\n\n"
+
+
+async def sse_frames(payloads: SSEStream) -> AsyncGenerator[bytes, None]:
+    """Serving payloads framed as server-sent events (`data: ...`, blank line).
+
+    `None` is a keep-alive tick, sent as a comment; the serving layer yields one only
+    when `--sse-keep-alive-interval` is set. A client disconnect cancels the request
+    (`CancelOnDisconnect`); the payload stream's own `finally` then aborts the engine
+    requests, and closing it here covers an iteration that stops for any other reason.
+    """
     try:
         async for payload in payloads:
-            yield None if payload is None else SSEvent(data=payload)
+            yield KEEP_ALIVE_COMMENT if payload is None else b"data: " + payload + b"\n\n"
     finally:
         await payloads.aclose()
 
@@ -66,9 +74,12 @@ def send_result(resp: falcon.asgi.Response, result: BaseModel | SSEStream) -> No
     if isinstance(result, BaseModel):
         send_model(resp, result)
         return
+    # NOTE: resp.stream rather than resp.sse: Falcon's SSE loop adds a disconnect watcher
+    # task and an SSEvent per chunk, and CancelOnDisconnect already watches.
+    resp.content_type = "text/event-stream"
     resp.set_header("Cache-Control", "no-cache")
     resp.set_header("X-Accel-Buffering", "no")
-    resp.sse = sse_events(result)
+    resp.stream = sse_frames(result)
 
 
 class _JsonBody:

@@ -1,5 +1,12 @@
 """Shared steps of the generating serving classes: request ids, fan-out admission,
-sequence setup and the SSE/stats bookkeeping around a Generation."""
+choice setup, and the one loop and the one try/finally every response runs in.
+
+The streaming path is flat (docs/architecture.md, "One request"): the engine client's
+IPC reader puts outputs into the request's `OutputCollector`; `deltas()` takes them,
+folds each into its `Choice` and yields the deltas; an endpoint's stream is a plain
+async generator of chunks over `deltas()`, run inside `sse()`, whose `finally` aborts
+whatever is still running and records the request's stats.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +16,29 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from collections.abc import Sequence as SequenceT
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import msgspec
 
-from engine.client import RequestStream
+from engine.collector import OutputCollector
 from engine.sampling_params import SamplingParams
-from handlers.errors import InternalServerError, ServingError, from_engine_error
+from handlers.errors import (
+    InternalServerError,
+    RequestTimeoutError,
+    ServingError,
+    from_engine_error,
+)
 from handlers.protocol.base import PromptTokensDetails, UsageInfo
 from handlers.protocol.sampling import SamplingRequest, seed_for_choice
 from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
 from handlers.serving.context import RequestContext
-from handlers.serving.generation import Generation
 from handlers.serving.served_model import ServedModel
-from handlers.serving.sse import DONE, SSEStream, encode_error
+from handlers.serving.sse import DONE, SSEPayload, SSEStream, encode_error
 from handlers.serving.stats import NullStatsSink, RequestTracker, StatsSink
 
 logger = logging.getLogger(__name__)
+
+ErrorEncoder = Callable[[ServingError], bytes]
 
 
 class ServingBase:
@@ -39,7 +51,8 @@ class ServingBase:
         self.stats: StatsSink = stats or NullStatsSink()
 
     @property
-    def keep_alive(self) -> float:
+    def keep_alive(self) -> float | None:
+        """Seconds between keep-alive ticks of a waiting stream; None (default): none."""
         return self.served.config.sse_keep_alive_interval
 
     # -- ids --------------------------------------------------------------------------
@@ -67,26 +80,27 @@ class ServingBase:
         prompts: SequenceT[list[int]],
         params: SequenceT[SamplingParams],
         priority: int = 0,
-    ) -> Generation:
-        """Admit one engine request per choice (`<engine_id>-<i>`), all or none.
+    ) -> OutputCollector:
+        """Admit one engine request per choice (`<engine_id>-<i>`), all or none, into one
+        collector.
 
         Admission is answered by the engine before this returns, so a full queue is a
         503 before any status line. If one choice is refused, the admitted ones are
         aborted at once: a refused request holds no KV blocks.
         """
+        engine = self.served.engine
+        collector = OutputCollector(engine)
         results = await asyncio.gather(
             *(
-                self.served.engine.add_request(f"{engine_id}-{i}", prompt, param, priority)
+                engine.add_request(f"{engine_id}-{i}", prompt, param, priority, collector)
                 for i, (prompt, param) in enumerate(zip(prompts, params, strict=True))
             ),
             return_exceptions=True,
         )
-        streams = [r for r in results if isinstance(r, RequestStream)]
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is None:
-            return Generation(streams, self.keep_alive)
-        for stream in streams:
-            await stream.aclose()
+            return collector
+        collector.close()
         mapped = from_engine_error(failure)
         if mapped is not None:
             raise mapped from None
@@ -111,21 +125,33 @@ class ServingBase:
         and the choice -> prompt mapping (`i // n`) that `Run` relies on always agree.
         """
         tracker = self.tracker(response_id, ctx)
-        generation = await self.admit(
+        collector = await self.admit(
             engine_id,
             [prompt for prompt in prompts for _ in range(n)],
             [choice for param in params for choice in self.choice_params(param, n)],
             priority,
         )
-        return Run(
+        run = Run(
             response_id=response_id,
             model_name=model_name,
-            generation=generation,
+            collector=collector,
             sequences=sequences,
+            choice_of={f"{engine_id}-{i}": seq for i, seq in enumerate(sequences)},
             tracker=tracker,
             prompt_lens=[len(prompt) for prompt in prompts],
             n=n,
         )
+        timeout = self.served.config.request_timeout
+        if timeout is not None:
+            run.deadline = asyncio.get_running_loop().call_later(
+                max(timeout - (time.monotonic() - ctx.arrival_time), 0.0),
+                collector.fail,
+                RequestTimeoutError(
+                    f"The request did not finish within the server's request timeout of "
+                    f"{timeout:g} s (--request-timeout); its generation was stopped."
+                ),
+            )
+        return run
 
     def usage(self, run: Run) -> UsageInfo:
         """The run's usage as responses report it (cached tokens when the server says so)."""
@@ -161,29 +187,36 @@ class ServingBase:
         return RequestTracker(self.stats, request_id, self.kind, ctx.arrival_time)
 
     # -- running ----------------------------------------------------------------------
-    async def drive(self, run: Run) -> AsyncGenerator[tuple[Choice, ChoiceDelta] | None, None]:
-        """Each choice's deltas as the engine produces them (None: keep-alive tick); a
-        choice whose stop string matched is aborted in the engine right away."""
-        async with aclosing(run.generation.events()) as events:
-            async for event in events:
-                if event is None:
+    async def deltas(
+        self, run: Run, keep_alive: float | None = None
+    ) -> AsyncGenerator[tuple[Choice, ChoiceDelta] | None, None]:
+        """Each choice's deltas as the engine produces them; a choice whose stop string
+        matched is aborted in the engine right away. With `keep_alive`, None is yielded
+        whenever that many seconds pass without output (a keep-alive tick)."""
+        collector = run.collector
+        choice_of = run.choice_of
+        tracker = run.tracker
+        while not collector.finished:
+            outputs = await collector.get(keep_alive)
+            if not outputs:
+                if keep_alive is not None and not collector.finished:
                     yield None
-                    continue
-                index, output = event
-                sequence = run.sequences[index]
-                delta = sequence.process(output)
-                run.tracker.on_output(index, len(delta.token_ids))
-                if sequence.stopped_by_string:
-                    await run.generation.finish(index)
-                yield sequence, delta
+                continue
+            for output in outputs:
+                choice = choice_of[output.request_id]
+                delta = choice.process(output)
+                tracker.on_output(choice.index, len(delta.token_ids))
+                if choice.stopped_by_string:
+                    collector.abort([output.request_id])
+                yield choice, delta
 
     async def collect(self, run: Run) -> None:
-        """Run every choice to its end (non-streaming responses)."""
+        """Run every choice to its end (non-streaming responses). A client disconnect
+        cancels the await; the `finally` then aborts the engine requests."""
         status = "aborted"
         try:
-            async with aclosing(self.drive(run)) as deltas:
-                async for _ in deltas:
-                    pass
+            async for _ in self.deltas(run):
+                pass
             status = "ok"
         except Exception as exc:
             status = "error"
@@ -192,37 +225,26 @@ class ServingBase:
                 raise mapped from None
             raise
         finally:
-            await run.generation.aclose()
             self.finish_run(run, status)
 
     async def sse(
         self,
         run: Run,
+        payloads: AsyncGenerator[SSEPayload, None],
         *,
-        head: list[bytes],
-        chunk_for: Callable[[Choice, ChoiceDelta], bytes | None],
-        tail: Callable[[], list[bytes]],
-        error_for: Callable[[ServingError], bytes] = encode_error,
+        error_for: ErrorEncoder = encode_error,
         done: bool = True,
     ) -> SSEStream:
-        """The SSE payloads of a run: head, one chunk per delta, tail, then `[DONE]`.
+        """The one try/finally every stream runs in: the endpoint's payloads, then
+        `[DONE]`.
 
         A failure after the status line becomes one error event (then `[DONE]`). When
-        the transport stops iterating (client gone), the `finally` aborts what is left.
+        the transport stops iterating or the client disconnects (a cancellation), the
+        `finally` aborts what is still running in the engine.
         """
         status = "aborted"
         try:
-            for payload in head:
-                yield payload
-            async with aclosing(self.drive(run)) as deltas:
-                async for item in deltas:
-                    if item is None:
-                        yield None
-                        continue
-                    chunk = chunk_for(*item)
-                    if chunk is not None:
-                        yield chunk
-            for payload in tail():
+            async for payload in payloads:
                 yield payload
             status = "ok"
         except Exception as exc:
@@ -232,13 +254,17 @@ class ServingBase:
                 logger.exception("request %s failed while streaming", run.response_id)
             yield error_for(error)
         finally:
-            await run.generation.aclose()
+            await payloads.aclose()
             self.finish_run(run, status)
         if done:
             yield DONE
 
     @staticmethod
     def finish_run(run: Run, status: str) -> None:
+        """Abort what still runs in the engine and record the request's stats (once)."""
+        if run.deadline is not None:
+            run.deadline.cancel()
+        run.collector.close()
         for sequence in run.sequences:
             sequence.abandon("error" if status == "error" else "abort")
         run.tracker.finish(
@@ -266,14 +292,18 @@ class Run:
 
     response_id: str
     model_name: str
-    generation: Generation
+    collector: OutputCollector
     sequences: list[Choice]
+    choice_of: dict[str, Choice]
+    """Engine request id -> its choice."""
     tracker: RequestTracker
     prompt_lens: list[int]
     """Prompt tokens of each prompt (one for chat; one per prompt of a batch)."""
     n: int
     """Choices per prompt; choice i belongs to prompt i // n."""
     created: int = field(default_factory=lambda: int(time.time()))
+    deadline: asyncio.TimerHandle | None = None
+    """The --request-timeout timer: it fails the collector with RequestTimeoutError."""
 
     def usage(self, *, include_cached: bool) -> UsageInfo:
         completion_tokens = sum(len(s.token_ids) for s in self.sequences)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from engine.messages import TokenLogprob
@@ -16,11 +17,10 @@ from handlers.protocol.chat import (
     DeltaMessage,
 )
 from handlers.serving.base import Run, ServingBase
-from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
 from handlers.serving.render import render_chat
-from handlers.serving.sse import SSEStream
+from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
 
@@ -113,6 +113,12 @@ class ServingChat(ServingBase):
 
     # -- streaming --------------------------------------------------------------------
     def _stream(self, run: Run, request: ChatCompletionRequest) -> SSEStream:
+        return self.sse(run, self._chunks(run, request))
+
+    async def _chunks(
+        self, run: Run, request: ChatCompletionRequest
+    ) -> AsyncGenerator[SSEPayload, None]:
+        """The role chunk of each choice, the echo, one chunk per delta, the usage tail."""
         chunks = StreamChunks(
             run,
             ChatCompletionChunk,
@@ -120,10 +126,9 @@ class ServingChat(ServingBase):
             include_cached=self.served.config.enable_prompt_tokens_details,
         )
         chunk, running_usage = chunks.chunk, chunks.running_usage
-
         role = self.served.config.response_role
-        head = [
-            chunk(
+        for seq in run.sequences:
+            yield chunk(
                 [
                     ChatCompletionChunkChoice(
                         index=seq.index,
@@ -134,12 +139,10 @@ class ServingChat(ServingBase):
                 ],
                 running_usage(),
             )
-            for seq in run.sequences
-        ]
         echo = self._echo_text(request)
         if echo:
-            head += [
-                chunk(
+            for seq in run.sequences:
+                yield chunk(
                     [
                         ChatCompletionChunkChoice(
                             index=seq.index,
@@ -150,12 +153,13 @@ class ServingChat(ServingBase):
                     ],
                     running_usage(),
                 )
-                for seq in run.sequences
-            ]
-
-        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
+        async for item in self.deltas(run, self.keep_alive):
+            if item is None:
+                yield None
+                continue
+            seq, delta = item
             if not (delta.text or delta.logprobs or delta.finish_reason):
-                return None
+                continue
             message = DeltaMessage(content=delta.text) if delta.text else DeltaMessage()
             choice_fields: dict[str, Any] = {
                 "index": seq.index,
@@ -165,6 +169,6 @@ class ServingChat(ServingBase):
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
-            return chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
-
-        return self.sse(run, head=head, chunk_for=chunk_for, tail=chunks.tail)
+            yield chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
+        for payload in chunks.tail():
+            yield payload

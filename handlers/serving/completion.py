@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +17,10 @@ from handlers.protocol.completion import (
     CompletionStreamResponse,
 )
 from handlers.serving.base import Run, ServingBase
-from handlers.serving.choice import Choice, ChoiceDelta
+from handlers.serving.choice import ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import completion_logprobs, prompt_logprobs
-from handlers.serving.sse import SSEStream
+from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
 
@@ -192,6 +193,17 @@ class ServingCompletion(ServingBase):
         echoes: list[str],
         prompt_ids: list[list[int]],
     ) -> SSEStream:
+        return self.sse(run, self._chunks(run, request, echoes, prompt_ids))
+
+    async def _chunks(
+        self,
+        run: Run,
+        request: CompletionRequest,
+        echoes: list[str],
+        prompt_ids: list[list[int]],
+    ) -> AsyncGenerator[SSEPayload, None]:
+        """One chunk per delta (a choice's echo goes out with its first, with the prompt's
+        logprobs when asked for), the usage tail."""
         chunks = StreamChunks(
             run,
             CompletionStreamResponse,
@@ -200,14 +212,17 @@ class ServingCompletion(ServingBase):
         )
         pending_echo = {seq.index: echoes[seq.index // run.n] for seq in run.sequences}
         offsets = {index: len(text) for index, text in pending_echo.items()}
-
-        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
+        async for item in self.deltas(run, self.keep_alive):
+            if item is None:
+                yield None
+                continue
+            seq, delta = item
             first = seq.index in pending_echo
             echo = pending_echo.pop(seq.index, "")
             text = echo + delta.text
             if not (text or delta.logprobs or delta.finish_reason):
                 pending_echo[seq.index] = echo
-                return None
+                continue
             if first and request.echo_logprobs:
                 # The echoed prompt goes out with its logprobs in the choice's first chunk.
                 logprobs = self._echo_logprobs(
@@ -230,8 +245,8 @@ class ServingCompletion(ServingBase):
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
-            return chunks.chunk(
+            yield chunks.chunk(
                 [CompletionResponseStreamChoice(**choice_fields)], chunks.running_usage()
             )
-
-        return self.sse(run, head=[], chunk_for=chunk_for, tail=chunks.tail)
+        for payload in chunks.tail():
+            yield payload

@@ -1,7 +1,7 @@
 """SSE payloads as the serving classes yield them: bytes of one `data:` line, or None.
 
-The transport adds the `data: ` framing (Falcon's SSEvent, or a Lambda adapter). `None`
-is a keep-alive tick (`: ping`), never data.
+The transport adds the `data: ` framing (`handlers.http.resources.sse_frames`). `None`
+is a keep-alive tick (`: ping`, only with --sse-keep-alive-interval), never data.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ TGI containers: `[{"generated_text": ...}]`, or TGI's token events when streamin
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+
 import orjson
 
 from engine.sampling_params import SamplingParams
@@ -19,9 +21,9 @@ from handlers.protocol.tgi import (
     TGIToken,
 )
 from handlers.serving.base import Run, ServingBase
-from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
+from handlers.serving.choice import Choice, ChoiceOptions
 from handlers.serving.context import RequestContext
-from handlers.serving.sse import SSEStream, encode_chunk
+from handlers.serving.sse import SSEPayload, SSEStream, encode_chunk
 
 
 def _finish_reason(seq: Choice) -> str:
@@ -113,12 +115,19 @@ class ServingTGI(ServingBase):
         return TGIResponses([TGIResponse(generated_text=text, details=details)])
 
     def _stream(self, run: Run, request: TGIRequest) -> SSEStream:
-        count = 0
+        # TGI streams end without `[DONE]`, and report errors in TGI's own shape.
+        return self.sse(run, self._events(run, request), error_for=_tgi_error, done=False)
 
-        def chunk_for(seq: Choice, delta: ChoiceDelta) -> bytes | None:
-            nonlocal count
+    async def _events(self, run: Run, request: TGIRequest) -> AsyncGenerator[SSEPayload, None]:
+        """One TGI token event per delta; the last carries the text and the details."""
+        count = 0
+        async for item in self.deltas(run, self.keep_alive):
+            if item is None:
+                yield None
+                continue
+            seq, delta = item
             if not delta.token_ids and not delta.finish_reason:
-                return None
+                continue
             ids = delta.token_ids or seq.token_ids[-1:] or [0]
             token_id = ids[-1]
             logprob = delta.logprobs[-1].logprob if delta.logprobs else None
@@ -135,8 +144,4 @@ class ServingTGI(ServingBase):
                 else None,
             )
             count += 1
-            return encode_chunk(event)
-
-        return self.sse(
-            run, head=[], chunk_for=chunk_for, tail=list, error_for=_tgi_error, done=False
-        )
+            yield encode_chunk(event)

@@ -352,10 +352,25 @@ def _served(argv: list[str]) -> argparse.Namespace:
 
 def test_sagemaker_defaults_without_model_data(tmp_path: Path) -> None:
     argv = sagemaker_argv({}, model_dir=tmp_path / "absent")
-    assert argv == ["serve", "--host", "0.0.0.0", "--port", "8080"]
+    assert argv == ["serve", "--host", "0.0.0.0", "--port", "8080", "--request-timeout", "60"]
     args = _served(argv)
     assert (args.model, args.host, args.port) == (None, "0.0.0.0", 8080)
+    assert args.request_timeout == 60.0
+    assert args.sse_keep_alive_interval is None
     assert sagemaker_argv({}, model_dir=tmp_path) == argv  # an empty /opt/ml/model
+
+
+def test_request_timeout_off_by_default_and_overridable_on_sagemaker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _parse(["serve"]).request_timeout is None
+    absent = tmp_path / "absent"
+    assert (
+        _served(sagemaker_argv({"SM_HEARTH_REQUEST_TIMEOUT": "90"}, absent)).request_timeout == 90
+    )
+    monkeypatch.setenv("HEARTH_REQUEST_TIMEOUT", "30")
+    args = _served(sagemaker_argv({"HEARTH_REQUEST_TIMEOUT": "30"}, absent))
+    assert args.request_timeout == 30
 
 
 def test_sagemaker_bind_to_port_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

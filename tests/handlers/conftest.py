@@ -13,7 +13,7 @@ from typing import Any
 import falcon.testing
 import pytest
 from fake_engine import FakeEngine
-from handlers_testing import EOS_ID, MAX_MODEL_LEN, build_tiny_model
+from handlers_testing import EOS_ID, MAX_MODEL_LEN, build_tiny_model, connected_client
 
 from engine.config import ModelInfo
 from engine.tokenizer import Tokenizer
@@ -64,11 +64,10 @@ def make_client(
         config = ServerConfig(
             model_dir=str(model_dir),
             served_model_names=overrides.pop("served_model_names", ("tiny", "tiny-alias")),
-            sse_keep_alive_interval=overrides.pop("sse_keep_alive_interval", 0.05),
             **overrides,
         )
         app = create_app(config, engine, tokenizer, stats=stats or NullStatsSink())
-        return falcon.testing.TestClient(app)
+        return connected_client(app)
 
     yield make
 

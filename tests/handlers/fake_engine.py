@@ -1,7 +1,9 @@
 """A scripted EngineClient for the handler tests.
 
-It keeps the real `RequestStream` (so the serving layer's consumption, aclose and
-abort paths are the production ones) and emulates the engine's token-level rules:
+It is a real `EngineClient` whose transport hook (`_send`) is the "engine": admission,
+output collectors, dispatch and aborts are the production code, and the fake answers
+`AddRequest` with an `Admission` and pushes `OutputBatch`es through `_dispatch` as the
+IPC reader does. It emulates the engine's token-level rules:
 EOS and `stop_token_ids` stop a sequence (after `min_tokens`, unless `ignore_eos`),
 `max_tokens` ends it with 'length'. Each test scripts the tokens a request produces;
 the fake records admissions and aborts, can refuse admission, fail mid-stream, or
@@ -14,14 +16,16 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.client import EngineClient, RequestStream
+from engine.client import EngineClient
 from engine.config import ModelInfo
-from engine.errors import (
-    EngineDeadError,
-    EngineNotReadyError,
-    EngineOverloadedError,
+from engine.messages import (
+    AbortRequest,
+    AddRequest,
+    Admission,
+    OutputBatch,
+    RequestOutput,
+    TokenLogprob,
 )
-from engine.messages import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 
@@ -38,7 +42,7 @@ class Script:
     fail_at_step: int | None = None
     """Report finish_reason='error' at this step."""
     raise_at_step: int | None = None
-    """Put EngineDeadError into the stream at this step (the engine died)."""
+    """The engine dies at this step (every request gets EngineDeadError)."""
     num_cached_tokens: int = 0
 
 
@@ -94,55 +98,46 @@ class FakeEngine(EngineClient):
     async def wait_ready(self, timeout: float | None = None) -> ModelInfo:
         return self.info
 
-    def _send(self, message: object) -> None:  # the real clients' transport hook
-        raise NotImplementedError
-
-    async def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int = 0,
-    ) -> RequestStream:
-        await asyncio.sleep(0)  # admission is a round trip in the real clients
-        if self._dead:
-            raise EngineDeadError("engine is dead")
-        if not self.ready:
-            raise EngineNotReadyError("engine is loading")
+    def _send(self, message: AddRequest | AbortRequest) -> None:
+        loop = asyncio.get_running_loop()
+        if isinstance(message, AbortRequest):
+            for request_id in message.request_ids:
+                self.aborted.append(request_id)
+                task = self._tasks.get(request_id)
+                if task is not None:
+                    task.cancel()
+            return
+        request_id = message.request_id
         if self.refuse_after is not None and len(self.added) >= self.refuse_after:
-            raise EngineOverloadedError("The waiting queue is full; retry later.")
-        assert request_id not in self._streams, f"duplicate request id {request_id}"
-        request = AddedRequest(request_id, list(prompt_token_ids), params, priority)
+            refusal = Admission(
+                request_id=request_id,
+                accepted=False,
+                error_kind="overloaded",
+                message="The waiting queue is full; retry later.",
+            )
+            loop.call_soon(self._dispatch, refusal)
+            return
+        request = AddedRequest(
+            request_id, list(message.prompt_token_ids), message.params, message.priority
+        )
         self.added.append(request)
-        stream = RequestStream(request_id, self)
-        self._streams[request_id] = stream
+        # Admission is a round trip in the real clients: answered on a later loop turn.
+        loop.call_soon(self._dispatch, Admission(request_id=request_id, accepted=True))
         script = self._script_for(request)
-        self._tasks[request_id] = asyncio.create_task(self._produce(stream, request, script))
-        return stream
-
-    async def abort(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            self.aborted.append(request_id)
-            self._streams.pop(request_id, None)
-            task = self._tasks.get(request_id)
-            if task is not None:
-                task.cancel()
+        self._tasks[request_id] = asyncio.create_task(self._produce(request, script))
 
     # -- test controls ----------------------------------------------------------------
     def die(self) -> None:
-        """The engine core is gone: every live stream gets EngineDeadError."""
-        self._dead = True
+        """The engine core is gone: every request in flight gets EngineDeadError."""
         for task in self._tasks.values():
             task.cancel()
-        for stream in list(self._streams.values()):
-            stream.put(EngineDeadError("The engine core has died."))
-        self._streams.clear()
+        self._set_dead()
 
     @property
     def live(self) -> set[str]:
-        """Requests still producing or unread: neither finished and consumed nor aborted."""
+        """Requests still producing, or whose client still waits for their end."""
         running = {rid for rid, task in self._tasks.items() if not task.done()}
-        return running | set(self._streams)
+        return running | set(self._collectors)
 
     async def settle(self) -> None:
         """Let scheduled aborts and producers run (the SSE generator is closed by the
@@ -158,7 +153,7 @@ class FakeEngine(EngineClient):
             return self.script
         return Script(token_ids=[5, 6, 7, self.info.eos_token_ids[0]])
 
-    async def _produce(self, stream: RequestStream, request: AddedRequest, script: Script) -> None:
+    async def _produce(self, request: AddedRequest, script: Script) -> None:
         params = request.params
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -175,8 +170,7 @@ class FakeEngine(EngineClient):
             else:
                 await asyncio.sleep(0)
             if script.raise_at_step == step:
-                stream.put(EngineDeadError("The engine core has died."))
-                self._streams.pop(request.request_id, None)
+                self.die()
                 return
             new: list[int] = []
             finish: str | None = None
@@ -211,7 +205,7 @@ class FakeEngine(EngineClient):
                 else None,
             )
             first = False
-            stream.put(output)
+            self._dispatch(OutputBatch([output]))
             step += 1
             if finish is not None:
                 return

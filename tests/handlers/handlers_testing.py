@@ -110,6 +110,34 @@ def assert_openai_error(result: Any, status: int, param: str | None = ...) -> di
     return error
 
 
+class StayConnected:
+    """An ASGI app as falcon.testing's `simulate_*` clients should see it.
+
+    Those clients mark the connection closed as soon as the request is sent (they assume
+    an app never watches for disconnects), so the production app, which cancels a
+    request whose client is gone (`CancelOnDisconnect`), would answer nothing. This
+    shim turns that artificial `http.disconnect` into a client that waits for its
+    answer. Disconnect tests use `call_asgi`, which disconnects when a test says so.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def connected_receive() -> Any:
+            message = await receive()
+            if scope["type"] == "http" and message["type"] == "http.disconnect":
+                await asyncio.Event().wait()  # until the app is done and cancels us
+            return message
+
+        await self.app(scope, connected_receive, send)
+
+
+def connected_client(app: Any) -> falcon.testing.TestClient:
+    """falcon.testing.TestClient over the app, for requests whose client stays."""
+    return falcon.testing.TestClient(StayConnected(app))
+
+
 @dataclass
 class StreamResult:
     status: int
@@ -142,6 +170,8 @@ async def call_asgi(
     the request is sent, which ends an SSE response after its first event; this keeps
     the client connected until the response ends or `disconnect_when(body so far)`.
     """
+    if isinstance(app, StayConnected):
+        app = app.app  # this client disconnects only when the test says so
     raw = body if isinstance(body, bytes) else (b"" if body is None else orjson.dumps(body))
     all_headers = {"content-type": "application/json"} if body is not None else {}
     all_headers.update(headers or {})

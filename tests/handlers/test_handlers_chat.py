@@ -209,8 +209,13 @@ async def test_engine_failure_without_stream_is_500(client, engine: FakeEngine):
     assert result.json["error"]["type"] == "InternalServerError"
 
 
-async def test_disconnect_during_prefill_aborts_via_keep_alive(client, engine: FakeEngine):
-    hold = asyncio.Event()
+def comment_lines(body: bytes) -> list[bytes]:
+    """SSE comment lines (`: ...`), which some clients (vllm bench serve) mis-parse."""
+    return [line for line in body.split(b"\n") if line.startswith(b":")]
+
+
+async def test_disconnect_during_prefill_aborts_without_comments(client, engine: FakeEngine):
+    hold = asyncio.Event()  # a prefill that never ends: only the disconnect can end it
     engine.script = Script(token_ids=[5, 6, 7, EOS_ID], hold=hold)
     result = await call_asgi(
         client.app,
@@ -218,20 +223,68 @@ async def test_disconnect_during_prefill_aborts_via_keep_alive(client, engine: F
         {"messages": MESSAGES, "stream": True},
         disconnect_when=lambda body: b'"role"' in body,
     )
-    assert b": ping" in result.body  # keep-alives were sent while waiting
-    await engine.settle()
-    assert engine.aborted == [engine.added[0].request_id]
-    assert engine.live == set()
+    assert comment_lines(result.body) == []  # no keep-alive comments by default
+    request_id = engine.added[0].request_id
+    assert engine.aborted == [request_id]
+    assert request_id not in engine.live
 
 
-async def test_keep_alive_pings_while_waiting(client, engine: FakeEngine):
+async def test_non_stream_disconnect_aborts_the_request(make_client, engine: FakeEngine):
+    sink = RecordingSink()
+    client = make_client(stats=sink)
+    # Far more tokens than the test waits for: the request cannot end by itself here.
+    engine.script = Script(token_ids=[5] * 200, step_delay=0.01)
+    disconnect = asyncio.Event()
+
+    def when(body: bytes) -> bool:
+        return disconnect.is_set()
+
+    asyncio.get_running_loop().call_later(0.05, disconnect.set)
+    result = await call_asgi(client.app, CHAT, {"messages": MESSAGES}, disconnect_when=when)
+    assert result.status is None and result.body == b""  # nothing was sent
+    request_id = engine.added[0].request_id
+    assert engine.aborted == [request_id]
+    assert engine.live == set() and engine.num_in_flight == 0
+    assert [r.status for r in sink.records] == ["aborted"]
+
+
+async def test_keep_alive_comments_only_when_configured(make_client, engine: FakeEngine):
+    client = make_client(sse_keep_alive_interval=0.02)
     hold = asyncio.Event()
     engine.script = Script(token_ids=[5, EOS_ID], hold=hold)
-    loop = asyncio.get_running_loop()
-    loop.call_later(0.2, hold.set)
-    result = await call_asgi(client.app, CHAT, {"messages": MESSAGES, "stream": True})
-    assert result.body.count(b": ping") >= 2
+
+    def release_after_pings(body: bytes) -> bool:
+        if body.count(b": ping") >= 2:
+            hold.set()
+        return False
+
+    result = await call_asgi(
+        client.app,
+        CHAT,
+        {"messages": MESSAGES, "stream": True},
+        disconnect_when=release_after_pings,
+    )
+    assert comment_lines(result.body)[:2] == [b": ping", b": ping"]
     assert result.events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_request_timeout_ends_and_aborts(make_client, engine: FakeEngine, stream: bool):
+    client = make_client(request_timeout=0.05)
+    engine.script = Script(token_ids=[5] * 200, step_delay=0.01)
+    result = await call_asgi(client.app, CHAT, {"messages": MESSAGES, "stream": stream})
+    request_id = engine.added[0].request_id
+    assert engine.aborted == [request_id]
+    assert engine.live == set()
+    if stream:
+        assert result.status == 200
+        assert result.events[-1] == "[DONE]"
+        error = result.events[-2]["error"]
+    else:
+        assert result.status == 504
+        error = result.json["error"]
+    assert (error["code"], error["type"]) == (504, "RequestTimeoutError")
+    assert "--request-timeout" in error["message"]
 
 
 async def test_logprobs_in_chat_format(client, engine: FakeEngine, tokenizer: Tokenizer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import falcon.testing
 import pytest
 from fake_engine import FakeEngine
-from handlers_testing import assert_openai_error, call_asgi
+from handlers_testing import assert_openai_error, call_asgi, connected_client
 
 from handlers.config import ServerConfig
 from handlers.http.app import create_app
@@ -148,7 +148,7 @@ def test_metrics_have_hearth_names(model_dir, tokenizer, engine):
     app = create_app(
         ServerConfig(model_dir=str(model_dir), served_model_names=["m"]), engine, tokenizer
     )
-    client = falcon.testing.TestClient(app)
+    client = connected_client(app)
     assert client.simulate_post("/v1/chat/completions", json=CHAT_BODY).status_code == 200
     result = client.simulate_get("/metrics")
     assert result.headers["content-type"].startswith("text/plain")
