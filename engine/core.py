@@ -184,8 +184,8 @@ class EngineCore:
         p = msg.params
         if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= self.vocab_size:
             return f"prompt_logprobs must be in [0, {self.vocab_size}]"
-        if p.max_tokens < 1 and not (p.max_tokens == 0 and p.prompt_logprobs is not None):
-            return "max_tokens must be at least 1 (0 only to score a prompt, with prompt_logprobs)"
+        if p.max_tokens < 0:
+            return "max_tokens must be at least 0 (0: prefill and score the prompt only)"
         return None
 
     def abort(self, request_ids: list[str]) -> None:
@@ -239,8 +239,8 @@ class EngineCore:
         return outputs
 
     def _finish_scoring(self, request: Request) -> RequestOutput:
-        """A `max_tokens` 0 request ends once its prompt is scored: the token sampled
-        from its last row is dropped, nothing is generated."""
+        """A `max_tokens` 0 request ends once its prompt is prefilled (and scored, when
+        it asked for prompt logprobs): the token sampled from its last row is dropped."""
         self.scheduler.finish(request, "length")
         self.runner.forget(request)
         return RequestOutput(

@@ -34,4 +34,4 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
     prompt_logprobs: int | None = None
     """None: none. k >= 0: each prompt token's logprob plus the top k (no prefix-cache hit,
-    since cached blocks have nothing to score). With it, max_tokens may be 0: score only."""
+    since cached blocks have nothing to score). max_tokens 0 means prefill only (score)."""

@@ -224,7 +224,7 @@ def test_preemption_scores_each_token_once(model_smollm2_dir, prompts, hf_model)
 
 def test_bad_prompt_logprobs_refused(core) -> None:
     for params in (
-        SamplingParams(max_tokens=0),
+        SamplingParams(max_tokens=-1),
         SamplingParams(max_tokens=1, prompt_logprobs=-1),
         SamplingParams(max_tokens=1, prompt_logprobs=10**6),
     ):
@@ -233,3 +233,15 @@ def test_bad_prompt_logprobs_refused(core) -> None:
         )
         assert not admission.accepted and admission.error_kind == "invalid"
     assert not core.has_work()
+
+
+def test_max_tokens_zero_without_prompt_logprobs_prefills_only(core) -> None:
+    sp = SamplingParams(temperature=0.0, max_tokens=0)
+    core.add_request(AddRequest(request_id="prefill", prompt_token_ids=[1, 2, 3], params=sp))
+    outs = []
+    while core.has_work():
+        outs += [o for _, o in core.step()]
+    assert [(o.new_token_ids, o.finish_reason, o.prompt_logprobs) for o in outs] == [
+        ([], "length", None)
+    ]
+    assert core.block_manager.num_used_blocks == 0

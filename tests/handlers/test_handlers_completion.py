@@ -185,3 +185,13 @@ async def test_chat_prompt_logprobs_on_the_response(client, engine: FakeEngine):
     assert len(entries) == len(engine.added[0].prompt_token_ids)
     assert all(len(e) in (1, 2) for e in entries[1:])
     assert engine.added[0].params.prompt_logprobs == 1
+
+
+async def test_echo_max_tokens_zero_without_logprobs(client, engine: FakeEngine):
+    body = {"prompt": "apple banana", "echo": True, "max_tokens": 0}
+    result = await call_asgi(client.app, COMPLETIONS, body)
+    assert result.status == 200, result.json
+    assert result.json["choices"][0]["text"] == "apple banana"
+    assert result.json["choices"][0]["logprobs"] is None
+    params = engine.added[0].params
+    assert params.max_tokens == 0 and params.prompt_logprobs is None
