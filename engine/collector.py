@@ -34,6 +34,8 @@ def merge_into(merged: RequestOutput, later: RequestOutput) -> None:
         merged.new_logprobs = (merged.new_logprobs or []) + later.new_logprobs
     merged.num_prompt_tokens = merged.num_prompt_tokens or later.num_prompt_tokens
     merged.num_cached_tokens = merged.num_cached_tokens or later.num_cached_tokens
+    if later.prompt_logprobs is not None:  # only ever on a request's first output
+        merged.prompt_logprobs = later.prompt_logprobs
     if later.finish_reason is not None:
         merged.finish_reason = later.finish_reason
         merged.stop_reason = later.stop_reason

@@ -276,8 +276,10 @@ class EngineCore:
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             return f"prompt token ids must be in [0, {self.vocab_size})"
         p = msg.params
-        if p.max_tokens < 1:
-            return "max_tokens must be at least 1"
+        if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= self.vocab_size:
+            return f"prompt_logprobs must be in [0, {self.vocab_size}]"
+        if p.max_tokens < 0:
+            return "max_tokens must be at least 0 (0: prefill and score the prompt only)"
         return None
 
     def abort(self, request_ids: list[str]) -> None:
@@ -325,12 +327,19 @@ class EngineCore:
             return self._fail_step(sched_out.scheduled, exc)
         self.num_consecutive_step_failures = 0
         self.scheduler.commit_step(sched_out)
+        for scored_request, entries in result.prompt_logprobs:
+            assert scored_request.prompt_logprobs is not None
+            scored_request.prompt_logprobs.extend(entries)
         if result.output is None:
             return []
         outputs: list[tuple[bytes, RequestOutput]] = []
         logprobs = result.output.logprobs
         for row, item in enumerate(result.sampled):
             request = item.request
+            if request.params.max_tokens == 0:
+                outputs.append((request.client_id, self._finish_scoring(request)))
+                continue
+            first_output = request.num_output_tokens == 0
             token = result.output.token_ids[row]
             request.all_token_ids.append(token)
             self.num_generation_tokens_total += 1
@@ -343,6 +352,7 @@ class EngineCore:
                 new_logprobs=[logprobs[row]] if logprobs is not None and logprobs[row] else None,
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_cached_tokens=request.num_cached_tokens,
+                prompt_logprobs=request.prompt_logprobs if first_output else None,
             )
             if finish is not None:
                 out.finish_reason = finish
@@ -386,6 +396,20 @@ class EngineCore:
             )
             return "stop"
         return "stop" if grammar.is_terminated else None
+
+    def _finish_scoring(self, request: Request) -> RequestOutput:
+        """A `max_tokens` 0 request ends once its prompt is prefilled (and scored, when
+        it asked for prompt logprobs): the token sampled from its last row is dropped."""
+        self.scheduler.finish(request, "length")
+        self.runner.forget(request)
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            prompt_logprobs=request.prompt_logprobs,
+            finish_reason="length",
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+        )
 
     def _check_stop(self, request: Request, token: int) -> str | None:
         p: SamplingParams = request.params

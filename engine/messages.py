@@ -55,6 +55,9 @@ class RequestOutput(msgspec.Struct, tag="out", kw_only=True, omit_defaults=True)
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """One entry per prompt token (the first is None), on the request's first output only,
+    when it asked for prompt logprobs."""
     finish_reason: str | None = None
     """None while running; 'stop' (EOS or stop token), 'length', 'abort' or 'error'."""
     stop_reason: int | None = None

@@ -8,11 +8,13 @@ new token), then prefill chunks, as `kernels.AttentionMetadata` expects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.cuda_graphs import CudaGraphRunner
+from engine import prompt_logprobs
+from engine.messages import TokenLogprob
 from engine.request import Request
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import ScheduledRequest
@@ -24,6 +26,8 @@ class StepResult:
     sampled: list[ScheduledRequest]
     """The scheduled sequences that reached their end this step, in `output` row order."""
     output: SamplerOutput | None
+    prompt_logprobs: list[tuple[Request, list[TokenLogprob]]] = field(default_factory=list)
+    """Prompt tokens scored this step, per request that asked (engine/prompt_logprobs.py)."""
 
 
 def kv_cache_bytes_per_block(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> int:
@@ -102,12 +106,14 @@ class ModelRunner:
                 self.kv_caches,
                 meta,
             )
+        # Prompt logprobs: scored from this step's hidden rows, chunk by chunk.
+        scored = prompt_logprobs.score_step(self.model, hidden, ordered)
         if not sampled:
-            return StepResult([], None)
+            return StepResult([], None, scored)
         rows = torch.tensor(logits_rows, dtype=torch.long, device=dev)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         output = self.sampler(logits, [s.request for s in sampled], self.eos_token_ids)
-        return StepResult(sampled, output)
+        return StepResult(sampled, output, scored)
 
     def _flatten(
         self, ordered: list[ScheduledRequest]

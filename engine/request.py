@@ -10,6 +10,7 @@ from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.structured.grammar import GrammarState
+    from engine.messages import TokenLogprob
 
 
 class RequestStatus(enum.Enum):
@@ -39,6 +40,7 @@ class Request:
         "num_prompt_tokens",
         "params",
         "priority",
+        "prompt_logprobs",
         "request_id",
         "status",
         "stop_reason",
@@ -75,6 +77,11 @@ class Request:
         self.grammar: GrammarState | None = None
         """Structured outputs: the matcher the sampler masks with (kept across a
         preemption: recompute only refills the KV cache of tokens it already accepted)."""
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
+        """Entries scored so far, one per prompt position (the first has nothing before it:
+        None); None when the request did not ask for prompt logprobs. See prompt_logprobs.py."""
 
     @property
     def num_tokens(self) -> int:

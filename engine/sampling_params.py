@@ -55,3 +55,6 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
     structured: StructuredOutputSpec | None = None
     """A grammar the output must match (structured outputs, forced tool calls)."""
+    prompt_logprobs: int | None = None
+    """None: none. k >= 0: each prompt token's logprob plus the top k (no prefix-cache hit,
+    since cached blocks have nothing to score). max_tokens 0 means prefill only (score)."""

@@ -163,7 +163,9 @@ class Scheduler:
             and len(self.running) < self.max_num_seqs
             and (request := self._waiting_head()) is not None
         ):
-            cached = bm.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+            # A request that scores its prompt must compute every position: no cache hit.
+            use_cache = request.num_computed_tokens == 0 and request.prompt_logprobs is None
+            cached = bm.find_cached_prefix(request) if use_cache else []
             num_cached_tokens = len(cached) * bm.block_size
             num_new = min(request.num_tokens - num_cached_tokens, budget)
             if not bm.allocate(request, num_new, cached):

@@ -170,6 +170,15 @@ class UsageInfo(WireModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class PromptLogprob(WireModel):
+    """vLLM's `Logprob`: one entry of a `prompt_logprobs` position, keyed by token id."""
+
+    logprob: float
+    rank: int | None = None
+    """1 for the most likely token."""
+    decoded_token: str | None = None
+
+
 class ErrorInfo(WireModel):
     message: str
     type: str

@@ -13,6 +13,7 @@ from handlers.protocol.base import (
     ChunkModel,
     FieldError,
     OpenAIBaseModel,
+    PromptLogprob,
     UsageInfo,
     WireModel,
     limits_from,
@@ -26,7 +27,6 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 _UNSUPPORTED_CHAT_FIELDS = {
     "functions": "the deprecated functions parameter is not supported; use tools",
     "function_call": "the deprecated function_call parameter is not supported; use tool_choice",
-    "prompt_logprobs": "prompt logprobs are not supported yet",
     "allowed_token_ids": "allowed_token_ids is not supported yet",
     "bad_words": "bad_words is not supported yet",
     "logprob_token_ids": "logprob_token_ids is not supported yet",
@@ -277,6 +277,8 @@ class ChatCompletionRequest(SamplingRequest):
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             defaults=defaults,
             structured=structured,
+            # A stream never carries prompt_logprobs (0 is all a stream may ask for).
+            prompt_logprobs=None if self.stream else self.prompt_logprobs,
         )
 
 
@@ -330,6 +332,8 @@ class ChatCompletionResponse(WireModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    """vLLM: the rendered prompt's tokens with their logprobs (see CompletionResponseChoice)."""
 
 
 class DeltaFunctionCall(WireModel):

@@ -12,6 +12,7 @@ from engine.sampling_params import SamplingParams
 from handlers.protocol.base import (
     ChunkModel,
     FieldError,
+    PromptLogprob,
     UsageInfo,
     WireModel,
     limits_from,
@@ -23,7 +24,6 @@ MAX_PROMPTS = 256
 
 _UNSUPPORTED_COMPLETION_FIELDS = {
     "suffix": "suffix (fill-in-the-middle) is not supported",
-    "prompt_logprobs": "prompt logprobs are not supported yet",
     "prompt_embeds": "prompt embeddings are not supported",
     "allowed_token_ids": "allowed_token_ids is not supported yet",
     "bad_words": "bad_words is not supported yet",
@@ -40,8 +40,8 @@ class CompletionRequest(SamplingRequest):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
-    max_tokens: int | None = Field(default=16, ge=1)
-    """OpenAI's default of 16; null fills the context (vLLM)."""
+    max_tokens: int | None = Field(default=16, ge=0)
+    """OpenAI's default of 16; null fills the context (vLLM); 0 with echo scores the prompt."""
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
     best_of: int | None = Field(default=None, ge=1)
@@ -84,8 +84,6 @@ class CompletionRequest(SamplingRequest):
             raise FieldError("logprobs", f"logprobs must be at most {limits.max_logprobs}")
         if self.best_of is not None and self.best_of != self.n:
             raise FieldError("best_of", "best_of other than n is not supported")
-        if self.echo and self.logprobs is not None:
-            raise FieldError("echo", "echo with logprobs needs prompt logprobs (not supported yet)")
         num_sequences = len(self.prompts()) * self.n
         if num_sequences > limits.max_sequences_per_request:
             raise FieldError(
@@ -93,7 +91,26 @@ class CompletionRequest(SamplingRequest):
                 f"prompts x n is {num_sequences}; at most {limits.max_sequences_per_request} "
                 "sequences per request",
             )
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError(
+                "max_tokens",
+                "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
+            )
         return self
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """The echoed prompt's tokens come with their logprobs (lm-evaluation-harness)."""
+        return self.echo and self.logprobs is not None
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """Prompt alternatives the engine computes: vLLM's `prompt_logprobs`, else `logprobs`
+        when the prompt is echoed with logprobs. None when nothing would show them (a
+        stream never carries `prompt_logprobs`), so the prefix cache stays usable."""
+        if self.prompt_logprobs is not None and (self.echo_logprobs or not self.stream):
+            return self.prompt_logprobs
+        return self.logprobs if self.echo_logprobs else None
 
     def prompts(self) -> list[Prompt]:
         """The batch as a list: one entry per prompt (text or token ids)."""
@@ -122,6 +139,7 @@ class CompletionRequest(SamplingRequest):
             vocab_size=vocab_size,
             logprobs=self.logprobs,
             defaults=defaults,
+            prompt_logprobs=self.engine_prompt_logprobs,
         )
 
 
@@ -139,6 +157,9 @@ class CompletionResponseChoice(WireModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    """vLLM: per prompt token (the first is null), `{token_id: {logprob, rank,
+    decoded_token}}` for the token itself and the top k; null unless asked for."""
 
 
 class CompletionResponse(WireModel):

@@ -92,6 +92,8 @@ class SamplingRequest(StructuredOutputFields):
     priority: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
     """Lower runs first under --scheduling-policy priority."""
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    prompt_logprobs: int | None = None
+    """vLLM: each prompt token's logprob plus the top k (see docs/api.md, Scoring)."""
 
     unsupported_fields: ClassVar[Mapping[str, str]] = {}
     """Parameters (OpenAI's or vLLM's) that would change the output if honoured, with the
@@ -165,6 +167,8 @@ class SamplingRequest(StructuredOutputFields):
             raise FieldError("n", f"n must be at most {limits.max_n}, got {self.n}")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
+        if self.prompt_logprobs is not None:
+            check_prompt_logprobs(self.prompt_logprobs, self.stream, limits.max_logprobs)
         return self
 
     # -- building ---------------------------------------------------------------------
@@ -181,6 +185,7 @@ class SamplingRequest(StructuredOutputFields):
         logprobs: int | None,
         defaults: Mapping[str, Any] | None = None,
         structured: StructuredOutputSpec | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """SamplingParams for one choice; request values win over the model's defaults.
         `structured` overrides the request's own constraint (chat's forced tool calls)."""
@@ -220,7 +225,24 @@ class SamplingRequest(StructuredOutputFields):
             else None,
             logprobs=logprobs,
             structured=structured if structured is not None else self.structured_spec(),
+            prompt_logprobs=prompt_logprobs,
         )
+
+
+def check_prompt_logprobs(value: int, stream: bool, max_logprobs: int) -> None:
+    """vLLM's rules for `prompt_logprobs`, with the server's cap (vLLM's -1, the whole
+    vocabulary, is always above it)."""
+    if value < 0:
+        raise FieldError(
+            "prompt_logprobs",
+            f"prompt_logprobs must be an integer from 0 to {max_logprobs}, got {value}",
+        )
+    if value > max_logprobs:
+        raise FieldError(
+            "prompt_logprobs", f"prompt_logprobs must be at most {max_logprobs}, got {value}"
+        )
+    if stream and value > 0:
+        raise FieldError("prompt_logprobs", "prompt_logprobs are not available when stream=true")
 
 
 def resolve_max_tokens(

@@ -21,7 +21,7 @@ from handlers.protocol.chat import (
 from handlers.serving.base import Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
-from handlers.serving.logprobs import chat_logprobs
+from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
 from handlers.serving.reasoning import reasoning_enabled, split_reasoning
 from handlers.serving.render import render_chat, tool_format
 from handlers.serving.sse import SSEPayload, SSEStream
@@ -98,12 +98,14 @@ class ServingChat(ServingBase):
         await self.collect(run)
         echo = self._echo_text(request)
         choices = [self._choice(request, seq, echo + seq.text) for seq in run.sequences]
+        first = run.sequences[0].prompt_logprobs
         return ChatCompletionResponse(
             id=run.response_id,
             created=run.created,
             model=run.model_name,
             choices=choices,
             usage=self.usage(run),
+            prompt_logprobs=prompt_logprobs(first, self.served.token_texts()) if first else None,
         )
 
     def _choice(

@@ -28,6 +28,8 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """The prompt's own entries (first is None), on the choice's first delta when asked for."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,6 +57,8 @@ class Choice:
         self.stop_reason: int | str | None = None
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        """Per prompt token (the first is None), when the request asked the engine for them."""
 
     @property
     def text(self) -> str:
@@ -83,6 +87,8 @@ class Choice:
             raise InternalServerError("The engine failed while generating this response.")
         self.num_prompt_tokens = self.num_prompt_tokens or output.num_prompt_tokens
         self.num_cached_tokens = self.num_cached_tokens or output.num_cached_tokens
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
         options = self._options
         pieces: list[str] = []
         stop: str | None = None
@@ -121,6 +127,7 @@ class Choice:
             logprobs,
             self.finish_reason,
             self.stop_reason if self.finish_reason else None,
+            output.prompt_logprobs,
         )
 
     def abandon(self, reason: str = "abort") -> None:

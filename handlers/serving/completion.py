@@ -6,6 +6,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.messages import TokenLogprob
+from handlers.errors import InternalServerError
 from handlers.protocol.completion import (
     CompletionLogProbs,
     CompletionRequest,
@@ -17,7 +19,7 @@ from handlers.protocol.completion import (
 from handlers.serving.base import Run, ServingBase
 from handlers.serving.choice import ChoiceDelta
 from handlers.serving.context import RequestContext
-from handlers.serving.logprobs import completion_logprobs
+from handlers.serving.logprobs import completion_logprobs, prompt_logprobs
 from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
@@ -71,9 +73,10 @@ class ServingCompletion(ServingBase):
             priority=request.priority,
         )
         echoes = [self._echo_text(request, p) for p in prompts]
+        prompt_ids = [p.token_ids for p in prompts]
         if request.stream:
-            return self._stream(run, request, echoes)
-        return await self._respond(run, request, echoes)
+            return self._stream(run, request, echoes, prompt_ids)
+        return await self._respond(run, request, echoes, prompt_ids)
 
     async def _tokenize(self, request: CompletionRequest) -> list[_PromptInput]:
         out = []
@@ -111,16 +114,50 @@ class ServingCompletion(ServingBase):
             offset,
         )
 
+    def _echo_logprobs(
+        self,
+        request: CompletionRequest,
+        prompt_ids: list[int],
+        prompt_entries: list[TokenLogprob | None] | None,
+        token_ids: list[int],
+        entries: list[TokenLogprob] | None,
+    ) -> CompletionLogProbs:
+        """vLLM's echo with logprobs: the prompt's tokens (the first without a logprob)
+        then the generated ones, in one list, offsets counted from the start of the prompt."""
+        assert request.logprobs is not None
+        if prompt_entries is None:
+            raise InternalServerError("The engine returned no prompt logprobs for an echo.")
+        return completion_logprobs(
+            [*prompt_entries, *(entries or [])],
+            [*prompt_ids, *token_ids],
+            self.served.token_texts(),
+            request.logprobs,
+            0,
+        )
+
     # -- non-streaming ----------------------------------------------------------------
     async def _respond(
-        self, run: Run, request: CompletionRequest, echoes: list[str]
+        self,
+        run: Run,
+        request: CompletionRequest,
+        echoes: list[str],
+        prompt_ids: list[list[int]],
     ) -> CompletionResponse:
         await self.collect(run)
         choices = []
+        texts = self.served.token_texts()
         for seq in run.sequences:
             echo = echoes[seq.index // run.n]
             logprobs = None
-            if request.logprobs is not None:
+            if request.echo_logprobs:
+                logprobs = self._echo_logprobs(
+                    request,
+                    prompt_ids[seq.index // run.n],
+                    seq.prompt_logprobs,
+                    seq.token_ids,
+                    seq.logprobs,
+                )
+            elif request.logprobs is not None:
                 logprobs = completion_logprobs(
                     seq.logprobs,
                     seq.token_ids,
@@ -135,6 +172,9 @@ class ServingCompletion(ServingBase):
                     logprobs=logprobs,
                     finish_reason=seq.finish_reason,
                     stop_reason=seq.stop_reason,
+                    prompt_logprobs=prompt_logprobs(seq.prompt_logprobs, texts)
+                    if request.engine_prompt_logprobs is not None and seq.prompt_logprobs
+                    else None,
                 )
             )
         return CompletionResponse(
@@ -146,13 +186,24 @@ class ServingCompletion(ServingBase):
         )
 
     # -- streaming --------------------------------------------------------------------
-    def _stream(self, run: Run, request: CompletionRequest, echoes: list[str]) -> SSEStream:
-        return self.sse(run, self._chunks(run, request, echoes))
+    def _stream(
+        self,
+        run: Run,
+        request: CompletionRequest,
+        echoes: list[str],
+        prompt_ids: list[list[int]],
+    ) -> SSEStream:
+        return self.sse(run, self._chunks(run, request, echoes, prompt_ids))
 
     async def _chunks(
-        self, run: Run, request: CompletionRequest, echoes: list[str]
+        self,
+        run: Run,
+        request: CompletionRequest,
+        echoes: list[str],
+        prompt_ids: list[list[int]],
     ) -> AsyncGenerator[SSEPayload, None]:
-        """One chunk per delta (a choice's echo goes out with its first), the usage tail."""
+        """One chunk per delta (a choice's echo goes out with its first, with the prompt's
+        logprobs when asked for), the usage tail."""
         chunks = StreamChunks(
             run,
             CompletionStreamResponse,
@@ -166,12 +217,23 @@ class ServingCompletion(ServingBase):
                 yield None
                 continue
             seq, delta = item
+            first = seq.index in pending_echo
             echo = pending_echo.pop(seq.index, "")
             text = echo + delta.text
             if not (text or delta.logprobs or delta.finish_reason):
                 pending_echo[seq.index] = echo
                 continue
-            logprobs = self._logprobs(request, delta, offsets[seq.index])
+            if first and request.echo_logprobs:
+                # The echoed prompt goes out with its logprobs in the choice's first chunk.
+                logprobs = self._echo_logprobs(
+                    request,
+                    prompt_ids[seq.index // run.n],
+                    delta.prompt_logprobs,
+                    delta.token_ids,
+                    delta.logprobs,
+                )
+            else:
+                logprobs = self._logprobs(request, delta, offsets[seq.index])
             if logprobs is not None and logprobs.text_offset:
                 last = logprobs.tokens[-1]
                 offsets[seq.index] = logprobs.text_offset[-1] + len(last)

@@ -2,6 +2,7 @@
 
 Chat: `logprobs.content[{token, logprob, bytes, top_logprobs[{token, logprob, bytes}]}]`.
 Completions: `logprobs{tokens, token_logprobs, top_logprobs[{token: logprob}], text_offset}`.
+vLLM's `prompt_logprobs`: `[null, {token_id: {logprob, rank, decoded_token}}, ...]`.
 A token's `token` is its own decoded text (a lone byte of a multi-byte character
 decodes to U+FFFD, as in vLLM); `bytes` are its exact UTF-8 bytes where they can be
 recovered (byte-level BPE and byte-fallback vocabularies), so clients can reassemble
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 
 from engine.messages import TokenLogprob
 from engine.tokenizer import Tokenizer
+from handlers.protocol.base import PromptLogprob
 from handlers.protocol.chat import (
     ChatCompletionLogProb,
     ChatCompletionLogProbsContent,
@@ -103,7 +106,7 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    entries: list[TokenLogprob],
+    entries: Sequence[TokenLogprob | None],
     token_ids: list[int],
     texts: TokenTexts,
     num_top: int,
@@ -141,3 +144,30 @@ def completion_logprobs(
         tokens=tokens,
         top_logprobs=top_logprobs,
     )
+
+
+def prompt_logprobs(
+    entries: list[TokenLogprob | None], texts: TokenTexts
+) -> list[dict[str, PromptLogprob] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (the first has none: null), the token
+    itself with its rank, then the top k with ranks 1..k, keyed by token id. A token
+    that is also among the top k appears once, in the first place (vLLM builds the
+    same dict)."""
+    out: list[dict[str, PromptLogprob] | None] = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        position = {
+            str(entry.token_id): PromptLogprob(
+                logprob=_finite(entry.logprob),
+                rank=entry.rank,
+                decoded_token=texts.text(entry.token_id),
+            )
+        }
+        for rank, (tid, lp) in enumerate(entry.top, start=1):
+            position[str(tid)] = PromptLogprob(
+                logprob=_finite(lp), rank=rank, decoded_token=texts.text(tid)
+            )
+        out.append(position)
+    return out

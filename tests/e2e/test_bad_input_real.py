@@ -376,12 +376,19 @@ CASES = [
     Case("best-of", comp(best_of=2), 400, "best_of", path=COMPLETIONS),
     Case("completion-logprobs-high", comp(logprobs=21), 400, "logprobs", path=COMPLETIONS),
     Case("completion-logprobs-negative", comp(logprobs=-1), 400, "logprobs", path=COMPLETIONS),
+    Case("max-tokens-zero-no-echo", comp(max_tokens=0), 400, "max_tokens", path=COMPLETIONS),
     Case(
-        "echo-with-logprobs",
-        comp(echo=True, logprobs=1),
+        "prompt-logprobs-negative",
+        comp(prompt_logprobs=-1),
         400,
-        "echo",
+        "prompt_logprobs",
         path=COMPLETIONS,
+    ),
+    Case(
+        "prompt-logprobs-high", comp(prompt_logprobs=21), 400, "prompt_logprobs", path=COMPLETIONS
+    ),
+    Case(
+        "chat-prompt-logprobs-stream", chat(prompt_logprobs=1, stream=True), 400, "prompt_logprobs"
     ),
     Case(
         "completion-max-tokens",

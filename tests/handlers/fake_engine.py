@@ -177,6 +177,8 @@ class FakeEngine(EngineClient):
             stop_reason: int | None = None
             if script.fail_at_step == step:
                 finish = "error"
+            elif params.max_tokens == 0:
+                finish = "length"  # score only: nothing is generated
             if not remaining and finish is None:
                 # The script ran dry before any engine rule ended the request: a real
                 # engine would go on generating, so the request stays live until the
@@ -202,6 +204,9 @@ class FakeEngine(EngineClient):
                 num_prompt_tokens=len(request.prompt_token_ids) if first else 0,
                 num_cached_tokens=script.num_cached_tokens if first else 0,
                 error="scripted failure" if finish == "error" else None,
+                prompt_logprobs=_prompt_logprobs(request.prompt_token_ids, params.prompt_logprobs)
+                if first
+                else None,
             )
             first = False
             self._dispatch(OutputBatch([output]))
@@ -218,3 +223,14 @@ def _logprobs(token_ids: list[int], k: int | None) -> list[TokenLogprob] | None:
         top = [(token_id, -0.5)] + [(token_id + j, -0.5 - j) for j in range(1, k)]
         out.append(TokenLogprob(token_id=token_id, logprob=-0.5, rank=1, top=top[:k]))
     return out
+
+
+def _prompt_logprobs(prompt: list[int], k: int | None) -> list[TokenLogprob | None] | None:
+    """Prompt token i gets logprob -i/10 and rank 2; its top k are ids (7i + j) % 256."""
+    if k is None:
+        return None
+    entries: list[TokenLogprob | None] = [None]
+    for i, token_id in enumerate(prompt[1:], start=1):
+        top = [((7 * i + j) % 256, -0.01 * (j + 1)) for j in range(k)]
+        entries.append(TokenLogprob(token_id=token_id, logprob=-i / 10, rank=2, top=top))
+    return entries

@@ -257,12 +257,45 @@ CASES = [
         "logprobs",
         path=COMPLETIONS,
     ),
+    # -- scoring (prompt logprobs) ----------------------------------------------------------
     Case(
-        "echo-with-logprobs",
-        {"prompt": "a", "echo": True, "logprobs": 1},
+        "max-tokens-zero-without-echo",
+        {"prompt": "a", "max_tokens": 0},
         400,
-        "echo",
+        "max_tokens",
         path=COMPLETIONS,
+    ),
+    Case(
+        "prompt-logprobs-negative",
+        {"prompt": "a", "prompt_logprobs": -1},
+        400,
+        "prompt_logprobs",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "prompt-logprobs-high",
+        {"prompt": "a", "prompt_logprobs": 21},
+        400,
+        "prompt_logprobs",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "prompt-logprobs-string",
+        {"prompt": "a", "prompt_logprobs": "1"},
+        400,
+        "prompt_logprobs",
+        path=COMPLETIONS,
+    ),
+    Case(
+        "prompt-logprobs-stream",
+        {"prompt": "a", "prompt_logprobs": 1, "stream": True},
+        400,
+        "prompt_logprobs",
+        path=COMPLETIONS,
+    ),
+    Case("chat-prompt-logprobs-high", chat(prompt_logprobs=21), 400, "prompt_logprobs"),
+    Case(
+        "chat-prompt-logprobs-stream", chat(prompt_logprobs=2, stream=True), 400, "prompt_logprobs"
     ),
     Case(
         "completion-max-tokens",

@@ -33,6 +33,7 @@ async def test_batch_of_prompts_and_n(client, engine: FakeEngine, tokenizer: Tok
     engine.script = script
     body = {"prompt": ["apple", "banana"], "n": 2, "max_tokens": 5}
     result = await call_asgi(client.app, COMPLETIONS, body)
+    assert result.status == 200, result.json
     choices = result.json["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2, 3]
     assert [c["text"] for c in choices] == [" 0", " 1", " 2", " 3"]
@@ -105,3 +106,92 @@ async def test_prompt_too_long_names_the_prompt(client, engine: FakeEngine):
     assert result.status == 400
     assert result.json["error"]["param"] == "prompt[1]"
     assert engine.added == []
+
+
+# -- scoring: echo + logprobs, max_tokens 0, prompt_logprobs (vLLM's shapes) -------------
+async def test_echo_with_logprobs_lists_prompt_then_output(
+    client, engine: FakeEngine, tokenizer: Tokenizer
+):
+    engine.script = Script(token_ids=[*encode(tokenizer, " cherry"), EOS_ID])
+    ids = encode(tokenizer, "apple banana")
+    body = {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1}
+    choice = (await call_asgi(client.app, COMPLETIONS, body)).json["choices"][0]
+    assert engine.added[0].params.prompt_logprobs == 1
+    lp = choice["logprobs"]
+    generated = encode(tokenizer, " cherry")[:1]
+    assert lp["tokens"] == [tokenizer.decode([t]) for t in [*ids, *generated]]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1 : len(ids)] == [-i / 10 for i in range(1, len(ids))]
+    assert lp["token_logprobs"][len(ids)] == -0.5  # the generated token's (fake) logprob
+    # Each top_logprobs entry: the top 1 plus the token itself (vLLM's k + 1).
+    assert all(len(top) == 2 for top in lp["top_logprobs"][1 : len(ids)])
+    offsets = [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    assert lp["text_offset"] == offsets
+    assert choice["text"] == "apple banana" + tokenizer.decode(generated)
+    # vLLM also reports the engine's prompt logprobs on the choice for echo + logprobs.
+    assert choice["prompt_logprobs"][0] is None and len(choice["prompt_logprobs"]) == len(ids)
+
+
+async def test_max_tokens_zero_scores_the_prompt_only(
+    client, engine: FakeEngine, tokenizer: Tokenizer
+):
+    ids = encode(tokenizer, "apple banana cherry")
+    body = {"prompt": ["apple banana cherry"] * 2, "echo": True, "logprobs": 0, "max_tokens": 0}
+    result = await call_asgi(client.app, COMPLETIONS, body)
+    assert result.status == 200, result.json
+    choices = result.json["choices"]
+    assert [c["text"] for c in choices] == ["apple banana cherry", "apple banana cherry"]
+    for choice in choices:
+        assert choice["finish_reason"] == "length"
+        assert choice["logprobs"]["tokens"] == [tokenizer.decode([t]) for t in ids]
+        assert len(choice["logprobs"]["token_logprobs"]) == len(ids)
+    assert result.json["usage"]["completion_tokens"] == 0
+    assert all(r.params.max_tokens == 0 for r in engine.added)
+    streamed = await call_asgi(client.app, COMPLETIONS, {**body, "stream": True})
+    chunks = [c for e in streamed.events[:-1] for c in e["choices"]]
+    assert sorted(c["text"] for c in chunks) == ["apple banana cherry"] * 2
+    assert all(c["logprobs"]["token_logprobs"][0] is None for c in chunks)
+    assert all(c["finish_reason"] == "length" for c in chunks)
+
+
+async def test_prompt_logprobs_field_in_vllm_shape(
+    client, engine: FakeEngine, tokenizer: Tokenizer
+):
+    ids = encode(tokenizer, "apple banana")
+    body = {"prompt": ids, "prompt_logprobs": 2, "max_tokens": 2}
+    choice = (await call_asgi(client.app, COMPLETIONS, body)).json["choices"][0]
+    assert choice["logprobs"] is None  # prompt_logprobs alone adds no `logprobs`
+    entries = choice["prompt_logprobs"]
+    assert entries is not None, (engine.added[0].params, choice)
+    assert entries[0] is None and len(entries) == len(ids)
+    second = entries[1]
+    assert next(iter(second)) == str(ids[1])  # the prompt token first, then the top k
+    assert second[str(ids[1])] == {
+        "logprob": -0.1,
+        "rank": 2,
+        "decoded_token": tokenizer.decode([ids[1]]),
+    }
+    assert [v["rank"] for v in list(second.values())[1:]] == [1, 2]
+    plain = (await call_asgi(client.app, COMPLETIONS, {"prompt": ids})).json["choices"][0]
+    assert plain["prompt_logprobs"] is None
+    assert engine.added[-1].params.prompt_logprobs is None
+
+
+async def test_chat_prompt_logprobs_on_the_response(client, engine: FakeEngine):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 1}
+    result = await call_asgi(client.app, "/v1/chat/completions", body)
+    entries = result.json["prompt_logprobs"]
+    assert entries[0] is None
+    assert len(entries) == len(engine.added[0].prompt_token_ids)
+    assert all(len(e) in (1, 2) for e in entries[1:])
+    assert engine.added[0].params.prompt_logprobs == 1
+
+
+async def test_echo_max_tokens_zero_without_logprobs(client, engine: FakeEngine):
+    body = {"prompt": "apple banana", "echo": True, "max_tokens": 0}
+    result = await call_asgi(client.app, COMPLETIONS, body)
+    assert result.status == 200, result.json
+    assert result.json["choices"][0]["text"] == "apple banana"
+    assert result.json["choices"][0]["logprobs"] is None
+    params = engine.added[0].params
+    assert params.max_tokens == 0 and params.prompt_logprobs is None
