@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.cuda_graphs import CudaGraphRunner
 from engine import prompt_logprobs
+from engine.cuda_graphs import CudaGraphRunner
 from engine.messages import TokenLogprob
 from engine.request import Request
 from engine.sampler import Sampler, SamplerOutput

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.structured.grammar import GrammarState
     from engine.messages import TokenLogprob
+    from engine.structured.grammar import GrammarState
 
 
 class RequestStatus(enum.Enum):

@@ -141,7 +141,10 @@ def test_models_list(client, model_dir):
 
 def test_version(client):
     # The installed distribution's own version, not just any string.
-    assert client.simulate_get("/version").json == {"version": importlib.metadata.version("hearth")}
+    body = client.simulate_get("/version").json
+    assert body["version"] == importlib.metadata.version("hearth")
+    # Once the engine is warm: what --quantization resolved to and the kernels it runs.
+    assert set(body) == {"version", "quantization", "kernels"}
 
 
 def test_load_route_only_with_the_flag(client, make_client, engine):
