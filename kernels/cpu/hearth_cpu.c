@@ -382,47 +382,140 @@ void hearth_rope_kv_write(float *qkv, int64_t t, int64_t ld, int64_t nh, int64_t
 
 /* ------------------------------------------------------------------ paged attention */
 /*
- * One query token at a time: token r belongs to sequence seq[r] (a row of block_tables)
- * and attends to that sequence's keys 0 .. ctx[r]-1 (causal: ctx = position + 1), read in
- * place from the paged cache. Decodes and prefill chunks are the same loop, so a token's
- * output never depends on how its prompt was chunked or what it was batched with.
+ * Token r belongs to sequence seq[r] (a row of block_tables) and attends to that
+ * sequence's keys 0 .. ctx[r]-1 (causal: ctx = position + 1), read in place from the paged
+ * cache. Decodes and prefill chunks are the same code, so a token's output never depends
+ * on how its prompt was chunked or what it was batched with.
  * q: [T, ldq] (heads at q + h*hd); out: [T, nh*hd]; caches [blocks*bs, nkv, hd].
+ *
+ * Work is split into items of (tile, kv head). A tile is a run of at most ATT_MAXV / group
+ * consecutive tokens of one sequence at consecutive positions (a piece of a prefill chunk;
+ * a decode token is a tile of one), and an item holds the tile's query vectors of every
+ * head that shares the kv head. The item reads each key and value row once for all of
+ * its vectors instead of once per vector, which is what long prompts are bound by.
+ *
+ * Batch invariance: every score is one accumulator per (vector, key) over the dimensions
+ * in order, reduced in one fixed tree (`reduce4`); every output dimension is one
+ * accumulator over the keys in position order. A vector only ever gets zero weight for
+ * keys past its own context (the tile's later tokens), and adding 0 * v leaves a sum as
+ * it is, so a token's output is bitwise the same whatever tile or batch it lands in.
  */
-static inline float dot64(const float *a, const float *b, int64_t hd) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= hd; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= hd; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum(_mm256_add_ps(s0, s1));
-    for (; i < hd; i++) s += a[i] * b[i];
-    return s;
+#define ATT_MAXV 12 /* query vectors per pass: 4 tokens x 3 heads for SmolLM2's group of 3 */
+#define ATT_PAD 8   /* score rows overrun n by up to 3 (4-key groups): pad them */
+#define ATT_INLINE static inline __attribute__((always_inline))
+
+int64_t hearth_attention_scratch_floats(int64_t max_ctx) {
+    return (int64_t)ATT_MAXV * (max_ctx + ATT_PAD);
 }
 
-/* o[0 .. 8*chunks) = inv_sum * sum_i p_i v_i[off ..], keys in position order; chunks <= 8. */
-static inline void weighted_values(const float *p, const float *v_cache, const int32_t *table, int64_t n,
-                                   int64_t block_size, int64_t kv_stride, int64_t off, int chunks,
-                                   __m256 inv_sum, float *o) {
-    __m256 a[8];
-    for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
-    int64_t i = 0;
+/* The 8 lanes of each of a0..a3 summed in one fixed tree ((0+1)+(2+3)) + ((4+5)+(6+7)). */
+ATT_INLINE __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* dst[u][0..3] = scale * <q_u, k_x> for U (1 or 2) vectors and 4 keys. */
+ATT_INLINE void scores_4keys(const int U, const float *const *qv, const float *const *kp, int64_t hd,
+                             __m128 vscale, float *const *dst, int64_t at) {
+    __m256 acc[2][4];
+    for (int u = 0; u < U; u++)
+        for (int x = 0; x < 4; x++) acc[u][x] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < hd; c += 8) {
+        __m256 qc[2];
+        for (int u = 0; u < U; u++) qc[u] = _mm256_loadu_ps(qv[u] + c);
+        for (int x = 0; x < 4; x++) {
+            const __m256 kc = _mm256_loadu_ps(kp[x] + c);
+            for (int u = 0; u < U; u++) acc[u][x] = _mm256_fmadd_ps(qc[u], kc, acc[u][x]);
+        }
+    }
+    for (int u = 0; u < U; u++)
+        _mm_storeu_ps(dst[u] + at, _mm_mul_ps(reduce4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]), vscale));
+}
+
+/* Scores of nv vectors over keys 0 .. n-1 (rows may get up to 3 more, overwritten or unused). */
+static void attention_scores(const float *const *qv, int64_t nv, const float *k_cache, const int32_t *table,
+                             int64_t n, int64_t block_size, int64_t kv_stride, int64_t hd, float scale,
+                             float *const *dst) {
+    const __m128 vscale = _mm_set1_ps(scale);
     const int64_t nblk = (n + block_size - 1) / block_size;
+    int64_t i0 = 0;
+    for (int64_t b = 0; b < nblk; b++, i0 += block_size) {
+        const float *kb = k_cache + (int64_t)table[b] * block_size * kv_stride;
+        const int64_t m = (n - i0) < block_size ? (n - i0) : block_size;
+        for (int64_t j = 0; j < m; j += 4) {
+            const float *kp[4];
+            for (int x = 0; x < 4; x++) kp[x] = kb + ((j + x) < m ? (j + x) : (m - 1)) * kv_stride;
+            int64_t u = 0;
+            for (; u + 2 <= nv; u += 2) scores_4keys(2, qv + u, kp, hd, vscale, dst + u, i0 + j);
+            if (u < nv) scores_4keys(1, qv + u, kp, hd, vscale, dst + u, i0 + j);
+        }
+    }
+}
+
+/* p[0 .. n) = exp(s - max), then zero up to `upto`; returns 1 / sum. Fixed 8-wide order. */
+static float softmax_row(float *p, int64_t n, int64_t upto) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = p[i] > mx ? p[i] : mx;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + i), vmx));
+        _mm256_storeu_ps(p + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum(vsum);
+    for (; i < n; i++) {
+        p[i] = exp_scalar(p[i] - mx);
+        sum += p[i];
+    }
+    for (i = n; i < upto; i++) p[i] = 0.0f;
+    return 1.0f / sum;
+}
+
+/* o_u[0 .. 32) = inv_u * sum_i p_u[i] v_i[off ..] for U (1..3) vectors, keys in position order. */
+ATT_INLINE void values_32(const int U, const float *const *p, const float *v_cache, const int32_t *table,
+                          int64_t n, int64_t block_size, int64_t kv_stride, int64_t off, const float *inv,
+                          float *const *o, int64_t d0) {
+    __m256 a[3][4];
+    for (int u = 0; u < U; u++)
+        for (int c = 0; c < 4; c++) a[u][c] = _mm256_setzero_ps();
+    const int64_t nblk = (n + block_size - 1) / block_size;
+    int64_t i = 0;
     for (int64_t b = 0; b < nblk; b++) {
         const float *vb = v_cache + (int64_t)table[b] * block_size * kv_stride + off;
         const int64_t m = (n - i) < block_size ? (n - i) : block_size;
         for (int64_t j = 0; j < m; j++, i++) {
-            const __m256 w = _mm256_set1_ps(p[i]);
             const float *v = vb + j * kv_stride;
-            if (chunks == 8) {
-                for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), a[c]);
-            } else {
-                for (int c = 0; c < 4; c++) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), a[c]);
+            const __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8);
+            const __m256 x2 = _mm256_loadu_ps(v + 16), x3 = _mm256_loadu_ps(v + 24);
+            for (int u = 0; u < U; u++) {
+                const __m256 w = _mm256_broadcast_ss(p[u] + i);
+                a[u][0] = _mm256_fmadd_ps(w, x0, a[u][0]);
+                a[u][1] = _mm256_fmadd_ps(w, x1, a[u][1]);
+                a[u][2] = _mm256_fmadd_ps(w, x2, a[u][2]);
+                a[u][3] = _mm256_fmadd_ps(w, x3, a[u][3]);
             }
         }
     }
-    for (int c = 0; c < chunks; c++) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(a[c], inv_sum));
+    for (int u = 0; u < U; u++) {
+        const __m256 vi = _mm256_set1_ps(inv[u]);
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(o[u] + d0 + 8 * c, _mm256_mul_ps(a[u][c], vi));
+    }
+}
+
+static void attention_values(const float *const *p, int64_t nv, const float *v_cache, const int32_t *table,
+                             int64_t n, int64_t block_size, int64_t kv_stride, int64_t off, int64_t hd,
+                             const float *inv, float *const *o) {
+    for (int64_t d0 = 0; d0 < hd; d0 += 32) {
+        int64_t u = 0;
+        for (; u + 3 <= nv; u += 3)
+            values_32(3, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+        if (nv - u == 2)
+            values_32(2, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+        else if (nv - u == 1)
+            values_32(1, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+    }
 }
 
 void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
@@ -432,54 +525,44 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
                             int64_t scratch_per_thread) {
     const int64_t group = nh / nkv;
     const int64_t kv_stride = nkv * hd; /* floats between consecutive slots */
+    const int64_t tile_tokens = group >= ATT_MAXV ? 1 : ATT_MAXV / group;
+    const int64_t row = scratch_per_thread / ATT_MAXV; /* floats per score row */
+    int64_t *tiles = (int64_t *)malloc((size_t)(t + 1) * sizeof(int64_t));
+    int64_t num_tiles = 0;
+    for (int64_t r = 0; r < t;) {
+        int64_t e = r + 1;
+        while (e < t && e - r < tile_tokens && seq[e] == seq[r] && ctx[e] == ctx[e - 1] + 1) e++;
+        tiles[num_tiles++] = r;
+        r = e;
+    }
+    tiles[num_tiles] = t;
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
-    for (int64_t r = 0; r < t; r++) {
+    for (int64_t it = 0; it < num_tiles; it++) {
         for (int64_t kvh = 0; kvh < nkv; kvh++) {
-            float *scores = scratch + (int64_t)omp_get_thread_num() * scratch_per_thread;
-            const int64_t n = ctx[r];
-            const int64_t nblk = (n + block_size - 1) / block_size;
-            const int32_t *table = block_tables + (int64_t)seq[r] * max_blocks;
-            for (int64_t g = 0; g < group; g++) {
-                const int64_t h = kvh * group + g;
-                const float *qh = q + r * ldq + h * hd;
-                /* scores, key by key in position order, walking the block table */
-                float mx = -INFINITY;
-                int64_t i = 0;
-                for (int64_t b = 0; b < nblk; b++) {
-                    const float *kb = k_cache + (int64_t)table[b] * block_size * kv_stride + kvh * hd;
-                    const int64_t m = (n - i) < block_size ? (n - i) : block_size;
-                    for (int64_t j = 0; j < m; j++, i++) {
-                        const float sc = dot64(qh, kb + j * kv_stride, hd) * scale;
-                        scores[i] = sc;
-                        mx = sc > mx ? sc : mx;
-                    }
+            float *rows = scratch + (int64_t)omp_get_thread_num() * scratch_per_thread;
+            const int64_t r0 = tiles[it], num_vecs = (tiles[it + 1] - r0) * group;
+            const int32_t *table = block_tables + (int64_t)seq[r0] * max_blocks;
+            for (int64_t v0 = 0; v0 < num_vecs; v0 += ATT_MAXV) {
+                const int64_t nv = (num_vecs - v0) < ATT_MAXV ? (num_vecs - v0) : ATT_MAXV;
+                const float *qv[ATT_MAXV];
+                float *ov[ATT_MAXV], *pv[ATT_MAXV], inv[ATT_MAXV];
+                int64_t len[ATT_MAXV], n = 0;
+                for (int64_t u = 0; u < nv; u++) {
+                    const int64_t r = r0 + (v0 + u) / group, h = kvh * group + (v0 + u) % group;
+                    qv[u] = q + r * ldq + h * hd;
+                    ov[u] = out + r * nh * hd + h * hd;
+                    pv[u] = rows + u * row;
+                    len[u] = ctx[r];
+                    n = len[u] > n ? len[u] : n;
                 }
-                /* softmax numerator in fixed 8-wide order, then the tail */
-                const __m256 vmx = _mm256_set1_ps(mx);
-                __m256 vsum = _mm256_setzero_ps();
-                for (i = 0; i + 8 <= n; i += 8) {
-                    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), vmx));
-                    _mm256_storeu_ps(scores + i, e);
-                    vsum = _mm256_add_ps(vsum, e);
-                }
-                float sum = hsum(vsum);
-                for (; i < n; i++) {
-                    scores[i] = exp_scalar(scores[i] - mx);
-                    sum += scores[i];
-                }
-                const __m256 vi = _mm256_set1_ps(1.0f / sum);
-                float *o = out + r * nh * hd + h * hd;
-                /* weighted values, 64 (then 32) dimensions per pass, keys in position order */
-                int64_t d0 = 0;
-                for (; d0 + 64 <= hd; d0 += 64)
-                    weighted_values(scores, v_cache, table, n, block_size, kv_stride, kvh * hd + d0, 8, vi,
-                                    o + d0);
-                for (; d0 < hd; d0 += 32)
-                    weighted_values(scores, v_cache, table, n, block_size, kv_stride, kvh * hd + d0, 4, vi,
-                                    o + d0);
+                attention_scores(qv, nv, k_cache + kvh * hd, table, n, block_size, kv_stride, hd, scale, pv);
+                for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], len[u], n);
+                attention_values((const float *const *)pv, nv, v_cache, table, n, block_size, kv_stride,
+                                 kvh * hd, hd, inv, ov);
             }
         }
     }
+    free(tiles);
 }
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }

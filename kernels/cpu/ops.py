@@ -34,6 +34,7 @@ _SIGNATURES: dict[str, list[type]] = {
         *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64],
     ],
     "hearth_num_threads": [],
+    "hearth_attention_scratch_floats": [_i64],
     "hearth_forward_layers": [
         *[_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32],
         *[_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr],
@@ -80,7 +81,11 @@ def library() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = (
-            _i64 if name.endswith("_bytes") else ctypes.c_int if "threads" in name else None
+            _i64
+            if name.endswith(("_bytes", "_floats"))
+            else ctypes.c_int
+            if "threads" in name
+            else None
         )
     return lib
 
@@ -234,7 +239,8 @@ def rope_and_write_kv_(
 
 
 class AttentionScratch:
-    """Per-thread score buffers of the attention kernel, grown on demand and reused."""
+    """Per-thread score rows of the attention kernel (one per query vector of a work item,
+    see ``hearth_attention_scratch_floats``), grown on demand and reused."""
 
     def __init__(self) -> None:
         self._buf = torch.empty(0, dtype=torch.float32)
@@ -242,7 +248,7 @@ class AttentionScratch:
 
     def get(self, max_ctx: int) -> torch.Tensor:
         threads = library().hearth_num_threads()
-        need = max(max_ctx, 1)
+        need = library().hearth_attention_scratch_floats(max(max_ctx, 1))
         if need > self.per_thread or self._buf.numel() < need * threads:
             self.per_thread = max(need, 2 * self.per_thread)
             self._buf = torch.empty(self.per_thread * threads, dtype=torch.float32)

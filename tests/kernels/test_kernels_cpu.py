@@ -145,9 +145,15 @@ def _attention_inputs(seqs: list[tuple[int, int]], nh: int, nkv: int, hd: int, b
     return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx
 
 
-@pytest.mark.parametrize("bs", [4, 16])
-def test_paged_attention_matches_dense_oracle(bs: int) -> None:
-    nh, nkv, hd = 9, 3, 64
+@pytest.mark.parametrize(
+    ("bs", "nh", "nkv", "hd"),
+    [(4, 9, 3, 64), (16, 9, 3, 64), (16, 16, 1, 32), (8, 4, 4, 96)],
+    ids=["gqa3-bs4", "gqa3-bs16", "mqa16-hd32", "mha-hd96"],
+)
+def test_paged_attention_matches_dense_oracle(bs: int, nh: int, nkv: int, hd: int) -> None:
+    """Decodes, a whole prompt and a chunk; the group sizes cover one tile of several
+    tokens (group 3), more query vectors than one pass holds (16 heads on one kv head),
+    and tiles of many tokens (plain multi-head attention)."""
     seqs = [(1, 1), (37, 1), (70, 1), (20, 20), (45, 13)]  # decodes, a prompt, a chunk
     step, query, keys, values, kc, vc, tables, tseq, tctx = _attention_inputs(seqs, nh, nkv, hd, bs)
     scale = 1 / math.sqrt(hd)
@@ -177,7 +183,8 @@ def test_paged_attention_is_batch_invariant() -> None:
     scratch = ops.AttentionScratch()
     q2 = query.reshape(len(tseq), -1)
     full = ops.paged_attention(q2, nh, nkv, hd, kc, vc, tables, tseq, tctx, 50, 0.125, scratch)
-    for rows in (slice(0, 1), slice(1, 11), slice(11, 12)):
+    # The prefill chunk alone, and cut where the kernel's 4-token tiles would not start.
+    for rows in (slice(0, 1), slice(1, 11), slice(11, 12), slice(3, 11), slice(2, 7)):
         alone = ops.paged_attention(
             q2[rows], nh, nkv, hd, kc, vc, tables, tseq[rows], tctx[rows], 50, 0.125, scratch
         )
