@@ -42,7 +42,7 @@ def _pct(values: list[float], q: float) -> float:
 def bench_compile() -> None:
     from openai.lib._pydantic import to_strict_json_schema
 
-    from engine.model_loader import resolve_model_dir
+    from engine.model_resolver import resolve_model_dir
     from engine.sampling_params import StructuredOutputSpec
     from engine.structured.manager import StructuredOutputManager
     from tests.e2e.structured_schemas import SCHEMAS
