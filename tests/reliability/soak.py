@@ -83,7 +83,10 @@ def answer_of(path: str, stream: bool, raw: bytes) -> str:
         data = json.loads(raw)
         if isinstance(data, list):  # TGI: [{"generated_text": ...}]
             return json.dumps([[0, data[0]["generated_text"]]])
-        texts = [c.get("text") or (c.get("message") or {}).get("content") for c in data["choices"]]
+        # An empty completion is "" (not None), as the streamed form rebuilds it.
+        texts = [
+            c["text"] if "text" in c else c["message"]["content"] or "" for c in data["choices"]
+        ]
         return json.dumps(sorted(zip([c["index"] for c in data["choices"]], texts, strict=True)))
     pieces: dict[int, str] = {}
     for line in raw.decode().splitlines():
@@ -154,7 +157,10 @@ async def one(
     first = answers.setdefault(same, got)
     if got != first:
         totals.mismatches += 1
-        totals.failures.append(f"{kind}: differs from the first answer to the same request")
+        totals.failures.append(
+            f"{kind}: differs from the first answer to the same request "
+            f"(stream={stream}): {got[:160]!r} vs first {first[:160]!r}"
+        )
 
 
 # -- the server's side ---------------------------------------------------------------------
