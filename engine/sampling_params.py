@@ -21,12 +21,17 @@ class StructuredOutputSpec(msgspec.Struct, omit_defaults=True, kw_only=True, fro
 
     kind: str
     """'json' (a JSON schema), 'json_object' (any JSON object), 'regex', 'choice'
-    (one of several strings) or 'grammar' (EBNF/GBNF)."""
+    (one of several strings), 'grammar' (EBNF/GBNF) or 'structural_tag' (xgrammar's
+    structural tag: free text whose tagged spans match their schemas)."""
     value: str = ""
-    """The schema as JSON text, the regex, the grammar, or the choices as a JSON list."""
+    """The schema as JSON text, the regex, the grammar, the choices as a JSON list, or
+    the structural tag as JSON text (xgrammar's format)."""
     any_whitespace: bool = False
     """JSON only: allow free whitespace between tokens (off: compact JSON, which small
     models cannot fill with runs of blank lines)."""
+    separators: tuple[str, str] | None = None
+    """JSON only, without any_whitespace: the item and key separators; None is
+    xgrammar's one-line default (", " and ": "); (",", ":") means no whitespace at all."""
     param: str = ""
     """The request field the constraint came from, named in the 400 if it fails to compile."""
 

@@ -5,16 +5,17 @@ chunks; there is no separate prefill phase. Running sequences are served first (
 token each when decoding, a chunk when their prompt is still being prefilled), then
 waiting ones are admitted while budget, `max_num_seqs` and free KV blocks last. When
 blocks run out, the lowest-priority running sequence is preempted by recompute: its
-blocks are freed and it goes back to the front of the queue.
+blocks are freed and it goes back to the front of the queue (under the priority policy:
+back to its place by priority and arrival). The queue itself is `engine/waiting_queue.py`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.request import Request, RequestStatus
+from engine.waiting_queue import WaitingQueue, make_waiting_queue
 
 
 @dataclass(slots=True)
@@ -54,19 +55,16 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
-        self.waiting: deque[Request] = deque()
+        self.waiting: WaitingQueue = make_waiting_queue(policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self.num_waiting_tokens = 0
-        self._num_stale_waiting = 0
-        """Finished requests still in `waiting`: removal is lazy (popped when they reach
-        the head), so aborting a burst of queued requests is O(1) each, not O(queue)."""
 
     # -- queue ----------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) - self._num_stale_waiting
+        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
@@ -75,42 +73,21 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.num_waiting or self.running)
 
-    def _waiting_head(self) -> Request | None:
-        """The first live waiting request, dropping finished ones on the way."""
-        while self.waiting and self.waiting[0].is_finished:
-            self.waiting.popleft()
-            self._num_stale_waiting -= 1
-        return self.waiting[0] if self.waiting else None
-
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self._enqueue(request, front=False)
+        self._enqueue(request, preempted=False)
 
-    def _enqueue(self, request: Request, front: bool) -> None:
+    def _enqueue(self, request: Request, preempted: bool) -> None:
         request.status = RequestStatus.WAITING
         self.num_waiting_tokens += request.num_tokens
-        if self.policy == "priority":
-            # Keep the deque sorted by (priority, arrival); preempted requests keep
-            # their original arrival time, so they go back where they were.
-            # TODO(hardening): O(queue) insertion; fcfs (the default) is O(1).
-            key = request.sort_key()
-            index = next((i for i, r in enumerate(self.waiting) if r.sort_key() > key), None)
-            if index is None:
-                self.waiting.append(request)
-            else:
-                self.waiting.insert(index, request)
-        elif front:
-            self.waiting.appendleft(request)
+        if preempted:
+            self.waiting.push_preempted(request)
         else:
-            self.waiting.append(request)
+            self.waiting.push(request)
 
     def _dequeue(self, request: Request) -> None:
-        """Take a request out of the queue: O(1) at the head, lazily elsewhere (the
-        caller marks it finished or running, and `_waiting_head` skips it)."""
-        if self.waiting and self.waiting[0] is request:
-            self.waiting.popleft()
-        else:
-            self._num_stale_waiting += 1
+        """Out of the queue: O(1) at the head, lazily elsewhere (see waiting_queue.py)."""
+        self.waiting.remove(request)
         self.num_waiting_tokens -= request.num_tokens
 
     def finish(self, request: Request, reason: str) -> None:
@@ -161,7 +138,7 @@ class Scheduler:
             not out.preempted
             and budget > 0
             and len(self.running) < self.max_num_seqs
-            and (request := self._waiting_head()) is not None
+            and (request := self.waiting.head()) is not None
         ):
             # A request that scores its prompt must compute every position: no cache hit.
             use_cache = request.num_computed_tokens == 0 and request.prompt_logprobs is None
@@ -192,7 +169,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.num_computed_tokens = 0
         self.num_preemptions += 1
-        self._enqueue(request, front=True)
+        self._enqueue(request, preempted=True)
 
     def commit_step(self, out: SchedulerOutput) -> None:
         """Advance every scheduled sequence by the tokens it just computed."""

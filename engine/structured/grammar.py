@@ -62,14 +62,21 @@ class GrammarCompiler:
         try:
             if spec.kind == "json":
                 return c.compile_json_schema(
-                    spec.value, any_whitespace=spec.any_whitespace, strict_mode=True
+                    spec.value,
+                    any_whitespace=spec.any_whitespace,
+                    separators=spec.separators,
+                    strict_mode=True,
                 )
             if spec.kind == "json_object":
                 # NOTE: xgrammar's builtin JSON grammar allows any value ([null] too);
                 # OpenAI's json_object means an object.
                 return c.compile_json_schema(
-                    '{"type": "object"}', any_whitespace=spec.any_whitespace
+                    '{"type": "object"}',
+                    any_whitespace=spec.any_whitespace,
+                    separators=spec.separators,
                 )
+            if spec.kind == "structural_tag":
+                return c.compile_structural_tag(spec.value)
             if spec.kind == "regex":
                 return c.compile_regex(spec.value)
             if spec.kind == "choice":

@@ -81,7 +81,8 @@ class StructuredOutputManager:
     # -- compiling -------------------------------------------------------------------
     def _key(self, spec: StructuredOutputSpec) -> str:
         h = hashlib.sha256()
-        for part in (self._tokenizer_hash, spec.kind, str(spec.any_whitespace), spec.value):
+        layout = f"{spec.any_whitespace}{spec.separators}"
+        for part in (self._tokenizer_hash, spec.kind, layout, spec.value):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()

@@ -18,8 +18,8 @@ from handlers.protocol.base import (
     WireModel,
     limits_from,
 )
+from handlers.protocol.json_schema import check_json_schema, schema_text
 from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
-from handlers.protocol.structured import check_json_schema, schema_text
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 

@@ -3,7 +3,8 @@
 
 Shape and size are checked here, so the 400 names the field; whether a schema, regex or
 grammar compiles is decided by the engine's grammar library (xgrammar), whose refusal
-comes back as a 400 naming the same field (`StructuredOutputSpec.param`).
+comes back as a 400 naming the same field (`StructuredOutputSpec.param`). Structural
+tags have their own module (`structural_tag.py`).
 """
 
 from __future__ import annotations
@@ -15,98 +16,25 @@ from pydantic import Field, field_validator, model_validator
 
 from engine.sampling_params import StructuredOutputSpec
 from handlers.protocol.base import FieldError, OpenAIBaseModel
+from handlers.protocol.json_schema import check_text, parse_schema, schema_text
+from handlers.protocol.structural_tag import StructuralTagFields, parse_structural_tag
 
-MAX_SCHEMA_BYTES = 64 * 1024
-"""A JSON schema (or tool parameter schemas together) as compact JSON, at most."""
-MAX_PATTERN_CHARS = 16 * 1024
-"""A regex or a grammar, at most."""
 MAX_CHOICES = 256
 
-UNSUPPORTED_SCHEMA_KEYWORDS = frozenset(
-    {
-        "not",
-        "if",
-        "then",
-        "else",
-        "dependentSchemas",
-        "dependentRequired",
-        "dependencies",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "propertyNames",
-    }
-)
-"""JSON-schema keywords the grammar cannot enforce; refused rather than ignored."""
+NO_WHITESPACE_SEPARATORS = (",", ":")
+WHITESPACE_PATTERNS: dict[str, tuple[bool, tuple[str, str] | None]] = {
+    "": (False, NO_WHITESPACE_SEPARATORS),
+    "[ ]?": (False, None),
+    " ?": (False, None),
+    r"\s*": (True, None),
+    r"[ \t\n\r]*": (True, None),
+}
+"""The `whitespace_pattern`s xgrammar can honour, as (any_whitespace, separators).
 
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("additionalProperties", "items")
-
-
-def check_json_schema(schema: Any, where: str = "") -> None:
-    """Raise FieldError unless `schema` is an object (or bool) schema without keywords
-    the grammar cannot honour; `where` is the path below the field, for the message."""
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise FieldError(None, f"{where or 'the schema'} must be a JSON object")
-    for key in schema:
-        if key in UNSUPPORTED_SCHEMA_KEYWORDS:
-            raise FieldError(
-                None,
-                f"JSON schema keyword {key!r} at {where or 'the top level'} is not supported "
-                "for structured outputs",
-            )
-    for key in _SCHEMA_MAPS:
-        sub = schema.get(key)
-        if isinstance(sub, dict):
-            for name, value in sub.items():
-                check_json_schema(value, f"{where}/{key}/{name}")
-    for key in _SCHEMA_LISTS:
-        sub = schema.get(key)
-        if isinstance(sub, list):
-            for i, value in enumerate(sub):
-                check_json_schema(value, f"{where}/{key}/{i}")
-    for key in _SCHEMA_VALUES:
-        sub = schema.get(key)
-        if isinstance(sub, dict | bool):
-            check_json_schema(sub, f"{where}/{key}")
-        elif isinstance(sub, list):
-            for i, value in enumerate(sub):
-                check_json_schema(value, f"{where}/{key}/{i}")
-
-
-def schema_text(schema: Any) -> str:
-    """Compact JSON of a schema, within the size cap."""
-    text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    if len(text.encode()) > MAX_SCHEMA_BYTES:
-        raise FieldError(None, f"the schema is larger than {MAX_SCHEMA_BYTES} bytes")
-    return text
-
-
-def parse_schema(value: Any) -> Any:
-    """A schema given as an object, or (vLLM accepts this) as JSON text."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise FieldError(None, "the schema is not valid JSON") from None
-    check_json_schema(value)
-    schema_text(value)
-    return value
-
-
-def check_text(value: str | None, what: str) -> str | None:
-    if value is None:
-        return None
-    if not value:
-        raise FieldError(None, f"the {what} must not be empty")
-    if len(value) > MAX_PATTERN_CHARS:
-        raise FieldError(None, f"the {what} is longer than {MAX_PATTERN_CHARS} characters")
-    return value
+xgrammar lays JSON out from options, not from a regex: no whitespace at all (separators
+`,` and `:`); its one-line default (one space after `,` and `:`, nothing elsewhere),
+which every output of outlines' default `[ ]?` also matches; or any JSON whitespace.
+Any other pattern is refused rather than silently not enforced."""
 
 
 def _check_choices(value: list[str] | None) -> list[str] | None:
@@ -135,14 +63,19 @@ class JsonSchemaFormat(OpenAIBaseModel):
         return parse_schema(value)
 
 
-class ResponseFormat(OpenAIBaseModel):
-    type: Literal["text", "json_object", "json_schema"]
+class ResponseFormat(StructuralTagFields):
+    """OpenAI's response_format, plus vLLM's `structural_tag` type (whose members,
+    `structures` and `triggers` or `format`, sit beside `type`)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
     def _schema_when_needed(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise FieldError("json_schema", "response_format type 'json_schema' needs json_schema")
+        if self.type == "structural_tag":
+            self.check_structural_tag()
         return self
 
 
@@ -155,9 +88,12 @@ class StructuredOutputsParams(OpenAIBaseModel):
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False
-    """Accepted: hearth's JSON grammars are always compact (no free whitespace)."""
+    """Accepted: hearth's JSON grammars are compact unless `whitespace_pattern` says otherwise."""
     structural_tag: Any = None
+    """vLLM's type is a JSON string of the response_format object; an object is accepted
+    too. Held as xgrammar's canonical tag once validated."""
     whitespace_pattern: str | None = None
+    """JSON only, and only the patterns of WHITESPACE_PATTERNS."""
 
     @field_validator("json_", mode="before")
     @classmethod
@@ -179,35 +115,67 @@ class StructuredOutputsParams(OpenAIBaseModel):
     def _check_choice(cls, value: list[str] | None) -> list[str] | None:
         return _check_choices(value)
 
+    @field_validator("structural_tag", mode="before")
+    @classmethod
+    def _check_structural_tag(cls, value: Any) -> Any:
+        return None if value is None else parse_structural_tag(value)
+
+    @field_validator("whitespace_pattern")
+    @classmethod
+    def _check_whitespace_pattern(cls, value: str | None) -> str | None:
+        if value is not None and value not in WHITESPACE_PATTERNS:
+            raise FieldError(
+                None,
+                f"whitespace pattern {value!r} cannot be enforced: the grammar library "
+                '(xgrammar) lays JSON out from options, not from a regex. Use "" (no '
+                "whitespace), \"[ ]?\" (one space after ',' and ':', the default when unset) "
+                'or "\\\\s*" (any JSON whitespace)',
+            )
+        return value
+
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputsParams:
-        if self.structural_tag is not None:
-            raise FieldError("structural_tag", "structural_tag is not supported")
-        if self.whitespace_pattern is not None:
-            raise FieldError("whitespace_pattern", "whitespace_pattern is not supported")
-        given = [n for n in ("json", "regex", "choice", "grammar") if self.get(n) is not None]
+        given = [n for n in CONSTRAINT_NAMES if self.get(n) is not None]
         if self.json_object:
             given.append("json_object")
         if len(given) != 1:
             raise FieldError(
                 None,
-                "structured_outputs needs exactly one of json, regex, choice, grammar or "
-                f"json_object (got {', '.join(given) or 'none'})",
+                "structured_outputs needs exactly one of json, regex, choice, grammar, "
+                f"structural_tag or json_object (got {', '.join(given) or 'none'})",
+            )
+        if self.whitespace_pattern is not None and given[0] not in ("json", "json_object"):
+            raise FieldError(
+                "whitespace_pattern", "whitespace_pattern applies only to json and json_object"
             )
         return self
+
+    def json_layout(self) -> dict[str, Any]:
+        """any_whitespace and separators of a JSON constraint (defaults when unset)."""
+        if self.whitespace_pattern is None:
+            return {}
+        any_whitespace, separators = WHITESPACE_PATTERNS[self.whitespace_pattern]
+        return {"any_whitespace": any_whitespace, "separators": separators}
 
     def get(self, name: str) -> Any:
         return self.json_ if name == "json" else getattr(self, name)
 
 
-def _spec(kind: str, value: Any, param: str) -> StructuredOutputSpec:
+CONSTRAINT_NAMES = ("json", "regex", "choice", "grammar", "structural_tag")
+"""The members of `structured_outputs` that carry a constraint (besides json_object)."""
+
+
+def _spec(kind: str, value: Any, param: str, **layout: Any) -> StructuredOutputSpec:
     if kind == "json":
         text = value if isinstance(value, str) else schema_text(value)
-        return StructuredOutputSpec(kind="json", value=text, param=param)
+        return StructuredOutputSpec(kind="json", value=text, param=param, **layout)
     if kind == "choice":
         return StructuredOutputSpec(kind="choice", value=json.dumps(value), param=param)
     if kind == "json_object":
-        return StructuredOutputSpec(kind="json_object", param=param)
+        return StructuredOutputSpec(kind="json_object", param=param, **layout)
+    if kind == "structural_tag":
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        return StructuredOutputSpec(kind="structural_tag", value=text, param=param)
     return StructuredOutputSpec(kind=kind, value=value, param=param)
 
 
@@ -269,13 +237,15 @@ class StructuredOutputFields(OpenAIBaseModel):
             return _spec("json_object", None, "response_format")
         if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
             return _spec("json", rf.json_schema.json_schema, "response_format.json_schema.schema")
+        if rf is not None and rf.type == "structural_tag":
+            return _spec("structural_tag", rf.canonical(), "response_format")
         so = self.structured_outputs
         if so is not None:
-            for name in ("json", "regex", "choice", "grammar"):
+            for name in CONSTRAINT_NAMES:
                 value = so.get(name)
                 if value is not None:
-                    return _spec(name, value, f"structured_outputs.{name}")
-            return _spec("json_object", None, "structured_outputs.json_object")
+                    return _spec(name, value, f"structured_outputs.{name}", **so.json_layout())
+            return _spec("json_object", None, "structured_outputs.json_object", **so.json_layout())
         for name in ("json", "regex", "choice", "grammar"):
             value = getattr(self, f"guided_{name}")
             if value is not None:

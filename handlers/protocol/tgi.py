@@ -10,8 +10,8 @@ from pydantic import Field, RootModel, field_validator, model_validator
 
 from engine.sampling_params import StructuredOutputSpec
 from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel, reject_unsupported
+from handlers.protocol.json_schema import check_text, parse_schema, schema_text
 from handlers.protocol.sampling import INT64_MAX
-from handlers.protocol.structured import check_text, parse_schema, schema_text
 
 DEFAULT_MAX_NEW_TOKENS = 100
 """TGI's default when `max_new_tokens` is not given."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.sampling_params import StructuredOutputSpec
 from handlers.protocol.chat import ChatCompletionRequest, ChatMessageParam, ChatToolParam
-from handlers.protocol.structured import schema_text
+from handlers.protocol.json_schema import schema_text
 from handlers.serving.tool_parsers import ParsedToolCall, parse_tool_calls
 
 MAX_PARALLEL_CALLS = 4

@@ -52,6 +52,14 @@ def tgi(**parameters: Any) -> dict[str, Any]:
     return {"inputs": "Hello", "parameters": {"max_new_tokens": 4, **parameters}}
 
 
+def tag(**item: Any) -> dict[str, Any]:
+    """A structural-tag response_format; `item` overrides (None drops) structure keys."""
+    structure = {"begin": "<function=f>", "schema": {"type": "object"}, "end": "</function>"}
+    structure.update(item)
+    structure = {k: v for k, v in structure.items() if v is not None}
+    return {"type": "structural_tag", "structures": [structure], "triggers": ["<function="]}
+
+
 def nested(depth: int) -> bytes:
     return b'{"messages": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -256,6 +264,40 @@ CASES = [
         chat(structured_outputs={"structural_tag": {"a": 1}}),
         400,
         "structured_outputs.structural_tag",
+    ),
+    Case(
+        "structural-tag-missing-end",
+        chat(response_format=tag(end=None)),
+        400,
+        "response_format.structures[0].end",
+    ),
+    Case(
+        "structural-tag-trigger-not-a-prefix",
+        chat(response_format={**tag(), "triggers": ["<tool>"]}),
+        400,
+        "response_format.triggers[0]",
+    ),
+    Case(
+        "structural-tag-unknown-format",
+        chat(response_format={"type": "structural_tag", "format": {"type": "no_such_format"}}),
+        400,
+        "response_format",
+    ),
+    Case(
+        "structural-tag-text-invalid-schema",
+        chat(
+            structured_outputs={
+                "structural_tag": orjson.dumps(tag(schema={"type": "foo"})).decode()
+            }
+        ),
+        400,
+        "structured_outputs.structural_tag",
+    ),
+    Case(
+        "whitespace-pattern-unsupported",
+        chat(structured_outputs={"json": {"type": "object"}, "whitespace_pattern": "[ ]*"}),
+        400,
+        "structured_outputs.whitespace_pattern",
     ),
     Case(
         "json-schema-invalid-type",

@@ -111,6 +111,39 @@ def test_json_object_regex_choice_and_grammar(default_server: Server) -> None:
     assert re.fullmatch(date, completion.choices[0].text)
 
 
+def test_structural_tag_span_obeys_its_schema(default_server: Server) -> None:
+    """Issue 9: vLLM's structural_tag through the real server. The tag format makes the
+    model open the tag at once (the OpenAI-style triggered shape lets a small model
+    never call at all); what it writes between begin and end is JSON of the schema."""
+    city = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 16}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tag = {
+        "type": "tag",
+        "begin": "<function=get_weather>",
+        "content": {"type": "json_schema", "json_schema": city},
+        "end": "</function>",
+    }
+    body = {
+        "model": MODEL,
+        "messages": _ask("What is the weather in Paris? Call get_weather."),
+        "max_tokens": 60,
+        "temperature": 0,
+        "response_format": {"type": "structural_tag", "format": tag},
+    }
+    reply = httpx.post(default_server.v1 + "/chat/completions", json=body, timeout=SLOW)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    text = choice["message"]["content"]
+    assert choice["finish_reason"] == "stop", text
+    match = re.fullmatch(r"<function=get_weather>(.*)</function>", text, re.DOTALL)
+    assert match, text
+    jsonschema.validate(json.loads(match.group(1)), city)
+
+
 TOOLS = [
     {
         "type": "function",

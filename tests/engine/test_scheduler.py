@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import random
+
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.waiting_queue import PriorityQueue
 
 
 def _req(rid: str, n: int, priority: int = 0, t: float = 0.0) -> Request:
@@ -60,7 +66,7 @@ def test_preemption_frees_blocks_and_requeues_at_front() -> None:
     assert [r.request_id for r in out.preempted] == ["b"]
     b = out.preempted[0]
     assert b.status is RequestStatus.WAITING and b.num_computed_tokens == 0 and not b.block_ids
-    assert s.waiting[0] is b and s.num_preemptions == 1
+    assert s.waiting.head() is b and s.num_preemptions == 1
 
 
 def test_abort_frees_blocks_anywhere() -> None:
@@ -83,3 +89,111 @@ def test_priority_policy_runs_lower_value_first() -> None:
     s.add(_req("low", 2, priority=5, t=1))
     s.add(_req("high", 2, priority=-1, t=2))
     assert set(_run_step(s)) == {"high"}
+
+
+def _drain(queue: PriorityQueue) -> list[str]:
+    order = []
+    while (request := queue.head()) is not None:
+        queue.remove(request)
+        order.append(request.request_id)
+    return order
+
+
+def test_priority_queue_orders_by_priority_then_arrival_then_enqueue() -> None:
+    q = PriorityQueue()
+    for rid, priority, t in [
+        ("a", 1, 1.0),
+        ("b", 0, 2.0),
+        ("c", 1, 0.5),
+        ("d", 0, 2.0),
+        ("e", -3, 9.0),
+    ]:
+        q.push(_req(rid, 1, priority=priority, t=t))
+    # b and d tie on (priority, arrival): the first enqueued goes first (FCFS).
+    assert len(q) == 5 and _drain(q) == ["e", "b", "d", "c", "a"]
+    assert len(q) == 0 and q.num_entries() == 0
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_preempted_request_runs_before_later_arrivals(policy: str) -> None:
+    """fcfs: back to the very front. priority: back to its place by (priority, arrival),
+    which is ahead of every later arrival of its priority, behind more urgent ones."""
+    # 4 blocks of 2 tokens: a and b (3 tokens each) fill the pool; c waits (max_num_seqs).
+    s = Scheduler(BlockManager(4, 2), max_num_seqs=2, max_num_batched_tokens=100, policy=policy)
+    for rid, t in [("a", 0.0), ("b", 1.0), ("c", 2.0)]:
+        s.add(_req(rid, 3, t=t))
+    assert set(_run_step(s)) == {"a", "b"}
+    _run_step(s)  # the 4th token of each still fits in their second block
+    out = s.schedule()
+    assert [r.request_id for r in out.preempted] == ["b"]
+    assert s.waiting.head() is out.preempted[0] and s.num_waiting == 2
+    if policy == "priority":
+        urgent = _req("urgent", 1, priority=-1, t=3.0)
+        s.add(urgent)
+        assert s.waiting.head() is urgent
+        assert _drain(s.waiting) == ["urgent", "b", "c"]
+
+
+class _CountingInt(int):
+    """A priority that counts how often the queue compares it."""
+
+    num_comparisons = 0
+
+    def _count(self) -> None:
+        _CountingInt.num_comparisons += 1
+
+    def __eq__(self, other: object) -> bool:
+        self._count()
+        return int(self) == other
+
+    def __lt__(self, other: int) -> bool:
+        self._count()
+        return int(self) < other
+
+    def __gt__(self, other: int) -> bool:
+        self._count()
+        return int(self) > other
+
+    def __le__(self, other: int) -> bool:
+        self._count()
+        return int(self) <= other
+
+    def __ge__(self, other: int) -> bool:
+        self._count()
+        return int(self) >= other
+
+    __hash__ = int.__hash__
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending", "shuffled"])
+def test_priority_queue_is_logarithmic_per_insert_and_pop(order: str) -> None:
+    """Issue 8: insertion scanned a sorted deque, O(queue) comparisons each; ascending
+    arrivals (every one goes to the back) made n inserts cost n^2/2. Counting the
+    comparisons of the priorities themselves (no clock, and deterministic) bounds a push
+    and a pop by O(log n); the linear scan made 8.4M calls here for ascending arrivals."""
+    n = 2048
+    priorities = list(range(n))
+    if order == "descending":
+        priorities.reverse()
+    elif order == "shuffled":
+        random.Random(0).shuffle(priorities)
+    s = Scheduler(
+        BlockManager(64, 4), max_num_seqs=1, max_num_batched_tokens=100, policy="priority"
+    )
+    _CountingInt.num_comparisons = 0
+    requests = [_req(f"r{p}", 1, priority=_CountingInt(p), t=0.0) for p in priorities]
+    for request in requests:
+        s.add(request)
+    bound = 4 * n * math.log2(n)  # two calls (== then <) per tuple comparison
+    assert 0 < _CountingInt.num_comparisons <= bound
+    # Aborting queued requests away from the head is lazy: no comparisons, no scan.
+    head = s.waiting.head()
+    aborted = [r for r in requests[1::2] if r is not head]
+    before = _CountingInt.num_comparisons
+    for request in aborted:
+        assert s.abort(request.request_id) is request
+    assert _CountingInt.num_comparisons == before
+    assert s.num_waiting == n - len(aborted) and s.num_waiting_tokens == n - len(aborted)
+    assert _drain(s.waiting) == [f"r{p}" for p in sorted(priorities) if f"r{p}" in s.requests]
+    assert 0 < _CountingInt.num_comparisons <= 3 * bound  # pushes and n pops
+    assert s.waiting.num_entries() == 0

@@ -265,3 +265,99 @@ def test_compile_past_the_time_limit_is_refused(core, tok, monkeypatch) -> None:
     assert not admission.accepted and admission.param == "guided_regex"
     assert "took longer" in admission.message
     assert core.num_compiling == 0 and "slow" not in core.scheduler.requests
+
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 16}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER_TAG = {
+    "type": "tag",
+    "begin": "<function=get_weather>",
+    "content": {"type": "json_schema", "json_schema": CITY},
+    "end": "</function>",
+}
+
+
+def _accepts(core, spec: StructuredOutputSpec, text: str) -> bool:
+    """Whether the compiled constraint accepts `text` as a complete output."""
+    import xgrammar as xgr
+
+    matcher = xgr.GrammarMatcher(core.structured.compile(spec))
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+def test_structural_tag_constrains_only_the_tagged_spans(core) -> None:
+    """Issue 9: vLLM's structural tag (the OpenAI-style structures and triggers, as the
+    serving layer hands them over in xgrammar's format): text is free outside the tags,
+    and each begin ... end span must be JSON matching its schema."""
+    triggered = {
+        "type": "structural_tag",
+        "format": {"type": "triggered_tags", "triggers": ["<function="], "tags": [WEATHER_TAG]},
+    }
+    spec = _spec("structural_tag", json.dumps(triggered), param="response_format")
+    ok = 'Let me check. <function=get_weather>{"city": "Paris"}</function> Done.'
+    assert _accepts(core, spec, ok)
+    assert _accepts(core, spec, "No tool needed.")
+    assert not _accepts(core, spec, '<function=get_weather>{"town": "Paris"}</function>')
+    assert not _accepts(core, spec, '<function=get_weather>{"city": 5}</function>')
+    assert not _accepts(core, spec, "<function=get_time>{}</function>")
+
+
+def test_structural_tag_decode_obeys_the_schema_between_begin_and_end(core, tok) -> None:
+    """A greedy decode under a tag format: the model must open the tag, fill it with
+    JSON matching the schema, and close it."""
+    spec = _spec(
+        "structural_tag",
+        json.dumps({"type": "structural_tag", "format": WEATHER_TAG}),
+        param="response_format",
+    )
+    msg = AddRequest(
+        request_id="tagged",
+        prompt_token_ids=_prompt(tok, "What is the weather in Paris? Call get_weather."),
+        params=SamplingParams(temperature=0.0, max_tokens=60, structured=spec),
+    )
+    result = _drive(core, [msg])["tagged"]
+    text = _text(tok, result["tokens"])
+    assert result["finish"] == "stop", text
+    match = re.fullmatch(r"<function=get_weather>(.*)</function>", text, re.DOTALL)
+    assert match, text
+    value = json.loads(match.group(1))
+    assert set(value) == {"city"} and isinstance(value["city"], str) and len(value["city"]) <= 16
+
+
+def test_bad_structural_tag_is_refused_with_its_field(core, tok) -> None:
+    bad = {"type": "structural_tag", "format": {"type": "no_such_format"}}
+    msg = AddRequest(
+        request_id="bad-tag",
+        prompt_token_ids=_prompt(tok, "hi"),
+        params=SamplingParams(
+            max_tokens=4,
+            structured=_spec("structural_tag", json.dumps(bad), param="response_format"),
+        ),
+    )
+    admission = _drive(core, [msg])["bad-tag"]["admission"]
+    assert not admission.accepted and admission.error_kind == "invalid"
+    assert admission.param == "response_format"
+
+
+@pytest.mark.parametrize(
+    ("any_whitespace", "separators", "accepted", "refused"),
+    [
+        (False, (",", ":"), '{"city":"Paris"}', '{"city": "Paris"}'),
+        (False, None, '{"city": "Paris"}', '{"city":"Paris"}'),
+        (True, None, '{\n  "city" :  "Paris"\n}', '{"city": 5}'),
+    ],
+)
+def test_json_layout_follows_the_whitespace_options(
+    core, any_whitespace, separators, accepted, refused
+) -> None:
+    """whitespace_pattern's mapping ("" / "[ ]?" / "\\s*", handlers/protocol/structured.py)
+    holds for xgrammar's layout options."""
+    spec = StructuredOutputSpec(
+        kind="json", value=json.dumps(CITY), any_whitespace=any_whitespace, separators=separators
+    )
+    assert _accepts(core, spec, accepted)
+    assert not _accepts(core, spec, refused)

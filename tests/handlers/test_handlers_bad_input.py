@@ -33,6 +33,14 @@ def chat(**fields: Any) -> dict[str, Any]:
     return {"messages": USER, **fields}
 
 
+def tag(**item: Any) -> dict[str, Any]:
+    """A structural-tag response_format; `item` overrides (None drops) structure keys."""
+    structure = {"begin": "<function=f>", "schema": {"type": "object"}, "end": "</function>"}
+    structure.update(item)
+    structure = {k: v for k, v in structure.items() if v is not None}
+    return {"type": "structural_tag", "structures": [structure], "triggers": ["<function="]}
+
+
 def nested(depth: int) -> bytes:
     return b'{"messages": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -205,6 +213,117 @@ CASES = [
         chat(structured_outputs={"structural_tag": {"a": 1}}),
         400,
         "structured_outputs.structural_tag",
+    ),
+    Case(
+        "structural-tag-not-json",
+        chat(structured_outputs={"structural_tag": "{nope"}),
+        400,
+        "structured_outputs.structural_tag",
+    ),
+    Case(
+        "structural-tag-text-missing-end",
+        chat(structured_outputs={"structural_tag": orjson.dumps(tag(end=None)).decode()}),
+        400,
+        "structured_outputs.structural_tag",
+    ),
+    Case(
+        "structural-tag-missing-begin",
+        chat(response_format=tag(begin=None)),
+        400,
+        "response_format.structures[0].begin",
+    ),
+    Case(
+        "structural-tag-missing-end",
+        chat(response_format=tag(end=None)),
+        400,
+        "response_format.structures[0].end",
+    ),
+    Case(
+        "structural-tag-empty-end",
+        chat(response_format=tag(end="")),
+        400,
+        "response_format.structures[0].end",
+    ),
+    Case(
+        "structural-tag-schema-missing",
+        chat(response_format=tag(schema=None)),
+        400,
+        "response_format.structures[0].schema",
+    ),
+    Case(
+        "structural-tag-schema-not-object",
+        chat(response_format=tag(schema=5)),
+        400,
+        "response_format.structures[0].schema",
+    ),
+    Case(
+        "structural-tag-schema-unsupported-keyword",
+        chat(response_format=tag(schema={"type": "object", "not": {}})),
+        400,
+        "response_format.structures[0].schema",
+    ),
+    Case(
+        "structural-tag-no-structures",
+        chat(response_format={"type": "structural_tag", "triggers": ["<f"]}),
+        400,
+        "response_format.structures",
+    ),
+    Case(
+        "structural-tag-empty-triggers",
+        chat(response_format={**tag(), "triggers": []}),
+        400,
+        "response_format.triggers",
+    ),
+    Case(
+        "structural-tag-empty-trigger",
+        chat(response_format={**tag(), "triggers": [""]}),
+        400,
+        "response_format.triggers[0]",
+    ),
+    Case(
+        "structural-tag-trigger-not-a-prefix",
+        chat(response_format={**tag(), "triggers": ["<function=", "<tool>"]}),
+        400,
+        "response_format.triggers[1]",
+    ),
+    Case(
+        "structural-tag-begin-without-trigger",
+        chat(
+            response_format={
+                **tag(),
+                "triggers": ["<func"],
+                "structures": [
+                    tag()["structures"][0],
+                    {"begin": "[call]", "schema": {}, "end": "[/call]"},
+                ],
+            }
+        ),
+        400,
+        "response_format.structures[1].begin",
+    ),
+    Case(
+        "structural-tag-format-and-structures",
+        chat(response_format={**tag(), "format": {"type": "any_text"}}),
+        400,
+        "response_format.format",
+    ),
+    Case(
+        "structural-tag-format-without-type",
+        chat(response_format={"type": "structural_tag", "format": {"tags": []}}),
+        400,
+        "response_format.format.type",
+    ),
+    Case(
+        "whitespace-pattern-unsupported",
+        chat(structured_outputs={"json": {"type": "object"}, "whitespace_pattern": "[ \\n]{0,4}"}),
+        400,
+        "structured_outputs.whitespace_pattern",
+    ),
+    Case(
+        "whitespace-pattern-with-regex",
+        chat(structured_outputs={"regex": "a+", "whitespace_pattern": ""}),
+        400,
+        "structured_outputs.whitespace_pattern",
     ),
     Case("tool-choice-auto", chat(tool_choice="auto"), 400, "tool_choice"),
     Case("tool-choice-required", chat(tool_choice="required"), 400, "tool_choice"),

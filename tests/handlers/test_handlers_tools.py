@@ -161,6 +161,70 @@ async def test_constraints_reach_the_engine_from_every_spelling(client, engine, 
         assert (spec.kind, spec.value) == (kind, value), fields
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+STRUCTURAL_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<function=get_weather>", "schema": CITY, "end": "</function>"}],
+    "triggers": ["<function="],
+}
+CANONICAL_TAG = {
+    "type": "structural_tag",
+    "format": {
+        "type": "triggered_tags",
+        "triggers": ["<function="],
+        "tags": [
+            {
+                "type": "tag",
+                "begin": "<function=get_weather>",
+                "content": {"type": "json_schema", "json_schema": CITY},
+                "end": "</function>",
+            }
+        ],
+    },
+}
+
+
+async def test_structural_tag_reaches_the_engine_as_xgrammar_format(client, engine, tokenizer):
+    """Issue 9: vLLM's structural_tag, in response_format (OpenAI-style structures and
+    triggers, or xgrammar's format) and as structured_outputs.structural_tag (JSON text,
+    as vLLM's StructuredOutputsParams types it): one canonical xgrammar tag each."""
+    _script(engine, tokenizer, "x")
+    new_style = {"type": "structural_tag", "format": CANONICAL_TAG["format"]}
+    cases = [
+        ({"response_format": STRUCTURAL_TAG}, "response_format"),
+        ({"response_format": new_style}, "response_format"),
+        (
+            {"structured_outputs": {"structural_tag": json.dumps(STRUCTURAL_TAG)}},
+            "structured_outputs.structural_tag",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": new_style}},
+            "structured_outputs.structural_tag",
+        ),
+    ]
+    for fields, param in cases:
+        result = await call_asgi(client.app, CHAT, {"messages": MESSAGES, **fields})
+        assert result.status == 200, (fields, result.body)
+        spec = engine.added[-1].params.structured
+        assert (spec.kind, spec.param) == ("structural_tag", param), fields
+        assert json.loads(spec.value) == CANONICAL_TAG, fields
+
+
+@pytest.mark.parametrize(
+    ("pattern", "any_whitespace", "separators"),
+    [("", False, (",", ":")), ("[ ]?", False, None), (r"\s*", True, None)],
+)
+async def test_whitespace_pattern_maps_to_json_layout(
+    client, engine, tokenizer, pattern, any_whitespace, separators
+):
+    _script(engine, tokenizer, "x")
+    fields = {"structured_outputs": {"json": CITY, "whitespace_pattern": pattern}}
+    result = await call_asgi(client.app, CHAT, {"messages": MESSAGES, **fields})
+    assert result.status == 200, result.body
+    spec = engine.added[-1].params.structured
+    assert (spec.kind, spec.any_whitespace, spec.separators) == ("json", any_whitespace, separators)
+
+
 async def test_tgi_grammar_reaches_the_engine(client, engine, tokenizer):
     _script(engine, tokenizer, "x")
     body = {"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "[a-z]+"}}}

@@ -14,6 +14,7 @@ from engine.messages import AddRequest
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.waiting_queue import FcfsQueue
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -139,7 +140,7 @@ def test_aborting_a_queued_burst_never_scans_the_queue() -> None:
     s = Scheduler(
         BlockManager(num_blocks=64, block_size=16), max_num_seqs=4, max_num_batched_tokens=64
     )
-    s.waiting = _NoScanDeque()
+    s.waiting = FcfsQueue(_NoScanDeque())
     requests = [Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=2)) for i in range(4096)]
     for request in requests:
         s.add(request)

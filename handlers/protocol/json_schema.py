@@ -1,0 +1,104 @@
+"""JSON-schema checks shared by every field that takes a schema (structured outputs,
+structural tags, tool parameters, TGI grammars): shape, refused keywords, size caps.
+
+Whether a schema compiles is the grammar library's call (in the engine); what is checked
+here is what the 400 can name precisely before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from handlers.protocol.base import FieldError
+
+MAX_SCHEMA_BYTES = 64 * 1024
+"""A JSON schema (or tool parameter schemas together) as compact JSON, at most."""
+MAX_PATTERN_CHARS = 16 * 1024
+"""A regex or a grammar, at most."""
+
+UNSUPPORTED_SCHEMA_KEYWORDS = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentSchemas",
+        "dependentRequired",
+        "dependencies",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "propertyNames",
+    }
+)
+"""JSON-schema keywords the grammar cannot enforce; refused rather than ignored."""
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("additionalProperties", "items")
+
+
+def check_json_schema(schema: Any, where: str = "") -> None:
+    """Raise FieldError unless `schema` is an object (or bool) schema without keywords
+    the grammar cannot honour; `where` is the path below the field, for the message."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise FieldError(None, f"{where or 'the schema'} must be a JSON object")
+    for key in schema:
+        if key in UNSUPPORTED_SCHEMA_KEYWORDS:
+            raise FieldError(
+                None,
+                f"JSON schema keyword {key!r} at {where or 'the top level'} is not supported "
+                "for structured outputs",
+            )
+    for key in _SCHEMA_MAPS:
+        sub = schema.get(key)
+        if isinstance(sub, dict):
+            for name, value in sub.items():
+                check_json_schema(value, f"{where}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        sub = schema.get(key)
+        if isinstance(sub, list):
+            for i, value in enumerate(sub):
+                check_json_schema(value, f"{where}/{key}/{i}")
+    for key in _SCHEMA_VALUES:
+        sub = schema.get(key)
+        if isinstance(sub, dict | bool):
+            check_json_schema(sub, f"{where}/{key}")
+        elif isinstance(sub, list):
+            for i, value in enumerate(sub):
+                check_json_schema(value, f"{where}/{key}/{i}")
+
+
+def schema_text(schema: Any) -> str:
+    """Compact JSON of a schema, within the size cap."""
+    text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise FieldError(None, f"the schema is larger than {MAX_SCHEMA_BYTES} bytes")
+    return text
+
+
+def parse_schema(value: Any) -> Any:
+    """A schema given as an object, or (vLLM accepts this) as JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise FieldError(None, "the schema is not valid JSON") from None
+    check_json_schema(value)
+    schema_text(value)
+    return value
+
+
+def check_text(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not value:
+        raise FieldError(None, f"the {what} must not be empty")
+    if len(value) > MAX_PATTERN_CHARS:
+        raise FieldError(None, f"the {what} is longer than {MAX_PATTERN_CHARS} characters")
+    return value
