@@ -17,38 +17,25 @@ from engine.core import EngineCore
 
 logger = logging.getLogger("hearth.engine")
 
-_GAUGE_MODE = "mostrecent"
+
+def _gauge(name: str, documentation: str) -> Gauge:
+    """A gauge whose multiprocess value is the engine's latest (only the core sets it)."""
+    return Gauge(name, documentation, multiprocess_mode="mostrecent")
 
 
 class EngineMetrics:
     _instance: EngineMetrics | None = None
 
     def __init__(self) -> None:
-        self.running = Gauge(
-            "hearth:num_requests_running",
-            "Sequences in the running batch",
-            multiprocess_mode=_GAUGE_MODE,
+        self.running = _gauge("hearth:num_requests_running", "Sequences in the running batch")
+        self.waiting = _gauge("hearth:num_requests_waiting", "Sequences waiting to be scheduled")
+        self.kv_usage = _gauge(
+            "hearth:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)"
         )
-        self.waiting = Gauge(
-            "hearth:num_requests_waiting",
-            "Sequences waiting to be scheduled",
-            multiprocess_mode=_GAUGE_MODE,
+        self.kv_used_blocks = _gauge(
+            "hearth:kv_cache_used_blocks", "KV cache blocks held by sequences"
         )
-        self.kv_usage = Gauge(
-            "hearth:kv_cache_usage_perc",
-            "Fraction of KV cache blocks in use (0-1)",
-            multiprocess_mode=_GAUGE_MODE,
-        )
-        self.kv_used_blocks = Gauge(
-            "hearth:kv_cache_used_blocks",
-            "KV cache blocks held by sequences",
-            multiprocess_mode=_GAUGE_MODE,
-        )
-        self.kv_total_blocks = Gauge(
-            "hearth:kv_cache_total_blocks",
-            "KV cache blocks in the pool",
-            multiprocess_mode=_GAUGE_MODE,
-        )
+        self.kv_total_blocks = _gauge("hearth:kv_cache_total_blocks", "KV cache blocks in the pool")
         self.preemptions = Counter("hearth:num_preemptions", "Sequences preempted by recompute")
         self.prefix_queries = Counter(
             "hearth:prefix_cache_queries", "Prompt tokens looked up in the prefix cache"

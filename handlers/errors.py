@@ -51,22 +51,32 @@ class BadRequestError(ServingError):
 
 
 class AuthenticationError(ServingError):
+    """Missing or wrong API key (401)."""
+
     status = HTTPStatus.UNAUTHORIZED
 
 
 class NotFoundError(ServingError):
+    """Unknown model (404); Falcon's own 404 for an unknown route gets this type name."""
+
     status = HTTPStatus.NOT_FOUND
 
 
 class MethodNotAllowedError(ServingError):
+    """Known route, wrong method (405): Falcon answers it; listed for its type name."""
+
     status = HTTPStatus.METHOD_NOT_ALLOWED
 
 
 class RequestTooLargeError(ServingError):
+    """Body over the size cap, refused before it is read whole (413)."""
+
     status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
 
 
 class UnsupportedMediaTypeError(ServingError):
+    """A body that is not JSON (415)."""
+
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
 
 

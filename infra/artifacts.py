@@ -31,12 +31,15 @@ from botocore.exceptions import ClientError
 
 from infra.errors import DeployError, aws_errors, error_code, is_not_found
 from infra.results import Result, Status
+from infra.session import Clients
 
 __all__ = [
     "CONTENT_SHA256_METADATA",
     "ModelData",
+    "ModelSource",
     "directory_digest",
     "existing_model_data",
+    "model_data",
     "model_files",
     "package_and_upload",
     "parse_s3_uri",
@@ -241,3 +244,33 @@ def existing_model_data(s3: Any, uri: str) -> tuple[ModelData, Result]:
             raise DeployError(f"no objects under model prefix: {data.uri}")
         detail = "existing prefix, uncompressed"
     return data, Result("model-data", data.uri, Status.UNCHANGED, detail)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a deploy command was told the weights are: a local path to upload, an
+    ``s3://`` URI that already holds them, or neither (keep or omit model data)."""
+
+    local_path: Path | None = None
+    s3_uri: str | None = None
+    bucket: str | None = None
+    prefix: str | None = None
+
+
+def model_data(
+    clients: Clients,
+    source: ModelSource,
+    deployment: str,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> tuple[ModelData | None, Result | None]:
+    """The model data ``source`` names, uploaded first when it is local (under
+    ``hearth/<deployment>`` unless a prefix is given); ``(None, None)`` for no source."""
+    if source.local_path is not None:
+        if not source.bucket:
+            raise DeployError("--model-dir needs --bucket to upload the model to")
+        s3 = clients("s3")
+        prefix = source.prefix or f"hearth/{deployment}"
+        return package_and_upload(s3, source.local_path, source.bucket, prefix, progress)
+    if source.s3_uri:
+        return existing_model_data(clients("s3"), source.s3_uri)
+    return None, None

@@ -86,6 +86,11 @@ def policy_name(endpoint: str, variant: str) -> str:
     return f"{endpoint}-{variant}-invocations"
 
 
+def _dimension(rid: str) -> dict[str, str]:
+    """The keyword arguments that name one variant's scalable dimension in every call."""
+    return {"ServiceNamespace": NAMESPACE, "ResourceId": rid, "ScalableDimension": DIMENSION}
+
+
 def _target(aas: Any, rid: str) -> dict[str, Any] | None:
     found = aas.describe_scalable_targets(
         ServiceNamespace=NAMESPACE, ResourceIds=[rid], ScalableDimension=DIMENSION
@@ -93,13 +98,15 @@ def _target(aas: Any, rid: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+def _policies(aas: Any, rid: str, *names: str) -> list[dict[str, Any]]:
+    """The variant's scaling policies: those named, or all of them."""
+    by_name = {"PolicyNames": list(names)} if names else {}
+    response = aas.describe_scaling_policies(**_dimension(rid), **by_name)
+    return list(response.get("ScalingPolicies", []))
+
+
 def _policy(aas: Any, rid: str, name: str) -> dict[str, Any] | None:
-    found = aas.describe_scaling_policies(
-        ServiceNamespace=NAMESPACE,
-        ResourceId=rid,
-        ScalableDimension=DIMENSION,
-        PolicyNames=[name],
-    ).get("ScalingPolicies", [])
+    found = _policies(aas, rid, name)
     return found[0] if found else None
 
 
@@ -135,11 +142,7 @@ def ensure_scaling(aas: Any, endpoint: str, variant: str, spec: ScalingSpec) -> 
         results.append(Result("scalable-target", rid, Status.UNCHANGED))
     else:
         aas.register_scalable_target(
-            ServiceNamespace=NAMESPACE,
-            ResourceId=rid,
-            ScalableDimension=DIMENSION,
-            MinCapacity=spec.min_capacity,
-            MaxCapacity=spec.max_capacity,
+            **_dimension(rid), MinCapacity=spec.min_capacity, MaxCapacity=spec.max_capacity
         )
         status = Status.CREATED if target is None else Status.UPDATED
         results.append(
@@ -155,9 +158,7 @@ def ensure_scaling(aas: Any, endpoint: str, variant: str, spec: ScalingSpec) -> 
     else:
         aas.put_scaling_policy(
             PolicyName=name,
-            ServiceNamespace=NAMESPACE,
-            ResourceId=rid,
-            ScalableDimension=DIMENSION,
+            **_dimension(rid),
             PolicyType="TargetTrackingScaling",
             TargetTrackingScalingPolicyConfiguration=wanted,
         )
@@ -200,21 +201,11 @@ def remove_scaling(aas: Any, endpoint: str, variant: str | None = None) -> list[
     ids = [resource_id(endpoint, variant)] if variant else _targets_of(aas, endpoint)
     results: list[Result] = []
     for rid in ids:
-        policies = aas.describe_scaling_policies(
-            ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
-        ).get("ScalingPolicies", [])
-        for policy in policies:
-            aas.delete_scaling_policy(
-                PolicyName=policy["PolicyName"],
-                ServiceNamespace=NAMESPACE,
-                ResourceId=rid,
-                ScalableDimension=DIMENSION,
-            )
+        for policy in _policies(aas, rid):
+            aas.delete_scaling_policy(PolicyName=policy["PolicyName"], **_dimension(rid))
             results.append(Result("scaling-policy", policy["PolicyName"], Status.DELETED))
         try:
-            aas.deregister_scalable_target(
-                ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
-            )
+            aas.deregister_scalable_target(**_dimension(rid))
         except ClientError as exc:
             # Application Auto Scaling says ValidationException "No scalable target found".
             if is_not_found(exc) or "no scalable target" in str(exc).lower():

@@ -10,8 +10,9 @@ Everything in :mod:`infra` raises :class:`DeployError` for its own failures, and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import (
@@ -35,8 +36,11 @@ __all__ = [
     "aws_errors",
     "describe_error",
     "error_code",
+    "if_exists",
     "is_not_found",
 ]
+
+T = TypeVar("T")
 
 # Hints for error codes whose AWS message alone does not say what to do next.
 _HINTS: dict[str, str] = {
@@ -89,6 +93,20 @@ def is_not_found(exc: ClientError) -> bool:
     return code in {"ValidationException", "ValidationError"} and (
         "could not find" in message or "does not exist" in message
     )
+
+
+def if_exists(call: Callable[..., T], **kwargs: Any) -> T | None:
+    """``call(**kwargs)``, or ``None`` when AWS answers that the resource does not exist.
+
+    Describe-before-create is how every ``ensure_*`` stays idempotent; this is the one
+    place that decides what "does not exist" looks like (:func:`is_not_found`).
+    """
+    try:
+        return call(**kwargs)
+    except ClientError as exc:
+        if is_not_found(exc):
+            return None
+        raise
 
 
 def _model_error_line(exc: ClientError) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from botocore.exceptions import EventStreamError
 
 from infra.errors import DeployError, StreamError, error_code
+from infra.session import Clients
 from infra.sse import iter_sse_data
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "load_body",
     "payload_chunks",
     "response_text",
+    "send",
     "stream_deltas",
 ]
 
@@ -291,3 +293,46 @@ def invoke_lambda(
     if not isinstance(answer, dict):
         raise DeployError(f"function {function} answered JSON that is not an object")
     return answer
+
+
+def send(
+    clients: Clients,
+    body: Mapping[str, Any],
+    *,
+    endpoint: str | None = None,
+    function: str | None = None,
+    stream: bool = False,
+    raw: bool = False,
+    path: str | None = None,
+    custom_attributes: str | None = None,
+    variant: str | None = None,
+) -> Iterator[str]:
+    """``hearth invoke``: send one request to an endpoint (optionally streamed) or to a
+    Lambda function, and yield what to print, piece by piece as it arrives.
+
+    A body that asks for a stream gets one (a buffered call would receive raw SSE text);
+    Lambda is called buffered, so a stream there is refused.
+    """
+    stream = stream or body.get("stream") is True
+    if function:
+        if stream:
+            raise DeployError(
+                'streaming (--stream or "stream": true) needs --endpoint; stream from Lambda '
+                "through its Function URL (deploy with --mode stream)"
+            )
+        lam = clients("lambda", read_timeout_s=905, max_attempts=1)
+        path = path or ("/v1/chat/completions" if "messages" in body else "/v1/completions")
+        answer = invoke_lambda(lam, function, body, path)
+    elif endpoint:
+        rt = clients("sagemaker-runtime", read_timeout_s=70, max_attempts=2)
+        target = {"custom_attributes": custom_attributes, "variant": variant}
+        if stream:
+            for delta in stream_deltas(rt, endpoint, body, **target):
+                if delta.index == 0 and delta.text:
+                    yield delta.text
+            yield "\n"
+            return
+        answer = invoke_json(rt, endpoint, body, **target)
+    else:
+        raise DeployError("give an endpoint or a function to invoke")
+    yield (json.dumps(answer, indent=2) if raw else response_text(answer)) + "\n"

@@ -16,15 +16,14 @@ Lambda's filesystem is read-only except ``/tmp``, so ``HOME`` defaults to ``/tmp
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from infra.errors import DeployError, is_not_found
+from infra.errors import DeployError, if_exists
 from infra.naming import DEPLOYMENT_TAG
-from infra.results import Result, Status
+from infra.results import Report, Result, Status
+from infra.session import Clients
 
 __all__ = [
     "DEFAULT_HANDLER",
@@ -33,6 +32,7 @@ __all__ = [
     "PUBLIC_URL_STATEMENTS",
     "LambdaSpec",
     "delete_function",
+    "deploy",
     "ensure_function",
     "ensure_function_url",
 ]
@@ -46,8 +46,19 @@ LWA_ENVIRONMENT = {
     "AWS_LWA_READINESS_CHECK_PATH": "/ping",
     "AWS_LWA_READINESS_CHECK_HEALTHY_STATUS": "200",
 }
-# Resource-policy statements a public (AuthType NONE) Function URL needs.
+# Resource-policy statements a public (AuthType NONE) Function URL needs: anonymous callers
+# need both lambda:InvokeFunctionUrl and lambda:InvokeFunction via the URL.
 PUBLIC_URL_STATEMENTS = ("hearth-public-url", "hearth-public-url-invoke")
+_PUBLIC_GRANTS: dict[str, dict[str, Any]] = {
+    PUBLIC_URL_STATEMENTS[0]: {
+        "Action": "lambda:InvokeFunctionUrl",
+        "FunctionUrlAuthType": "NONE",
+    },
+    PUBLIC_URL_STATEMENTS[1]: {
+        "Action": "lambda:InvokeFunction",
+        "InvokedViaFunctionUrl": True,
+    },
+}
 _BASE_ENVIRONMENT = {"HOME": "/tmp"}
 
 
@@ -86,6 +97,13 @@ class LambdaSpec:
             raise DeployError(f"execution role must be an IAM role ARN: {self.role_arn!r}")
 
     @property
+    def has_api_key(self) -> bool:
+        """Whether the server will demand a key (``HEARTH_API_KEY`` or ``--api-key``)."""
+        if self.environment.get("HEARTH_API_KEY"):
+            return True
+        return any(a == "--api-key" or a.startswith("--api-key=") for a in self.serve_args)
+
+    @property
     def invoke_mode(self) -> str:
         """The Function URL invoke mode; must match ``AWS_LWA_INVOKE_MODE``."""
         return "RESPONSE_STREAM" if self.mode == "stream" else "BUFFERED"
@@ -120,12 +138,7 @@ class LambdaSpec:
 
 
 def _get_function(lam: Any, name: str) -> dict[str, Any] | None:
-    try:
-        return lam.get_function(FunctionName=name)
-    except ClientError as exc:
-        if is_not_found(exc):
-            return None
-        raise
+    return if_exists(lam.get_function, FunctionName=name)
 
 
 def _wait(lam: Any, waiter: str, name: str, delay_s: int) -> None:
@@ -213,12 +226,10 @@ def ensure_function(
 
 
 def _policy_sids(lam: Any, name: str) -> set[str]:
-    try:
-        policy = json.loads(lam.get_policy(FunctionName=name)["Policy"])
-    except ClientError as exc:
-        if is_not_found(exc):
-            return set()
-        raise
+    found = if_exists(lam.get_policy, FunctionName=name)
+    if found is None:
+        return set()
+    policy = json.loads(found["Policy"])
     return {s.get("Sid", "") for s in policy.get("Statement", [])}
 
 
@@ -227,28 +238,13 @@ def _public_permissions(lam: Any, name: str, public: bool) -> list[Result]:
     ``lambda:InvokeFunctionUrl`` and ``lambda:InvokeFunction`` via the URL."""
     sids = _policy_sids(lam, name)
     results: list[Result] = []
-    if public:
-        if PUBLIC_URL_STATEMENTS[0] not in sids:
-            lam.add_permission(
-                FunctionName=name,
-                StatementId=PUBLIC_URL_STATEMENTS[0],
-                Action="lambda:InvokeFunctionUrl",
-                Principal="*",
-                FunctionUrlAuthType="NONE",
-            )
-            results.append(Result("permission", PUBLIC_URL_STATEMENTS[0], Status.CREATED))
-        if PUBLIC_URL_STATEMENTS[1] not in sids:
-            lam.add_permission(
-                FunctionName=name,
-                StatementId=PUBLIC_URL_STATEMENTS[1],
-                Action="lambda:InvokeFunction",
-                Principal="*",
-                InvokedViaFunctionUrl=True,
-            )
-            results.append(Result("permission", PUBLIC_URL_STATEMENTS[1], Status.CREATED))
-        return results
     for sid in PUBLIC_URL_STATEMENTS:
-        if sid in sids:
+        if public and sid not in sids:
+            lam.add_permission(
+                FunctionName=name, StatementId=sid, Principal="*", **_PUBLIC_GRANTS[sid]
+            )
+            results.append(Result("permission", sid, Status.CREATED))
+        elif not public and sid in sids:
             lam.remove_permission(FunctionName=name, StatementId=sid)
             results.append(Result("permission", sid, Status.DELETED))
     return results
@@ -258,12 +254,7 @@ def ensure_function_url(lam: Any, spec: LambdaSpec) -> list[Result]:
     """Create or update the Function URL (auth type and invoke mode) and its permissions."""
     if spec.url_auth is None:
         return []
-    try:
-        current: dict[str, Any] | None = lam.get_function_url_config(FunctionName=spec.name)
-    except ClientError as exc:
-        if not is_not_found(exc):
-            raise
-        current = None
+    current = if_exists(lam.get_function_url_config, FunctionName=spec.name)
     if current is None:
         created = lam.create_function_url_config(
             FunctionName=spec.name, AuthType=spec.url_auth, InvokeMode=spec.invoke_mode
@@ -293,13 +284,36 @@ def delete_function(lam: Any, name: str) -> list[Result]:
             "`hearth deploy lambda`; delete it with the AWS console or CLI"
         )
     results: list[Result] = []
-    try:
-        url = lam.get_function_url_config(FunctionName=name)["FunctionUrl"]
+    url = if_exists(lam.get_function_url_config, FunctionName=name)
+    if url is not None:
         lam.delete_function_url_config(FunctionName=name)
-        results.append(Result("function-url", url, Status.DELETED))
-    except ClientError as exc:
-        if not is_not_found(exc):
-            raise
+        results.append(Result("function-url", url["FunctionUrl"], Status.DELETED))
     lam.delete_function(FunctionName=name)
     results.append(Result("lambda-function", name, Status.DELETED))
     return results
+
+
+def deploy(
+    clients: Clients,
+    spec: LambdaSpec,
+    *,
+    adopt: bool,
+    report: Report,
+    warn: Callable[[str], None],
+) -> None:
+    """``deploy lambda``: the function, then its Function URL and permissions.
+
+    A public URL (``--url-auth NONE``) on a server without an API key lets anyone with
+    the URL run the model; that is allowed (a demo may want it) but never silently.
+    """
+    spec.validate()
+    if spec.url_auth == "NONE" and not spec.has_api_key:
+        warn(
+            "warning: the Function URL is public (--url-auth NONE) and the function has no "
+            "API key (HEARTH_API_KEY): anyone with the URL can run the model. Set a key, "
+            "e.g. from Secrets Manager (see docs/deploy.md), or use --url-auth AWS_IAM."
+        )
+    lam = clients("lambda")
+    report(ensure_function(lam, spec, adopt=adopt))
+    for result in ensure_function_url(lam, spec):
+        report(result)

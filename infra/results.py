@@ -7,10 +7,11 @@ so the CLI prints exactly one line per resource and tests can assert on what hap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Result", "Status"]
+__all__ = ["Report", "Result", "Results", "Status", "ignore"]
 
 
 class Status(StrEnum):
@@ -36,3 +37,29 @@ class Result:
         """The single line the CLI prints for this resource."""
         text = f"{self.kind} {self.name}: {self.status.value}"
         return f"{text} ({self.detail})" if self.detail else text
+
+
+Report = Callable[[Result], None]
+"""Where results go as they happen (the CLI prints each as one line)."""
+
+
+def ignore(_result: Result) -> None:
+    """The default :data:`Report`: library callers that only want the returned list."""
+    return None
+
+
+class Results:
+    """Keeps results in order and hands each to ``report`` the moment it exists.
+
+    Creating or deleting an endpoint takes minutes; the user should see
+    ``endpoint demo: created`` before the wait, not after it.
+    """
+
+    def __init__(self, report: Report) -> None:
+        self.items: list[Result] = []
+        self._report = report
+
+    def add(self, result: Result) -> Result:
+        self.items.append(result)
+        self._report(result)
+        return result

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 from collections.abc import Sequence as SequenceT
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -45,6 +46,8 @@ class ServingBase:
     """Base of ServingChat, ServingCompletion and ServingTGI."""
 
     kind = "generate"
+    id_prefix = "gen"
+    """Response ids are `<id_prefix>-...` (OpenAI's `chatcmpl-`, `cmpl-`)."""
 
     def __init__(self, served: ServedModel, stats: StatsSink | None = None) -> None:
         self.served = served
@@ -110,20 +113,25 @@ class ServingBase:
         self,
         ctx: RequestContext,
         *,
-        response_id: str,
-        engine_id: str,
         model_name: str,
         prompts: SequenceT[list[int]],
+        logged_prompts: SequenceT[str | list[int]],
         params: SequenceT[SamplingParams],
         sequences: list[Choice],
+        client_request_id: str | None = None,
         n: int = 1,
         priority: int = 0,
     ) -> Run:
-        """Start tracking, admit n choices of every prompt (all or none) and bundle them.
+        """Name the request, log its prompts, start tracking, admit n choices of every
+        prompt (all or none) and bundle them.
 
         One path for chat, completion and TGI, so that the engine ids, per-choice seeds
         and the choice -> prompt mapping (`i // n`) that `Run` relies on always agree.
+        `logged_prompts` are what `--enable-log-requests` shows (text when there is any).
         """
+        response_id, engine_id = self.request_ids(self.id_prefix, ctx, client_request_id)
+        for prompt in logged_prompts:
+            self.served.log_prompt(response_id, prompt)
         tracker = self.tracker(response_id, ctx)
         collector = await self.admit(
             engine_id,
@@ -153,9 +161,15 @@ class ServingBase:
             )
         return run
 
-    def usage(self, run: Run) -> UsageInfo:
-        """The run's usage as responses report it (cached tokens when the server says so)."""
-        return run.usage(include_cached=self.served.config.enable_prompt_tokens_details)
+    def envelope(self, run: Run) -> dict[str, Any]:
+        """The fields every non-streamed OpenAI response shares: id, created, model and
+        the usage (cached tokens when the server says so)."""
+        return {
+            "id": run.response_id,
+            "created": run.created,
+            "model": run.model_name,
+            "usage": run.usage(include_cached=self.served.config.enable_prompt_tokens_details),
+        }
 
     # -- sequences --------------------------------------------------------------------
     def sequence_options(self, request: SamplingRequest) -> ChoiceOptions:

@@ -34,6 +34,7 @@ class ServingChat(ServingBase):
     """`POST /v1/chat/completions` (and `/invocations` bodies with `messages`)."""
 
     kind = "chat"
+    id_prefix = "chatcmpl"
 
     async def create(
         self, request: ChatCompletionRequest, ctx: RequestContext
@@ -57,14 +58,12 @@ class ServingChat(ServingBase):
             structured=forced_tool_spec(request),
         )
         sequences = self.new_sequences(request.n, self.sequence_options(request))
-        response_id, engine_id = self.request_ids("chatcmpl", ctx, request.request_id)
-        served.log_prompt(response_id, prompt_text)
         run = await self.start_run(
             ctx,
-            response_id=response_id,
-            engine_id=engine_id,
+            client_request_id=request.request_id,
             model_name=model_name,
             prompts=[prompt_ids],
+            logged_prompts=[prompt_text],
             params=[params],
             sequences=sequences,
             n=request.n,
@@ -100,11 +99,8 @@ class ServingChat(ServingBase):
         choices = [self._choice(request, seq, echo + seq.text) for seq in run.sequences]
         first = run.sequences[0].prompt_logprobs
         return ChatCompletionResponse(
-            id=run.response_id,
-            created=run.created,
-            model=run.model_name,
+            **self.envelope(run),
             choices=choices,
-            usage=self.usage(run),
             prompt_logprobs=prompt_logprobs(first, self.served.token_texts()) if first else None,
         )
 

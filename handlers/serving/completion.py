@@ -6,7 +6,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.messages import TokenLogprob
 from handlers.errors import InternalServerError
 from handlers.protocol.completion import (
     CompletionLogProbs,
@@ -17,7 +16,7 @@ from handlers.protocol.completion import (
     CompletionStreamResponse,
 )
 from handlers.serving.base import Run, ServingBase
-from handlers.serving.choice import ChoiceDelta
+from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import completion_logprobs, prompt_logprobs
 from handlers.serving.sse import SSEPayload, SSEStream
@@ -35,6 +34,7 @@ class ServingCompletion(ServingBase):
     """`POST /v1/completions` (and `/invocations` bodies with `prompt`)."""
 
     kind = "completion"
+    id_prefix = "cmpl"
 
     async def create(
         self, request: CompletionRequest, ctx: RequestContext
@@ -58,15 +58,12 @@ class ServingCompletion(ServingBase):
             )
         n = request.n
         sequences = self.new_sequences(len(prompts) * n, self.sequence_options(request))
-        response_id, engine_id = self.request_ids("cmpl", ctx, request.request_id)
-        for prompt in prompts:
-            served.log_prompt(response_id, prompt.text or prompt.token_ids)
         run = await self.start_run(
             ctx,
-            response_id=response_id,
-            engine_id=engine_id,
+            client_request_id=request.request_id,
             model_name=model_name,
             prompts=[p.token_ids for p in prompts],
+            logged_prompts=[p.text or p.token_ids for p in prompts],
             params=params,
             sequences=sequences,
             n=n,
@@ -102,34 +99,31 @@ class ServingCompletion(ServingBase):
         )
 
     def _logprobs(
-        self, request: CompletionRequest, delta: ChoiceDelta, offset: int
+        self, request: CompletionRequest, out: Choice | ChoiceDelta, offset: int
     ) -> CompletionLogProbs | None:
+        """Logprobs of `out`'s tokens (a whole choice, or one delta of a stream)."""
         if request.logprobs is None:
             return None
         return completion_logprobs(
-            delta.logprobs or [],
-            delta.token_ids,
+            out.logprobs or [],
+            out.token_ids,
             self.served.token_texts(),
             request.logprobs,
             offset,
         )
 
     def _echo_logprobs(
-        self,
-        request: CompletionRequest,
-        prompt_ids: list[int],
-        prompt_entries: list[TokenLogprob | None] | None,
-        token_ids: list[int],
-        entries: list[TokenLogprob] | None,
+        self, request: CompletionRequest, prompt_ids: list[int], out: Choice | ChoiceDelta
     ) -> CompletionLogProbs:
         """vLLM's echo with logprobs: the prompt's tokens (the first without a logprob)
-        then the generated ones, in one list, offsets counted from the start of the prompt."""
+        then the generated ones of `out`, in one list, offsets counted from the start of
+        the prompt."""
         assert request.logprobs is not None
-        if prompt_entries is None:
+        if out.prompt_logprobs is None:
             raise InternalServerError("The engine returned no prompt logprobs for an echo.")
         return completion_logprobs(
-            [*prompt_entries, *(entries or [])],
-            [*prompt_ids, *token_ids],
+            [*out.prompt_logprobs, *(out.logprobs or [])],
+            [*prompt_ids, *out.token_ids],
             self.served.token_texts(),
             request.logprobs,
             0,
@@ -148,23 +142,10 @@ class ServingCompletion(ServingBase):
         texts = self.served.token_texts()
         for seq in run.sequences:
             echo = echoes[seq.index // run.n]
-            logprobs = None
             if request.echo_logprobs:
-                logprobs = self._echo_logprobs(
-                    request,
-                    prompt_ids[seq.index // run.n],
-                    seq.prompt_logprobs,
-                    seq.token_ids,
-                    seq.logprobs,
-                )
-            elif request.logprobs is not None:
-                logprobs = completion_logprobs(
-                    seq.logprobs,
-                    seq.token_ids,
-                    self.served.token_texts(),
-                    request.logprobs,
-                    len(echo),
-                )
+                logprobs = self._echo_logprobs(request, prompt_ids[seq.index // run.n], seq)
+            else:
+                logprobs = self._logprobs(request, seq, len(echo))
             choices.append(
                 CompletionResponseChoice(
                     index=seq.index,
@@ -177,13 +158,7 @@ class ServingCompletion(ServingBase):
                     else None,
                 )
             )
-        return CompletionResponse(
-            id=run.response_id,
-            created=run.created,
-            model=run.model_name,
-            choices=choices,
-            usage=self.usage(run),
-        )
+        return CompletionResponse(**self.envelope(run), choices=choices)
 
     # -- streaming --------------------------------------------------------------------
     def _stream(
@@ -225,13 +200,7 @@ class ServingCompletion(ServingBase):
                 continue
             if first and request.echo_logprobs:
                 # The echoed prompt goes out with its logprobs in the choice's first chunk.
-                logprobs = self._echo_logprobs(
-                    request,
-                    prompt_ids[seq.index // run.n],
-                    delta.prompt_logprobs,
-                    delta.token_ids,
-                    delta.logprobs,
-                )
+                logprobs = self._echo_logprobs(request, prompt_ids[seq.index // run.n], delta)
             else:
                 logprobs = self._logprobs(request, delta, offsets[seq.index])
             if logprobs is not None and logprobs.text_offset:

@@ -38,6 +38,7 @@ def _tgi_error(error: ServingError) -> bytes:
 
 class ServingTGI(ServingBase):
     kind = "tgi"
+    id_prefix = "tgi"
 
     async def generate(self, request: TGIRequest, ctx: RequestContext) -> TGIResponses | SSEStream:
         served = self.served
@@ -76,14 +77,11 @@ class ServingTGI(ServingBase):
             include_stop_str_in_output=True,
             stop_token_ids=frozenset(info.eos_token_ids),
         )
-        response_id, engine_id = self.request_ids("tgi", ctx)
-        served.log_prompt(response_id, request.inputs)
         run = await self.start_run(
             ctx,
-            response_id=response_id,
-            engine_id=engine_id,
             model_name=model_name,
             prompts=[prompt_ids],
+            logged_prompts=[request.inputs],
             params=[params],
             sequences=self.new_sequences(1, options),
         )

@@ -8,12 +8,13 @@ from typing import Any
 import boto3
 import pytest
 
-from infra import sagemaker
+from infra import sagemaker, sagemaker_cleanup, sagemaker_status
 from infra.artifacts import ModelData
 from infra.errors import DeployError
 from infra.naming import DEPLOYMENT_TAG, MAX_DEPLOYMENT_NAME, validate_deployment_name
 from infra.results import Status
-from infra.sagemaker import EndpointSpec, MetricsSpec, ModelSpec, VariantSpec, Waiting
+from infra.sagemaker_spec import EndpointSpec, MetricsSpec, ModelSpec, VariantSpec
+from infra.sagemaker_status import Waiting
 
 
 @pytest.fixture
@@ -217,7 +218,7 @@ def test_failed_endpoint_is_reported_with_its_reason(
     endpoint.endpoint_status = "Failed"
     endpoint.failure_reason = "CUDA driver version is insufficient"
     with pytest.raises(DeployError, match="is Failed: CUDA driver version is insufficient"):
-        sagemaker.wait_for_endpoint(sm, "demo", waiting)
+        sagemaker_status.wait_for_endpoint(sm, "demo", waiting)
     bigger = replace(spec, variant=replace(spec.variant, instance_count=2))
     with pytest.raises(DeployError, match="hearth deploy delete --name demo"):
         sagemaker.deploy_endpoint(sm, bigger, waiting)
@@ -239,7 +240,7 @@ def test_wait_times_out_with_a_clear_message(
         timeout_s=100, poll_s=30, progress=progress.append, sleep=sleep, clock=lambda: now[0]
     )
     with pytest.raises(DeployError, match=r"still Creating after 2m00s"):
-        sagemaker.wait_for_endpoint(sm, "demo", waiting)
+        sagemaker_status.wait_for_endpoint(sm, "demo", waiting)
     assert sleeps == [30, 30, 30, 30]
     assert progress == ["endpoint demo: Creating (0s)"]  # one line per status change
 
@@ -286,7 +287,7 @@ def test_delete_removes_only_what_the_deployment_owns(
     other = replace(spec, name="demo-two")
     sagemaker.deploy_endpoint(sm, other, waiting)
 
-    results = sagemaker.delete_deployment(sm, "demo", waiting)
+    results = sagemaker_cleanup.delete_deployment(sm, "demo", waiting)
 
     assert [(r.kind, r.status) for r in results] == [
         ("endpoint", Status.DELETED),
@@ -302,7 +303,7 @@ def test_delete_removes_only_what_the_deployment_owns(
     ]
     assert sm.describe_endpoint(EndpointName="demo-two")["EndpointStatus"] == "InService"
 
-    again = sagemaker.delete_deployment(sm, "demo", waiting)
+    again = sagemaker_cleanup.delete_deployment(sm, "demo", waiting)
     assert [(r.kind, r.status) for r in again] == [("endpoint", Status.ABSENT)]
 
 
@@ -325,7 +326,7 @@ def test_delete_refuses_an_endpoint_it_did_not_create(
     )
     sm.create_endpoint(EndpointName="byhand", EndpointConfigName="byhand")
     with pytest.raises(DeployError, match="was not created by `hearth deploy`"):
-        sagemaker.delete_deployment(sm, "byhand", waiting)
+        sagemaker_cleanup.delete_deployment(sm, "byhand", waiting)
     assert sm.describe_endpoint(EndpointName="byhand")["EndpointStatus"] == "InService"
 
 
@@ -393,9 +394,9 @@ def test_claim_refuses_an_endpoint_it_did_not_create_unless_adopted(
         ],
     )
     sm.create_endpoint(EndpointName="byhand", EndpointConfigName="byhand")
-    assert sagemaker.claim_endpoint(sm, "nothing-here", adopt=False) is None
+    assert sagemaker_cleanup.claim_endpoint(sm, "nothing-here", adopt=False) is None
     with pytest.raises(DeployError, match="pass --adopt"):
-        sagemaker.claim_endpoint(sm, "byhand", adopt=False)
-    adopted = sagemaker.claim_endpoint(sm, "byhand", adopt=True)
+        sagemaker_cleanup.claim_endpoint(sm, "byhand", adopt=False)
+    adopted = sagemaker_cleanup.claim_endpoint(sm, "byhand", adopt=True)
     assert adopted is not None and adopted.status is Status.UPDATED
-    assert sagemaker.claim_endpoint(sm, "byhand", adopt=False) is None  # ours now
+    assert sagemaker_cleanup.claim_endpoint(sm, "byhand", adopt=False) is None  # ours now
