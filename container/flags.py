@@ -241,6 +241,13 @@ def add_serve_flags(
         choices=["auto", "gguf", "none"],
     )
     eng.value(
+        "--kernels",
+        str.lower,
+        "auto",
+        "Kernel backend: auto (Triton on GPU, torch reference on CPU), torch or triton",
+        choices=["auto", "torch", "triton"],
+    )
+    eng.value(
         "--max-model-len", int, None, "Context length (prompt + output); default: the model's"
     )
     eng.value("--max-num-seqs", int, 256, "Sequences in the running batch at most")

@@ -71,6 +71,7 @@ def serve_configs(
         model=model_dir or args.model,
         dtype=args.dtype,
         quantization=args.quantization,
+        kernels=args.kernels,
         device=args.device,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

@@ -21,6 +21,9 @@ class EngineConfig:
     """auto | gguf | none: see `engine.weights_mode.resolve_quantization`."""
     device: str = "auto"
     """auto | cpu | cuda[:N]."""
+    kernels: str = "auto"
+    """auto | torch | triton: the kernel backend, handed to `kernels.select_backend` once
+    at start-up (auto: Triton for CUDA tensors, the torch reference otherwise)."""
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None

@@ -34,6 +34,7 @@ from engine.structured.grammar import GrammarState
 from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
 from engine.weights_mode import apply_weights_mode
+from kernels import select_backend
 
 logger = logging.getLogger("hearth.engine")
 
@@ -78,6 +79,7 @@ class EngineCore:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        select_backend(config.kernels)
         if config.seed is not None:
             torch.manual_seed(config.seed)
 

@@ -256,9 +256,9 @@ class CudaGraphRunner:
         ids, pos = self.dev.input_ids[:size], self.dev.positions[:size]
 
         def forward() -> torch.Tensor:
-            # The torch reference backend caches per-step plans in scratch; a replay is
-            # a new step. (The compiled path on the GPU keeps nothing there.)
-            meta.scratch.clear()
+            # The torch reference backend keeps a per-step plan on the metadata; a replay
+            # is a new step. (The compiled path on the GPU keeps nothing there.)
+            meta.reference_plan = None
             return self.model(ids, pos, self.kv_caches, meta)
 
         return forward

@@ -2,7 +2,7 @@
 
 Shape: SmolLM2-135M (9 heads, 3 KV heads, head_dim 64), block size 16; a decode batch of
 16 sequences with ~256 tokens of context, and one 512-token prefill. Every figure is one
-layer's call with the step's plan already cached in ``meta.scratch`` (the model calls
+layer's call with the step's plan already cached in ``meta.reference_plan`` (the model calls
 attention 30 times per step with one ``meta``), except the ``plan build`` lines.
 
 Besides the production functions in ``kernels.reference`` it times the alternative
@@ -19,12 +19,14 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from kernels import reference
 from kernels.metadata import AttentionMetadata
+from kernels.reference_plan import reference_plan
 from kernels.testing import make_step
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -52,26 +54,30 @@ def _bench(cases: dict[str, Callable[[], object]], rounds: int, iters: int) -> d
 # --------------------------------------------------------------------- decode candidates
 
 
-def _decode_inputs(
-    meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    b = meta.num_decode_tokens
-    plan = reference._decode_plan(meta, BLOCK_SIZE, k_cache.dtype)
-    k = reference._gather_blocks(k_cache, plan["block_ids"], b)
-    v = reference._gather_blocks(v_cache, plan["block_ids"], b)
-    return k, v, plan["mask"], plan["block_ids"]
+@dataclass(frozen=True)
+class Inputs:
+    """One layer's attention call: what every candidate formulation is given."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    meta: AttentionMetadata
+    scale: float
+
+    def production(self) -> torch.Tensor:
+        return reference.paged_attention(self.q, self.k_cache, self.v_cache, self.meta, self.scale)
 
 
-def decode_candidates(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> dict[str, Callable[[], torch.Tensor]]:
+Candidates = dict[str, Callable[[], torch.Tensor]]
+
+
+def decode_candidates(x: Inputs) -> Candidates:
     """Each returns ``[B, num_heads, hd]``; all include their own K/V gather."""
+    q, k_cache, v_cache, scale = x.q, x.k_cache, x.v_cache, x.scale
     b = q.shape[0]
-    _, _, add_mask, block_ids = _decode_inputs(meta, k_cache, v_cache)
+    plan = reference_plan(x.meta, BLOCK_SIZE, k_cache.dtype).decode
+    assert plan is not None
+    add_mask, block_ids = plan.mask, plan.block_ids
     bool_mask = add_mask == 0
     length = add_mask.shape[-1]
     pos = torch.arange(length)
@@ -127,9 +133,7 @@ def decode_candidates(
         return torch.matmul(p, v).reshape(b, NUM_HEADS, HEAD_DIM)
 
     return {
-        "production (reference.paged_attention)": lambda: reference.paged_attention(
-            q, k_cache, v_cache, meta, scale
-        ),
+        "production (reference.paged_attention)": x.production,
         "  gather only (2 x index_select of blocks)": gather,
         "block gather + group-as-rows SDPA, additive mask": group_rows_additive,
         "block gather + group-as-rows SDPA, bool mask": group_rows_bool,
@@ -143,17 +147,12 @@ def decode_candidates(
 # --------------------------------------------------------------------- prefill candidates
 
 
-def prefill_candidates(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> dict[str, Callable[[], torch.Tensor]]:
+def prefill_candidates(x: Inputs) -> Candidates:
     """A lone 512-token chunk without prefix; each returns ``[n, num_heads, hd]``."""
+    q, k_cache, v_cache, scale = x.q, x.k_cache, x.v_cache, x.scale
     n = q.shape[0]
     n_blk = -(-n // BLOCK_SIZE)
-    block_ids = meta.prefill_block_tables[0, :n_blk].long()
+    block_ids = x.meta.prefill_block_tables[0, :n_blk].long()
     qs = q.view(1, n, NUM_HEADS, HEAD_DIM).transpose(1, 2)  # [1, H, n, hd]
 
     def gather() -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,9 +192,7 @@ def prefill_candidates(
         return o.reshape(n, NUM_HEADS, HEAD_DIM)
 
     return {
-        "production (reference.paged_attention)": lambda: reference.paged_attention(
-            q, k_cache, v_cache, meta, scale
-        ),
+        "production (reference.paged_attention)": x.production,
         "is_causal SDPA, enable_gqa=True": causal_gqa,
         "is_causal SDPA, repeat_interleave K/V": causal_repeat,
         "additive causal mask SDPA, enable_gqa=True": masked_gqa,
@@ -225,7 +222,7 @@ def main() -> None:
     dec_lens = torch.randint(240, 273, (16,), generator=gen).tolist()
     step = make_step([(s, 1) for s in dec_lens], BLOCK_SIZE, num_blocks, generator=gen)
     q = torch.randn(16, NUM_HEADS, HEAD_DIM, dtype=dtype)
-    cands = decode_candidates(q, k_cache, v_cache, step.meta, scale)
+    cands = decode_candidates(Inputs(q, k_cache, v_cache, step.meta, scale))
     ref = cands["block gather + repeat_interleave K/V + SDPA"]().float()
     print(f"\ndecode: 16 sequences, context {min(dec_lens)}..{max(dec_lens)}; ms per layer call")
     for name, ms in _bench(cands, args.rounds, args.iters).items():
@@ -235,15 +232,15 @@ def main() -> None:
         print(f"  {ms:7.3f}  {name}{err_s}")
     t0 = time.perf_counter()
     for _ in range(20):
-        step.meta.scratch.clear()
-        reference._decode_plan(step.meta, BLOCK_SIZE, dtype)
+        step.meta.reference_plan = None
+        reference_plan(step.meta, BLOCK_SIZE, dtype)
     print(f"  {(time.perf_counter() - t0) / 20 * 1e3:7.3f}  plan build (once per step)")
 
     # one 512-token prefill, no cached prefix
     n = 512
     step = make_step([(n, n)], BLOCK_SIZE, num_blocks, generator=gen)
     q = torch.randn(n, NUM_HEADS, HEAD_DIM, dtype=dtype)
-    cands = prefill_candidates(q, k_cache, v_cache, step.meta, scale)
+    cands = prefill_candidates(Inputs(q, k_cache, v_cache, step.meta, scale))
     ref = cands["is_causal SDPA, repeat_interleave K/V"]().float()
     print(f"\nprefill: one {n}-token chunk, no cached prefix; ms per layer call")
     for name, ms in _bench(cands, args.rounds, max(1, args.iters // 4)).items():
@@ -253,20 +250,20 @@ def main() -> None:
     # the general (masked) path: the same 512 queries as a chunk after a 256-token prefix,
     # and a mixed step of 16 decodes + that chunk.
     print("\ngeneral paths; ms per layer call (plan cached)")
-    cases: dict[str, Callable[[], torch.Tensor]] = {}
+    cases: Candidates = {}
     chunk = make_step([(256 + n, n)], BLOCK_SIZE, num_blocks, generator=gen)
-    cases[f"prefill chunk {n} after a 256-token prefix (masked SDPA)"] = lambda: (
-        reference.paged_attention(q, k_cache, v_cache, chunk.meta, scale)
-    )
+    cases[f"prefill chunk {n} after a 256-token prefix (masked SDPA)"] = Inputs(
+        q, k_cache, v_cache, chunk.meta, scale
+    ).production
     two = make_step([(300, 300), (212, 212)], BLOCK_SIZE, num_blocks, generator=gen)
-    cases["two prefills 300 + 212 tokens, padded batch (masked SDPA)"] = lambda: (
-        reference.paged_attention(q, k_cache, v_cache, two.meta, scale)
-    )
+    cases["two prefills 300 + 212 tokens, padded batch (masked SDPA)"] = Inputs(
+        q, k_cache, v_cache, two.meta, scale
+    ).production
     mixed = make_step([(s, 1) for s in dec_lens] + [(n, n)], BLOCK_SIZE, num_blocks, generator=gen)
     qm = torch.randn(16 + n, NUM_HEADS, HEAD_DIM, dtype=dtype)
-    cases[f"mixed step: 16 decodes + {n}-token prefill"] = lambda: reference.paged_attention(
+    cases[f"mixed step: 16 decodes + {n}-token prefill"] = Inputs(
         qm, k_cache, v_cache, mixed.meta, scale
-    )
+    ).production
     for name, ms in _bench(cases, args.rounds, max(1, args.iters // 4)).items():
         print(f"  {ms:7.3f}  {name}")
 

@@ -7,10 +7,13 @@ the step are laid out decodes first (one token per sequence), then prefill chunk
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from kernels.reference_plan import ReferenceAttentionPlan
 
 
 @dataclass
@@ -47,10 +50,7 @@ class AttentionMetadata:
     """[num_tokens] int32: keys each token attends to (its position + 1)."""
     max_ctx: int = 0
 
-    scratch: dict[str, Any] = field(default_factory=dict)
-    """The attention backend caches tensors derived from the fields above here on the
-    first layer (gather indices, masks) so the other layers reuse them."""
-
-    @property
-    def num_decodes(self) -> int:
-        return self.num_decode_tokens
+    reference_plan: ReferenceAttentionPlan | None = None
+    """The torch reference backend's gather indices and masks for this step, built from
+    the fields above by the first layer and reused by the others (``kernels.reference_plan``).
+    Whoever reuses one metadata object for a new step (a CUDA graph replay) resets it."""

@@ -3,9 +3,10 @@
 These functions run the whole model on CPU, so they are written for speed as much as for
 clarity: no Python loop over sequences or tokens, one ``scaled_dot_product_attention`` call
 for all decodes of a step and one for all prefill chunks, and every tensor derived from the
-step's ``AttentionMetadata`` (gather indices, masks) built once and cached in
-``meta.scratch`` for the other layers. ``kernels/bench_reference.py`` holds the alternative
-formulations that were measured against these; see its docstring for the numbers.
+step's ``AttentionMetadata`` (gather indices, masks) built once, as the step's typed plan
+(``kernels.reference_plan``), for the other layers. ``kernels/bench_reference.py`` holds
+the alternative formulations that were measured against these; see its docstring for the
+numbers.
 
 Numerics follow Hugging Face transformers' Llama code operation for operation (same dtype
 casts in the same places), so a float32 model reproduces transformers bit for bit and greedy
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.metadata import AttentionMetadata
+from kernels.reference_plan import DecodePlan, PrefillPlan, reference_plan
 
 __all__ = [
     "build_cos_sin_cache",
@@ -224,6 +226,8 @@ def paged_attention(
     16-bit: SDPA's ``enable_gqa``, whichever measured faster).
     Prefill chunks: padded to ``[num_prefills, max_query_len]`` and done in one SDPA call with
     a causal-with-offset mask; a lone chunk without a cached prefix uses ``is_causal``.
+    The indices and masks come from the step's plan (``kernels.reference_plan``), built by
+    the first layer.
 
     Whole blocks are read, so slots past a sequence's length and block-table padding
     (block 0) go through the masked math: they must hold finite numbers. Allocate the cache
@@ -233,11 +237,13 @@ def paged_attention(
     # query: [num_tokens, num_heads, head_dim]
     num_tokens = query.shape[0]
     nd = meta.num_decode_tokens
+    plan = reference_plan(meta, k_cache.shape[1], query.dtype)
     parts: list[torch.Tensor] = []
-    if nd > 0:
-        parts.append(_decode_attention(query[:nd], k_cache, v_cache, meta, scale))
-    if meta.num_prefills > 0:
-        parts.append(_prefill_attention(query, k_cache, v_cache, meta, scale))
+    if plan.decode is not None:
+        parts.append(_decode_attention(query[:nd], k_cache, v_cache, plan.decode, scale))
+    if plan.prefill is not None:
+        q_prefill = query[nd : nd + plan.prefill.num_tokens]
+        parts.append(_prefill_attention(q_prefill, k_cache, v_cache, plan.prefill, meta, scale))
     covered = sum(p.shape[0] for p in parts)
     if covered < num_tokens:  # trailing padding tokens (none today): defined zeros
         parts.append(query.new_zeros((num_tokens - covered, *query.shape[1:])))
@@ -246,10 +252,6 @@ def paged_attention(
     if not parts:  # an empty step
         return query.new_zeros(query.shape)
     return torch.cat(parts, dim=0)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
@@ -264,149 +266,60 @@ def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) 
     return g.view(num_seqs, -1, nkv, hd).transpose(1, 2)
 
 
-def _block_table(
-    tables: torch.Tensor, rows: int, max_seq_len: int, block_size: int
-) -> torch.Tensor:
-    """``[rows, blocks]`` int64 block ids covering ``max_seq_len`` (at least one block); a
-    table narrower than that is padded with block 0, whose slots the mask hides."""
-    num_blocks = max(1, _cdiv(max_seq_len, block_size))
-    table = tables[:rows, :num_blocks].long()
-    if table.shape[1] < num_blocks:
-        table = F.pad(table, (0, num_blocks - table.shape[1]))
-    return table
-
-
-def _additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where ``valid``, -inf elsewhere: an additive mask measured faster than a boolean
-    one in the CPU flash kernel."""
-    mask = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
-    mask.masked_fill_(~valid, float("-inf"))
-    return mask
-
-
-def _decode_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> dict[str, Any]:
-    """Per-step decode gather indices and additive mask, built once and cached for all layers."""
-    key = f"ref.decode.{dtype}"
-    plan = meta.scratch.get(key)
-    if plan is not None:
-        return plan
-    b = meta.num_decode_tokens
-    seq_lens = meta.decode_seq_lens[:b].long()  # [B]
-    table = _block_table(meta.decode_block_tables, b, meta.decode_max_seq_len, block_size)
-    num_blocks = table.shape[1]  # [B, num_blocks]
-    pos = torch.arange(num_blocks * block_size, device=seq_lens.device)
-    valid = pos[None, :] < seq_lens[:, None]  # [B, L]
-    mask = _additive_mask(valid, dtype)
-    plan = {"block_ids": table.reshape(-1), "mask": mask[:, None, None, :]}  # [B, 1, 1, L]
-    meta.scratch[key] = plan
-    return plan
-
-
 def _decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    plan: DecodePlan,
     scale: float,
 ) -> torch.Tensor:
     # query: [B, num_heads, hd] (one token per decoding sequence)
     b, num_heads, hd = query.shape
     nkv = k_cache.shape[2]
-    plan = _decode_plan(meta, k_cache.shape[1], query.dtype)
-    k = _gather_blocks(k_cache, plan["block_ids"], b)  # [B, nkv, L, hd]
-    v = _gather_blocks(v_cache, plan["block_ids"], b)
+    k = _gather_blocks(k_cache, plan.block_ids, b)  # [B, nkv, L, hd]
+    v = _gather_blocks(v_cache, plan.block_ids, b)
     if query.dtype == torch.float32:
         # Head h uses kv head h // group, so a group's heads are contiguous: [B, nkv, group,
         # hd] is a free view, and the group's heads become the query rows of their kv head.
         # Measured fastest in float32 (see bench_reference.py).
         q = query.view(b, nkv, num_heads // nkv, hd)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan["mask"], scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask, scale=scale)
     else:
         # In bf16/fp16 the CPU kernel's own GQA path measured ~10% faster than the above.
         q = query[:, :, None]  # [B, num_heads, 1, hd]
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=plan["mask"], scale=scale, enable_gqa=nkv != num_heads
+            q, k, v, attn_mask=plan.mask, scale=scale, enable_gqa=nkv != num_heads
         )
     return out.reshape(b, num_heads, hd)
 
 
-def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> dict[str, Any]:
-    """Per-step prefill padding indices and causal-with-offset mask, cached for all layers."""
-    key = f"ref.prefill.{dtype}"
-    plan = meta.scratch.get(key)
-    if plan is not None:
-        return plan
-    p = meta.num_prefills
-    qsl = meta.prefill_query_start_loc[: p + 1].long()  # [P + 1]
-    q_lens = qsl[1:] - qsl[:-1]  # [P]
-    seq_lens = meta.prefill_seq_lens[:p].long()  # [P]
-    device = seq_lens.device
-    num_tokens = int(qsl[-1])
-    max_q = meta.prefill_max_query_len
-    table = _block_table(meta.prefill_block_tables, p, meta.prefill_max_seq_len, block_size)
-    num_blocks = table.shape[1]  # [P, num_blocks]
-    plan: dict[str, Any] = {"num_tokens": num_tokens}
-    if p == 1 and int(seq_lens[0]) == num_tokens:
-        # A lone chunk with no cached prefix: plain causal attention over its own keys.
-        n_blk = _cdiv(num_tokens, block_size)
-        plan.update(fast=True, block_ids=table[0, :n_blk].reshape(-1))
-    else:
-        j = torch.arange(max_q, device=device)
-        # Padded layout [P, max_q]: row i, column j holds token qsl[i] + j of the prefill
-        # part; columns past q_len point at any valid token and are dropped afterwards.
-        tok_idx = (qsl[:-1, None] + j).clamp_(max=max(num_tokens - 1, 0))
-        chunk_of_token = torch.repeat_interleave(torch.arange(p, device=device), q_lens)
-        t = torch.arange(num_tokens, device=device)
-        out_idx = chunk_of_token * max_q + (t - qsl[chunk_of_token])  # [num_tokens]
-        # Query j of chunk i sits at position prefix_i + j and sees keys 0..prefix_i + j.
-        # Padding rows (j >= q_len) sit at >= seq_len and so see all real keys: never a
-        # fully masked row, hence never a NaN.
-        q_pos = (seq_lens - q_lens)[:, None] + j  # [P, max_q]
-        k_pos = torch.arange(num_blocks * block_size, device=device)
-        valid = (k_pos[None, None, :] <= q_pos[:, :, None]) & (
-            k_pos[None, None, :] < seq_lens[:, None, None]
-        )  # [P, max_q, L]
-        mask = _additive_mask(valid, dtype)
-        plan.update(
-            fast=False,
-            block_ids=table.reshape(-1),
-            tok_idx=tok_idx.reshape(-1),
-            out_idx=out_idx,
-            mask=mask[:, None],  # [P, 1, max_q, L]
-        )
-    meta.scratch[key] = plan
-    return plan
-
-
 def _prefill_attention(
-    query: torch.Tensor,
+    q_all: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    plan: PrefillPlan,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    # query: the whole step [num_tokens, num_heads, hd]; returns the prefill part's output.
-    _, num_heads, hd = query.shape
+    # q_all: the prefill part of the step [n, num_heads, hd]; returns its output.
+    n, num_heads, hd = q_all.shape
     nkv = k_cache.shape[2]
-    plan = _prefill_plan(meta, k_cache.shape[1], query.dtype)
-    n = plan["num_tokens"]
-    nd = meta.num_decode_tokens
-    q_all = query[nd : nd + n]  # [n, num_heads, hd]
     p = meta.num_prefills
-    k = _gather_blocks(k_cache, plan["block_ids"], p)  # [P, nkv, L, hd]
-    v = _gather_blocks(v_cache, plan["block_ids"], p)
-    if plan["fast"]:
+    k = _gather_blocks(k_cache, plan.block_ids, p)  # [P, nkv, L, hd]
+    v = _gather_blocks(v_cache, plan.block_ids, p)
+    if plan.causal_only:
         q = q_all.view(1, n, num_heads, hd).transpose(1, 2)  # [1, num_heads, n, hd]
         out = F.scaled_dot_product_attention(
             q, k[:, :, :n], v[:, :, :n], is_causal=True, scale=scale, enable_gqa=nkv != num_heads
         )  # [1, num_heads, n, hd]
         return out.transpose(1, 2).reshape(n, num_heads, hd)
+    assert plan.tok_idx is not None and plan.out_idx is not None
     max_q = meta.prefill_max_query_len
     single = p == 1 and max_q == n  # one chunk (after a cached prefix): no padding needed
-    q = q_all if single else q_all.index_select(0, plan["tok_idx"])  # [P * max_q, heads, hd]
+    q = q_all if single else q_all.index_select(0, plan.tok_idx)  # [P * max_q, heads, hd]
     q = q.view(p, max_q, num_heads, hd).transpose(1, 2)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=plan["mask"], scale=scale, enable_gqa=nkv != num_heads
+        q, k, v, attn_mask=plan.mask, scale=scale, enable_gqa=nkv != num_heads
     )  # [P, num_heads, max_q, hd]
     out = out.transpose(1, 2).reshape(p * max_q, num_heads, hd)
-    return out if single else out.index_select(0, plan["out_idx"])
+    return out if single else out.index_select(0, plan.out_idx)

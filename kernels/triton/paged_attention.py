@@ -80,6 +80,92 @@ def _weighted(p, v, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
+def _attend(
+    q,
+    q_pos,
+    lo,
+    hi,
+    kv_len,
+    table,
+    k_cache_ptr,
+    v_cache_ptr,
+    kvh,
+    qk_scale,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """The loop every kernel here shares: online softmax of the query rows ``q``
+    ``[ROWS, BLOCK_D]`` over cache positions ``lo .. hi`` of kv head ``kvh`` (the sequence's
+    block ``table``), in K/V tiles of ``BLOCK_N``. Positions ``>= kv_len`` are masked and
+    never loaded; ``CAUSAL``: row r also sees only positions ``<= q_pos[r]``.
+
+    Returns ``(acc, m_i, l_i)``: the unnormalised ``[ROWS, BLOCK_D]`` accumulator, and per
+    row the running max (log2 units) and sum of exponentials."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + offs_n  # [BLOCK_N]
+        n_mask = pos < kv_len
+        blk = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = _scores(q, k, FP32_DOT) * qk_scale  # [ROWS, BLOCK_N], log2 units
+        if CAUSAL:
+            visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        else:
+            visible = n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + _weighted(p, v, FP32_DOT)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _load_group_query(
+    q_ptr,
+    seq,
+    kvh,
+    stride_qt,
+    stride_qh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Decode token ``seq``'s ``GROUP`` query heads that share kv head ``kvh``, as the rows
+    of one tile: ``(q [BLOCK_H, BLOCK_D], heads [BLOCK_H], h_mask [BLOCK_H])``; padding
+    rows are zeros (they still see key 0, so they stay finite)."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < GROUP
+    heads = kvh * GROUP + offs_h  # the query heads of this kv head: [BLOCK_H]
+    q = tl.load(
+        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
+        other=0.0,
+    )
+    return q, heads, h_mask
+
+
+@triton.jit
 def _paged_attention_decode_kernel(
     out_ptr,
     q_ptr,
@@ -107,42 +193,37 @@ def _paged_attention_decode_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    h_mask = offs_h < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kvh * GROUP + offs_h  # the query heads of this kv head: [BLOCK_H]
-    q = tl.load(
-        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=h_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [BLOCK_H, BLOCK_D]
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    table = block_tables_ptr + seq * stride_bt
-    for start in range(0, seq_len, BLOCK_N):
-        pos = start + offs_n  # [BLOCK_N]
-        n_mask = pos < seq_len
-        blk = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = _scores(q, k, FP32_DOT) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _weighted(p, v, FP32_DOT)
-        m_i = m_new
+    q, heads, h_mask = _load_group_query(
+        q_ptr, seq, kvh, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D
+    )
+    acc, _, l_i = _attend(
+        q,
+        heads,  # unused: not causal
+        0,
+        seq_len,
+        seq_len,
+        block_tables_ptr + seq * stride_bt,
+        k_cache_ptr,
+        v_cache_ptr,
+        kvh,
+        qk_scale,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        BLOCK_H,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_D,
+        BLOCK_N,
+        False,
+        FP32_DOT,
+    )
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    offs_d = tl.arange(0, BLOCK_D)
     tl.store(
         out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=h_mask[:, None] & d_mask[None, :],
+        mask=h_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
     )
 
 
@@ -185,45 +266,40 @@ def _paged_attention_decode_split_kernel(
     part = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * part
     hi = tl.minimum(lo + part, seq_len)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    h_mask = offs_h < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kvh * GROUP + offs_h  # [BLOCK_H]
-    q = tl.load(
-        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=h_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [BLOCK_H, BLOCK_D]
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    table = block_tables_ptr + seq * stride_bt
-    for start in range(lo, hi, BLOCK_N):
-        pos = start + offs_n  # [BLOCK_N]
-        n_mask = pos < hi
-        blk = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = _scores(q, k, FP32_DOT) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _weighted(p, v, FP32_DOT)
-        m_i = m_new
+    q, heads, h_mask = _load_group_query(
+        q_ptr, seq, kvh, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D
+    )
+    acc, m_i, l_i = _attend(
+        q,
+        heads,  # unused: not causal
+        lo,
+        hi,
+        hi,
+        block_tables_ptr + seq * stride_bt,
+        k_cache_ptr,
+        v_cache_ptr,
+        kvh,
+        qk_scale,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        BLOCK_H,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_D,
+        BLOCK_N,
+        False,
+        FP32_DOT,
+    )
     # Partials: [num_seqs, NUM_HEADS, NUM_SPLITS] (+ [HEAD_DIM]), contiguous.
+    offs_d = tl.arange(0, BLOCK_D)
     row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [BLOCK_H]
     tl.store(part_m_ptr + row, m_i, mask=h_mask)
     tl.store(part_l_ptr + row, l_i, mask=h_mask)
     tl.store(
         part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
         acc,
-        mask=h_mask[:, None] & d_mask[None, :],
+        mask=h_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
     )
 
 
@@ -304,10 +380,8 @@ def _paged_attention_prefill_kernel(
     q_len = tl.load(query_start_loc_ptr + chunk + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + chunk)
     prefix = seq_len - q_len
-    kvh = head // GROUP
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     m_mask = offs_m < q_len
     d_mask = offs_d < HEAD_DIM
     tok = (token_offset + q_start + offs_m).to(tl.int64)  # [BLOCK_M] rows of query/out
@@ -321,27 +395,28 @@ def _paged_attention_prefill_kernel(
     # wholly past the chunk's end gets an empty loop (and stores nothing).
     kv_end = tl.minimum(seq_len, prefix + m_start + BLOCK_M)
     kv_end = tl.where(m_start < q_len, kv_end, 0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    table = block_tables_ptr + chunk * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
-        pos = start + offs_n  # [BLOCK_N]
-        n_mask = pos < seq_len
-        blk = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = _scores(q, k, FP32_DOT) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
-        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _weighted(p, v, FP32_DOT)
-        m_i = m_new
+    acc, _, l_i = _attend(
+        q,
+        q_pos,
+        0,
+        kv_end,
+        seq_len,
+        block_tables_ptr + chunk * stride_bt,
+        k_cache_ptr,
+        v_cache_ptr,
+        head // GROUP,
+        qk_scale,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        BLOCK_M,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_D,
+        BLOCK_N,
+        True,
+        FP32_DOT,
+    )
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(
         out_ptr + tok[:, None] * stride_ot + head * stride_oh + offs_d[None, :],

@@ -1,7 +1,8 @@
 """Triton RMSNorm and fused residual-add + RMSNorm.
 
-One program per token row; the whole hidden vector is one block (hidden sizes of the
-models we serve fit comfortably in registers), so the row is read once and written once.
+One program per token row, and one kernel for both ops (the fused one adds the residual
+first); the whole hidden vector is one block (hidden sizes of the models we serve fit
+comfortably in registers), so the row is read once and written once.
 The rounding points copy transformers' ``LlamaRMSNorm``: statistics in float32, the
 normalised value rounded to the input dtype, then the weight multiply (exact in float32 for
 two 16-bit operands, so one final rounding gives the same bits as torch's 16-bit multiply).
@@ -19,29 +20,6 @@ __all__ = ["fused_add_rms_norm_triton", "rms_norm_triton"]
 @triton.jit
 def _rms_norm_kernel(
     x_ptr,
-    w_ptr,
-    out_ptr,
-    stride_x,
-    stride_out,
-    n_cols,
-    eps,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=0) / n_cols
-    normed = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    out = w.to(tl.float32) * normed.to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _fused_add_rms_norm_kernel(
-    x_ptr,
     res_ptr,
     w_ptr,
     out_ptr,
@@ -52,19 +30,23 @@ def _fused_add_rms_norm_kernel(
     stride_res_out,
     n_cols,
     eps,
+    ADD_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """One row of ``rms_norm(x)``, or with ``ADD_RESIDUAL`` of ``rms_norm(x + res)`` that
+    also stores ``x + res`` (``res_ptr``/``res_out_ptr`` are unused without it)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-    # The residual stream lives in the input dtype: round the sum before normalising it.
-    s = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-    tl.store(res_out_ptr + row * stride_res_out + cols, s, mask=mask)
-    sf = s.to(tl.float32)
-    var = tl.sum(sf * sf, axis=0) / n_cols
-    normed = (sf * tl.rsqrt(var + eps)).to(res_out_ptr.dtype.element_ty)
+    if ADD_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        # The residual stream lives in the input dtype: round the sum before normalising it.
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / n_cols
+    normed = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     out = w.to(tl.float32) * normed.to(tl.float32)
     tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -95,7 +77,20 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         return out
     block, num_warps = _launch_config(hidden)
     _rms_norm_kernel[(num_tokens,)](
-        x, weight, out, x.stride(0), out.stride(0), hidden, eps, BLOCK=block, num_warps=num_warps
+        x,
+        x,  # no residual
+        weight,
+        out,
+        out,  # no residual
+        x.stride(0),
+        0,
+        out.stride(0),
+        0,
+        hidden,
+        eps,
+        ADD_RESIDUAL=False,
+        BLOCK=block,
+        num_warps=num_warps,
     )
     return out
 
@@ -116,7 +111,7 @@ def fused_add_rms_norm_triton(
     if num_tokens == 0:
         return out, new_residual
     block, num_warps = _launch_config(hidden)
-    _fused_add_rms_norm_kernel[(num_tokens,)](
+    _rms_norm_kernel[(num_tokens,)](
         x,
         residual,
         weight,
@@ -128,6 +123,7 @@ def fused_add_rms_norm_triton(
         new_residual.stride(0),
         hidden,
         eps,
+        ADD_RESIDUAL=True,
         BLOCK=block,
         num_warps=num_warps,
     )

@@ -17,6 +17,7 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch  # importing torch does not import triton
@@ -73,9 +74,20 @@ def triton_device() -> str:
 
 
 @pytest.fixture
-def force_triton(monkeypatch: pytest.MonkeyPatch, triton_device: str) -> str:
+def use_backend() -> Iterator[Callable[[str], str]]:
+    """``use_backend(mode)`` selects a kernel backend as the engine does at start-up; the
+    backend selected before the test is restored after it."""
+    from kernels import registry
+
+    saved = registry.selected_backend()
+    yield registry.select_backend
+    registry.select_backend(saved)
+
+
+@pytest.fixture
+def force_triton(use_backend: Callable[[str], str], triton_device: str) -> str:
     """Route the public ``kernels`` API to Triton for the duration of a test."""
-    monkeypatch.setenv("HEARTH_KERNELS", "triton")
+    use_backend("triton")
     return triton_device
 
 

@@ -1,10 +1,13 @@
-"""The ``kernels`` dispatch point: backend choice, lazy triton import, life without triton."""
+"""The ``kernels`` dispatch point: the backend chosen once, lazy triton import, life without
+triton."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -59,46 +62,81 @@ def test_works_without_triton_installed() -> None:
         """
         import sys
         sys.modules["triton"] = None  # any `import triton` now raises ImportError
-        import os, torch, kernels
+        import torch, kernels
         x = torch.randn(3, 8)
         cache = kernels.build_cos_sin_cache(8, 16, 10000.0, torch.float32)
         q, k = kernels.rotary_embedding(torch.arange(3), x.view(3, 1, 8), x.view(3, 1, 8), cache)
         assert kernels.kernel_backend(x) == "torch"
-        os.environ["HEARTH_KERNELS"] = "triton"
         try:
-            kernels.rms_norm(x, torch.ones(8), 1e-6)
+            kernels.select_backend("triton")
         except RuntimeError as e:
             print("refused:", e)
         """
     )
-    assert out.startswith("refused:") and "not installed" in out
+    assert out.startswith("refused:") and "not installed" in out and "HEARTH_KERNELS" in out
 
 
-def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_set_before_start_up_is_honoured() -> None:
+    """``HEARTH_KERNELS`` in the environment of a fresh process reaches the kernels the
+    way the engine core hands it over: settings -> ``EngineConfig.kernels`` ->
+    ``select_backend`` (which ``EngineCore`` calls first thing)."""
+    out = _run(
+        """
+        import torch, kernels
+        from container.settings import configs_from_env
+        engine_config, _ = configs_from_env()
+        print(engine_config.kernels, kernels.select_backend(engine_config.kernels))
+        print(kernels.selected_backend(), kernels.kernel_backend(torch.zeros(1)))
+        """,
+        HEARTH_KERNELS="Torch",
+    )
+    assert out.splitlines() == ["torch torch", "torch torch"]
+
+
+def test_invalid_environment_value_fails_naming_the_variable() -> None:
+    from container.settings import configs_from_env
+
+    with pytest.raises(SystemExit, match="HEARTH_KERNELS"):
+        configs_from_env({"HEARTH_KERNELS": "cuda-please"})
+
+
+def test_backend_selection(use_backend: Callable[[str], str]) -> None:
     cpu = torch.zeros(1)
-    monkeypatch.delenv("HEARTH_KERNELS", raising=False)
+    use_backend("auto")
     assert kernels.kernel_backend(cpu) == "torch"
-    monkeypatch.setenv("HEARTH_KERNELS", "torch")
-    assert kernels.kernel_backend(cpu) == "torch"
-    monkeypatch.setenv("HEARTH_KERNELS", "auto")
-    assert kernels.kernel_backend(cpu) == "torch"
-    monkeypatch.setenv("HEARTH_KERNELS", "cuda-please")
-    with pytest.raises(ValueError, match="HEARTH_KERNELS"):
-        kernels.kernel_backend(cpu)
+    for mode in ("torch", "auto", " AUTO "):
+        use_backend(mode)
+        assert kernels.kernel_backend(cpu) == "torch"
+    assert kernels.selected_backend() == "auto"
+    with pytest.raises(ValueError, match=r"HEARTH_KERNELS .*auto, torch, triton"):
+        use_backend("cuda-please")
+    assert kernels.selected_backend() == "auto", "a refused value leaves the choice alone"
 
 
-def test_forced_triton_on_cpu_needs_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_selection_is_logged_once(
+    use_backend: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="hearth.kernels")
+    use_backend("torch")
+    for _ in range(3):
+        kernels.rms_norm(torch.randn(2, 8), torch.ones(8), 1e-6)
+    assert [r.getMessage() for r in caplog.records] == ["kernel backend: torch"]
+
+
+def test_forced_triton_on_cpu_needs_interpreter(
+    monkeypatch: pytest.MonkeyPatch, use_backend: Callable[[str], str]
+) -> None:
     pytest.importorskip("triton")
-    monkeypatch.setenv("HEARTH_KERNELS", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    use_backend("triton")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         kernels.kernel_backend(torch.zeros(1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_auto_picks_triton_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_picks_triton_on_cuda(use_backend: Callable[[str], str]) -> None:
     pytest.importorskip("triton")
-    monkeypatch.delenv("HEARTH_KERNELS", raising=False)
+    use_backend("auto")
     assert kernels.kernel_backend(torch.zeros(1, device="cuda")) == "triton"
 
 

@@ -298,13 +298,14 @@ def test_paged_attention_16bit(dtype: torch.dtype, case: str) -> None:
 
 def test_paged_attention_caches_plan_once_per_step() -> None:
     step, q, kc, vc, _, _ = _attention_case("mixed", 9, 3, 32, 16, torch.float32)
+    assert step.meta.reference_plan is None
     first = reference.paged_attention(q, kc, vc, step.meta, 0.2)
-    keys = set(step.meta.scratch)
-    assert any("decode" in k for k in keys) and any("prefill" in k for k in keys)
-    plans = {k: step.meta.scratch[k] for k in keys}
+    plan = step.meta.reference_plan
+    assert plan is not None and plan.dtype == torch.float32
+    assert plan.decode is not None and plan.prefill is not None
     second = reference.paged_attention(q, kc, vc, step.meta, 0.2)  # "the next layer"
     assert torch.equal(first, second)
-    assert all(step.meta.scratch[k] is plans[k] for k in keys), "plan rebuilt"
+    assert step.meta.reference_plan is plan, "plan rebuilt"
 
 
 def test_paged_attention_padding_rows_never_nan() -> None:
