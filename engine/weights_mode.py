@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from engine.models.gguf_weights import gguf_source, pack_gguf_weights
 from engine.models.native_forward import NativeCpuForward
 from kernels.cpu.build import host_isa
+from kernels.registry import backend_for_device
 
 logger = logging.getLogger("hearth.engine")
 
@@ -37,9 +38,9 @@ class WeightsMode:
 
 
 def _exact(dtype: torch.dtype, device: torch.device) -> WeightsMode:
-    return WeightsMode(
-        "none", f"dense {str(dtype).removeprefix('torch.')} weights, torch kernels ({device.type})"
-    )
+    kernels = backend_for_device(device)  # triton on CUDA under --kernels auto
+    weights = str(dtype).removeprefix("torch.")
+    return WeightsMode("none", f"dense {weights} weights, {kernels} kernels ({device.type})")
 
 
 def apply_weights_mode(

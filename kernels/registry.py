@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BACKENDS", "ENV", "backend_for", "select_backend", "selected_backend"]
+__all__ = [
+    "BACKENDS",
+    "ENV",
+    "backend_for",
+    "backend_for_device",
+    "select_backend",
+    "selected_backend",
+]
 
 logger = logging.getLogger("hearth.kernels")
 
@@ -96,3 +103,8 @@ def backend_for(t: torch.Tensor) -> str:
             "set before triton is imported"
         )
     return "triton"
+
+
+def backend_for_device(device: torch.device) -> str:
+    """`backend_for` a tensor on ``device``: what the start-up log and /version report."""
+    return backend_for(torch.empty(0, device=device))

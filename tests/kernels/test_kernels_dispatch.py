@@ -133,6 +133,25 @@ def test_forced_triton_on_cpu_needs_interpreter(
         kernels.kernel_backend(torch.zeros(1))
 
 
+def test_the_reported_backend_is_the_one_that_runs(
+    monkeypatch: pytest.MonkeyPatch, use_backend: Callable[[str], str]
+) -> None:
+    """The exact mode's description (start-up log, /version) names the kernels that run,
+    not always "torch"."""
+    from engine.weights_mode import _exact
+    from kernels.registry import backend_for_device
+
+    cpu = torch.device("cpu")
+    use_backend("torch")
+    assert backend_for_device(cpu) == "torch"
+    assert "torch kernels (cpu)" in _exact(torch.float32, cpu).description
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    use_backend("triton")
+    assert backend_for_device(cpu) == kernels.kernel_backend(torch.zeros(1)) == "triton"
+    assert "triton kernels (cpu)" in _exact(torch.float32, cpu).description
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_auto_picks_triton_on_cuda(use_backend: Callable[[str], str]) -> None:
     pytest.importorskip("triton")
