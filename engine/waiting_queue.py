@@ -39,14 +39,49 @@ class WaitingQueue(Protocol):
         """Live requests (stale entries not counted)."""
 
 
-class FcfsQueue:
+class _LazyRemovalQueue:
+    """Lazy removal, written once for both policies: subclasses say how to look at, drop
+    and count the front entry of their container."""
+
+    __slots__ = ("_num_stale",)
+
+    def __init__(self) -> None:
+        self._num_stale = 0
+
+    def _front(self) -> Request | None:
+        raise NotImplementedError
+
+    def _drop_front(self) -> None:
+        raise NotImplementedError
+
+    def num_entries(self) -> int:
+        """Entries held, stale ones included (for tests of the lazy removal)."""
+        raise NotImplementedError
+
+    def head(self) -> Request | None:
+        while (request := self._front()) is not None and request.is_finished:
+            self._drop_front()
+            self._num_stale -= 1
+        return request
+
+    def remove(self, request: Request) -> None:
+        if self._front() is request:
+            self._drop_front()
+        else:
+            self._num_stale += 1
+
+    def __len__(self) -> int:
+        return self.num_entries() - self._num_stale
+
+
+class FcfsQueue(_LazyRemovalQueue):
     """First come, first served; preempted requests go to the very front."""
 
-    __slots__ = ("_items", "_num_stale")
+    __slots__ = ("_items",)
 
     def __init__(self, items: deque[Request] | None = None) -> None:
+        super().__init__()
         self._items: deque[Request] = deque() if items is None else items
-        self._num_stale = 0
 
     def push(self, request: Request) -> None:
         self._items.append(request)
@@ -54,42 +89,33 @@ class FcfsQueue:
     def push_preempted(self, request: Request) -> None:
         self._items.appendleft(request)
 
-    def head(self) -> Request | None:
-        items = self._items
-        while items and items[0].is_finished:
-            items.popleft()
-            self._num_stale -= 1
-        return items[0] if items else None
+    def _front(self) -> Request | None:
+        return self._items[0] if self._items else None
 
-    def remove(self, request: Request) -> None:
-        if self._items and self._items[0] is request:
-            self._items.popleft()
-        else:
-            self._num_stale += 1
-
-    def __len__(self) -> int:
-        return len(self._items) - self._num_stale
+    def _drop_front(self) -> None:
+        self._items.popleft()
 
     def num_entries(self) -> int:
-        """Entries held, stale ones included (for tests of the lazy removal)."""
         return len(self._items)
 
 
-class PriorityQueue:
-    """Lower `priority` first, then earlier arrival, then enqueue order: the same order
-    as a sorted deque with stable insertion, at O(log n) per push and pop."""
+class PriorityQueue(_LazyRemovalQueue):
+    """`Request.sort_key` order (lower priority value first, then earlier arrival), then
+    enqueue order: the same order as a sorted deque with stable insertion, at O(log n)
+    per push and pop."""
 
-    __slots__ = ("_heap", "_num_stale", "_sequence")
+    __slots__ = ("_heap", "_sequence")
 
     def __init__(self) -> None:
+        super().__init__()
         self._heap: list[tuple[int, float, int, Request]] = []
-        self._num_stale = 0
         self._sequence = itertools.count()
-        """Tie-break for equal (priority, arrival): earlier enqueue first. Never equal,
-        so the heap never compares two Requests."""
+        """Tie-break for equal sort keys: earlier enqueue first. Never equal, so the heap
+        never compares two Requests."""
 
     def push(self, request: Request) -> None:
-        entry = (request.priority, request.arrival_time, next(self._sequence), request)
+        # Flat, not nested: a nested key tuple costs extra comparisons per sift.
+        entry = (*request.sort_key(), next(self._sequence), request)
         heapq.heappush(self._heap, entry)
 
     def push_preempted(self, request: Request) -> None:
@@ -97,24 +123,13 @@ class PriorityQueue:
         # priority; a more urgent request that is waiting still runs first.
         self.push(request)
 
-    def head(self) -> Request | None:
-        heap = self._heap
-        while heap and heap[0][3].is_finished:
-            heapq.heappop(heap)
-            self._num_stale -= 1
-        return heap[0][3] if heap else None
+    def _front(self) -> Request | None:
+        return self._heap[0][3] if self._heap else None
 
-    def remove(self, request: Request) -> None:
-        if self._heap and self._heap[0][3] is request:
-            heapq.heappop(self._heap)
-        else:
-            self._num_stale += 1
-
-    def __len__(self) -> int:
-        return len(self._heap) - self._num_stale
+    def _drop_front(self) -> None:
+        heapq.heappop(self._heap)
 
     def num_entries(self) -> int:
-        """Entries held, stale ones included (for tests of the lazy removal)."""
         return len(self._heap)
 
 
