@@ -71,16 +71,26 @@ class EngineClient(ABC):
     @property
     def model_info(self) -> ModelInfo | None:
         """Known once the engine is ready."""
+        if self._model_info is None:
+            self._refresh_state()
         return self._model_info
 
     def is_ready(self) -> bool:
         """Warm and accepting requests (SageMaker /ping)."""
+        self._refresh_state()
         return self._model_info is not None and not self._dead and not self._stalled
 
     def is_dead(self) -> bool:
         """The engine core is gone for good, or hung past its heartbeat limit (/health
         answers 503; a hung engine that resumes is healthy again)."""
+        self._refresh_state()
         return self._dead or self._stalled
+
+    def _refresh_state(self) -> None:  # noqa: B027 (optional hook)
+        """Re-read readiness and liveness now, for transports that otherwise learn them by
+        polling: every worker then answers from the same facts at the same moment, so two
+        workers never disagree for a poll interval (a /ping 200 from one and a 503
+        "still loading" from the other)."""
 
     @property
     def num_in_flight(self) -> int:
@@ -127,11 +137,12 @@ class EngineClient(ABC):
         choices of one API request share one). Raises EngineOverloadedError /
         EngineDeadError / EngineNotReadyError / InvalidEngineRequestError before any
         output exists."""
+        self._refresh_state()
         if self._dead:
             raise dead_error()
         if self._stalled:
             raise stalled_error()
-        if not self.is_ready():
+        if self._model_info is None:
             raise EngineNotReadyError("The model is still loading; retry shortly.")
         if request_id in self._collectors or request_id in self._admissions:
             raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")

@@ -131,16 +131,22 @@ class ZmqEngineClient(EngineClient):
 
     async def _watch_loop(self) -> None:
         """Readiness, liveness and the heartbeat from the runtime files: cheap, and never
-        stuck behind a long engine step."""
-        while True:
-            if self._model_info is None:
-                info = read_ready(self.runtime_dir)
-                if info is not None:
-                    self._set_ready(info)
-            if not engine_is_alive(self.runtime_dir):
-                self._set_dead()
-                return
-            if self._model_info is not None:
-                age = heartbeat_age(self.runtime_dir)
-                self._set_stalled(age is not None and age > self.heartbeat_timeout_s)
+        stuck behind a long engine step. Also checked on demand (`_refresh_state`)."""
+        while not self._dead:
+            self._refresh_state()
             await asyncio.sleep(WATCH_INTERVAL_S)
+
+    def _refresh_state(self) -> None:
+        """A few stat()/flock() calls on the runtime files (microseconds)."""
+        if self._dead:
+            return
+        if self._model_info is None:
+            info = read_ready(self.runtime_dir)
+            if info is not None:
+                self._set_ready(info)
+        if not engine_is_alive(self.runtime_dir):
+            self._set_dead()
+            return
+        if self._model_info is not None:
+            age = heartbeat_age(self.runtime_dir)
+            self._set_stalled(age is not None and age > self.heartbeat_timeout_s)

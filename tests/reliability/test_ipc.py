@@ -5,6 +5,7 @@ a script. No model: these run in seconds."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -13,7 +14,15 @@ import zmq
 
 from engine.collector import OutputCollector
 from engine.errors import EngineOverloadedError
-from engine.ipc import ZmqEngineTransport, encoder, socket_address, worker_message_decoder
+from engine.ipc import (
+    HEARTBEAT_NAME,
+    ZmqEngineTransport,
+    encoder,
+    hold_engine_lock,
+    socket_address,
+    worker_message_decoder,
+    write_ready,
+)
 from engine.messages import (
     AbortRequest,
     AddRequest,
@@ -25,6 +34,7 @@ from engine.messages import (
 )
 from engine.sampling_params import SamplingParams
 from engine.zmq_client import ZmqEngineClient
+from tests.reliability.conftest import INFO
 
 pytestmark = pytest.mark.anyio
 
@@ -235,3 +245,30 @@ async def test_a_stalled_engine_is_unhealthy_and_fails_waiting_requests(
             assert [o.finish_reason for o in await drain(collector)] == ["length"]
     finally:
         await client.close()
+
+
+def test_every_worker_answers_from_the_runtime_files_at_once(tmp_path: Path) -> None:
+    """Two API workers polled the runtime files on their own 0.25 s timers, so right
+    after start-up (or an engine resuming) one answered /ping 200 and the other 503 "still
+    loading" for a poll interval, and CI caught a request in that gap. The clients here
+    never start their watch loops: whatever they report comes from reading the files
+    when asked, so both agree the moment a file changes."""
+    assert ZmqEngineClient(tmp_path).is_dead(), "no engine holds the lock"
+    fd = hold_engine_lock(tmp_path)
+    try:
+        fresh = [ZmqEngineClient(tmp_path), ZmqEngineClient(tmp_path)]
+        assert [(w.is_dead(), w.is_ready(), w.model_info) for w in fresh] == [
+            (False, False, None)
+        ] * 2
+        write_ready(tmp_path, INFO)
+        assert [w.is_ready() for w in fresh] == [True, True]
+        assert [w.model_info for w in fresh] == [INFO, INFO]
+        heartbeat = tmp_path / HEARTBEAT_NAME
+        heartbeat.touch()
+        stale = time.time() - 60
+        os.utime(heartbeat, (stale, stale))
+        assert [(w.is_ready(), w.is_dead()) for w in fresh] == [(False, True)] * 2
+        heartbeat.touch()
+        assert [(w.is_ready(), w.is_dead()) for w in fresh] == [(True, False)] * 2
+    finally:
+        os.close(fd)
