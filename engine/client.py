@@ -142,7 +142,7 @@ class EngineClient(ABC):
             raise dead_error()
         if self._stalled:
             raise stalled_error()
-        if self._model_info is None:
+        if not self.is_ready():
             raise EngineNotReadyError("The model is still loading; retry shortly.")
         if request_id in self._collectors or request_id in self._admissions:
             raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")
