@@ -37,6 +37,26 @@ which every output of outlines' default `[ ]?` also matches; or any JSON whitesp
 Any other pattern is refused rather than silently not enforced."""
 
 
+def _check_whitespace_pattern(value: str | None) -> str | None:
+    if value is not None and value not in WHITESPACE_PATTERNS:
+        raise FieldError(
+            None,
+            f"whitespace pattern {value!r} cannot be enforced: the grammar library "
+            '(xgrammar) lays JSON out from options, not from a regex. Use "" (no '
+            "whitespace), \"[ ]?\" (one space after ',' and ':', the default when unset) "
+            'or "\\\\s*" (any JSON whitespace)',
+        )
+    return value
+
+
+def _json_layout(pattern: str | None) -> dict[str, Any]:
+    """any_whitespace and separators of a JSON constraint (defaults when unset)."""
+    if pattern is None:
+        return {}
+    any_whitespace, separators = WHITESPACE_PATTERNS[pattern]
+    return {"any_whitespace": any_whitespace, "separators": separators}
+
+
 def _check_choices(value: list[str] | None) -> list[str] | None:
     if value is None:
         return None
@@ -123,15 +143,7 @@ class StructuredOutputsParams(OpenAIBaseModel):
     @field_validator("whitespace_pattern")
     @classmethod
     def _check_whitespace_pattern(cls, value: str | None) -> str | None:
-        if value is not None and value not in WHITESPACE_PATTERNS:
-            raise FieldError(
-                None,
-                f"whitespace pattern {value!r} cannot be enforced: the grammar library "
-                '(xgrammar) lays JSON out from options, not from a regex. Use "" (no '
-                "whitespace), \"[ ]?\" (one space after ',' and ':', the default when unset) "
-                'or "\\\\s*" (any JSON whitespace)',
-            )
-        return value
+        return _check_whitespace_pattern(value)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputsParams:
@@ -151,11 +163,7 @@ class StructuredOutputsParams(OpenAIBaseModel):
         return self
 
     def json_layout(self) -> dict[str, Any]:
-        """any_whitespace and separators of a JSON constraint (defaults when unset)."""
-        if self.whitespace_pattern is None:
-            return {}
-        any_whitespace, separators = WHITESPACE_PATTERNS[self.whitespace_pattern]
-        return {"any_whitespace": any_whitespace, "separators": separators}
+        return _json_layout(self.whitespace_pattern)
 
     def get(self, name: str) -> Any:
         return self.json_ if name == "json" else getattr(self, name)
@@ -188,6 +196,14 @@ class StructuredOutputFields(OpenAIBaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    """vLLM's older spelling of `structured_outputs.whitespace_pattern`: the layout of a
+    JSON constraint given by `guided_json` or `response_format`."""
+
+    @field_validator("guided_whitespace_pattern")
+    @classmethod
+    def _check_guided_whitespace_pattern(cls, value: str | None) -> str | None:
+        return _check_whitespace_pattern(value)
 
     @field_validator("guided_json", mode="before")
     @classmethod
@@ -217,7 +233,20 @@ class StructuredOutputFields(OpenAIBaseModel):
                 given[1],
                 f"only one output constraint is allowed per request; got {', '.join(given)}",
             )
+        if self.guided_whitespace_pattern is not None and not self._json_constraint_given():
+            raise FieldError(
+                "guided_whitespace_pattern",
+                "guided_whitespace_pattern applies only to a JSON constraint (guided_json, "
+                "or response_format json_schema / json_object); with structured_outputs, "
+                "set structured_outputs.whitespace_pattern",
+            )
         return self
+
+    def _json_constraint_given(self) -> bool:
+        rf = self.response_format
+        return self.guided_json is not None or (
+            rf is not None and rf.type in ("json_schema", "json_object")
+        )
 
     def _constraint_fields(self) -> list[str]:
         given = []
@@ -233,10 +262,12 @@ class StructuredOutputFields(OpenAIBaseModel):
     def structured_spec(self) -> StructuredOutputSpec | None:
         """The request's one constraint for the engine, or None."""
         rf = self.response_format
+        layout = _json_layout(self.guided_whitespace_pattern)
         if rf is not None and rf.type == "json_object":
-            return _spec("json_object", None, "response_format")
+            return _spec("json_object", None, "response_format", **layout)
         if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-            return _spec("json", rf.json_schema.json_schema, "response_format.json_schema.schema")
+            schema = rf.json_schema.json_schema
+            return _spec("json", schema, "response_format.json_schema.schema", **layout)
         if rf is not None and rf.type == "structural_tag":
             return _spec("structural_tag", rf.canonical(), "response_format")
         so = self.structured_outputs
@@ -246,7 +277,9 @@ class StructuredOutputFields(OpenAIBaseModel):
                 if value is not None:
                     return _spec(name, value, f"structured_outputs.{name}", **so.json_layout())
             return _spec("json_object", None, "structured_outputs.json_object", **so.json_layout())
-        for name in ("json", "regex", "choice", "grammar"):
+        if self.guided_json is not None:
+            return _spec("json", self.guided_json, "guided_json", **layout)
+        for name in ("regex", "choice", "grammar"):
             value = getattr(self, f"guided_{name}")
             if value is not None:
                 return _spec(name, value, f"guided_{name}")

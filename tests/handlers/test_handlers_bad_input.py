@@ -325,6 +325,30 @@ CASES = [
         400,
         "structured_outputs.whitespace_pattern",
     ),
+    Case(
+        "guided-whitespace-pattern-unsupported",
+        chat(guided_json={"type": "object"}, guided_whitespace_pattern="\\s+"),
+        400,
+        "guided_whitespace_pattern",
+    ),
+    Case(
+        "guided-whitespace-pattern-with-regex",
+        chat(guided_regex="a+", guided_whitespace_pattern=""),
+        400,
+        "guided_whitespace_pattern",
+    ),
+    Case(
+        "guided-whitespace-pattern-with-structured-outputs",
+        chat(structured_outputs={"json": {"type": "object"}}, guided_whitespace_pattern=""),
+        400,
+        "guided_whitespace_pattern",
+    ),
+    Case(
+        "guided-whitespace-pattern-alone",
+        chat(guided_whitespace_pattern=""),
+        400,
+        "guided_whitespace_pattern",
+    ),
     Case("tool-choice-auto", chat(tool_choice="auto"), 400, "tool_choice"),
     Case("tool-choice-required", chat(tool_choice="required"), 400, "tool_choice"),
     Case(

@@ -225,6 +225,40 @@ async def test_whitespace_pattern_maps_to_json_layout(
     assert (spec.kind, spec.any_whitespace, spec.separators) == ("json", any_whitespace, separators)
 
 
+@pytest.mark.parametrize(
+    ("fields", "kind", "param"),
+    [
+        ({"guided_json": CITY}, "json", "guided_json"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "c", "schema": CITY},
+                }
+            },
+            "json",
+            "response_format.json_schema.schema",
+        ),
+        ({"response_format": {"type": "json_object"}}, "json_object", "response_format"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("pattern", "any_whitespace", "separators"), [("", False, (",", ":")), (r"\s*", True, None)]
+)
+async def test_guided_whitespace_pattern_lays_out_every_json_constraint(
+    client, engine, tokenizer, fields, kind, param, pattern, any_whitespace, separators
+):
+    """vLLM's top-level `guided_whitespace_pattern` was ignored (logged as unknown), so a
+    client asking for compact JSON got the default layout."""
+    _script(engine, tokenizer, "x")
+    body = {"messages": MESSAGES, "guided_whitespace_pattern": pattern, **fields}
+    result = await call_asgi(client.app, CHAT, body)
+    assert result.status == 200, result.body
+    spec = engine.added[-1].params.structured
+    assert (spec.kind, spec.param) == (kind, param)
+    assert (spec.any_whitespace, spec.separators) == (any_whitespace, separators)
+
+
 async def test_tgi_grammar_reaches_the_engine(client, engine, tokenizer):
     _script(engine, tokenizer, "x")
     body = {"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "[a-z]+"}}}
