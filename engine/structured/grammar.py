@@ -12,18 +12,30 @@ from __future__ import annotations
 
 import json
 import re
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from engine.sampling_params import StructuredOutputSpec
 
 if TYPE_CHECKING:
+    import xgrammar as xgr
+
     from engine.request import Request
 
 _CPP_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+\.cc:\d+:\s*")
+
+
+def _xgrammar() -> types.ModuleType:
+    """xgrammar, imported on first use: with the transformers it pulls in, the import
+    takes ~1.5 s, which the engine would otherwise spend before it reports ready. The
+    first use is the compiler's prewarm on the grammar thread, after warm-up; a matcher
+    or a mask only exists once a grammar compiled."""
+    import xgrammar
+
+    return xgrammar
 
 
 class GrammarError(ValueError):
@@ -48,6 +60,7 @@ class GrammarCompiler:
     def __init__(self, model_dir: str | Path, vocab_size: int, eos_token_ids: list[int]) -> None:
         from transformers import PreTrainedTokenizerFast
 
+        xgr = _xgrammar()
         hf = PreTrainedTokenizerFast(tokenizer_file=str(Path(model_dir) / "tokenizer.json"))
         info = xgr.TokenizerInfo.from_huggingface(
             hf, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids)
@@ -94,7 +107,7 @@ class GrammarState:
     __slots__ = ("matcher",)
 
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
-        self.matcher = xgr.GrammarMatcher(compiled)
+        self.matcher = _xgrammar().GrammarMatcher(compiled)
 
     def accept(self, token_id: int) -> bool:
         return bool(self.matcher.accept_token(token_id))
@@ -117,6 +130,7 @@ def apply_grammar_masks(logits: torch.Tensor, requests: list[Request]) -> torch.
     rows = [i for i, r in enumerate(requests) if r.grammar is not None]
     if not rows:
         return logits
+    xgr = _xgrammar()
     num_rows, vocab = logits.shape
     bitmask = xgr.allocate_token_bitmask(num_rows, vocab)  # [num_rows, ceil(vocab/32)] int32
     for row in rows:
