@@ -11,14 +11,14 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from engine.model_config import read_model_config
 from engine.model_resolver import ModelNotFoundError, Progress, _stderr_progress
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from transformers import PretrainedConfig
 
 __all__ = ["iter_safetensors", "load_model"]
 
@@ -54,21 +54,21 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     progress: Progress | None = None,
-) -> tuple[nn.Module, PretrainedConfig]:
+) -> tuple[nn.Module, Any]:
     """Build the native model for `model_dir` and stream its safetensors weights into it.
 
     Parameters are allocated uninitialised (`torch.empty`) straight on `device` in
     `dtype`: no random init, no meta-device round trip, each checkpoint tensor is
-    copied (and cast) exactly once. Returns the model in eval mode and its config.
+    copied (and cast) exactly once. Returns the model in eval mode and its config
+    (`engine.model_config`: config.json's values, or transformers' config object).
     """
     import torch
-    from transformers import AutoConfig
 
     say = progress or _stderr_progress
     from engine.models.registry import get_model_class
 
     start = time.monotonic()
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    config = read_model_config(model_dir)
     model_cls = get_model_class(config)
     with torch.no_grad():
         model = model_cls(config, dtype=dtype, device=device)
