@@ -439,7 +439,6 @@ class EngineCore:
             raise RuntimeError(f"warm-up request refused: {admission.message}")
         while self.has_work():
             self.step()
-        self.structured.prewarm()
         self.block_manager.reset_prefix_cache()
         self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
         return time.monotonic() - start

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 IDLE_POLL_MS = 100
 COMPILE_POLL_MS = 5
 """Poll interval while only grammar compiles are pending (no step to run)."""
+PREWARM_AFTER_IDLE_S = 2.0
+"""How long the engine must have had nothing to do before it loads the grammar library
+(xgrammar and the transformers it imports: ~2 s holding the GIL). Done at ready, it
+slowed the first requests by over a second; a constrained request that comes first loads
+it on its own compile anyway."""
 
 
 class EngineTransport(Protocol):
@@ -68,13 +74,22 @@ def run_engine_loop(
     metrics = EngineMetrics.get()
     stats = StatsLogger()
     metrics.update(core)
+    idle_since: float | None = time.monotonic()
+    prewarmed = False
     while not stop.is_set():
         if heartbeat is not None:
             heartbeat.loop()
         if core.has_work():
             timeout = 0
+            idle_since = None
         else:
             timeout = COMPILE_POLL_MS if core.num_compiling else IDLE_POLL_MS
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            elif not prewarmed and now - idle_since >= PREWARM_AFTER_IDLE_S:
+                core.structured.prewarm()
+                prewarmed = True
         messages = transport.poll(timeout)
         for client_id, message in messages:
             handle_message(core, transport, client_id, message)

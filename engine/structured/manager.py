@@ -66,6 +66,7 @@ class StructuredOutputManager:
         self._eos_token_ids = list(eos_token_ids)
         self._compiler: GrammarCompiler | None = None
         self._compiler_lock = threading.Lock()
+        self._prewarm_started = False
         self._tokenizer_hash = tokenizer_hash(model_dir)
         self.compile_timeout_s = compile_timeout_s
         self._cache: OrderedDict[str, Any] = OrderedDict()
@@ -118,9 +119,11 @@ class StructuredOutputManager:
         return compiled
 
     def prewarm(self) -> None:
-        """Load the vocabulary into the grammar library in the background, so the first
-        constrained request does not wait for it."""
-        self._pool.submit(self._get_compiler)
+        """Load the grammar library and the vocabulary into it in the background (once), so
+        the first constrained request does not wait for it."""
+        if not self._prewarm_started:
+            self._prewarm_started = True
+            self._pool.submit(self._get_compiler)
 
     def submit(self, request_id: str, spec: StructuredOutputSpec, payload: Any) -> None:
         """Start compiling for a request; `ready()` hands it back once done."""
