@@ -33,6 +33,21 @@ async def _gather(calls):
     return await asyncio.gather(*calls)
 
 
+def _run_closing(sdk, main):
+    """Run `main` on a new event loop and close the client's connections on that loop.
+    Left to the garbage collector, openai's client closes them on whatever loop runs
+    then: a later async test (tests/reliability/test_ipc.py) failed with "Event loop is
+    closed" raised from these connections."""
+
+    async def run():
+        try:
+            return await main
+        finally:
+            await sdk.close()
+
+    return asyncio.run(run())
+
+
 def test_parse_pydantic_models(default_server: Server) -> None:
     assert len(SCHEMAS) >= 20
     sdk = async_client(default_server).with_options(timeout=SLOW)
@@ -47,7 +62,7 @@ def test_parse_pydantic_models(default_server: Server) -> None:
         )
         return completion.choices[0]
 
-    choices = asyncio.run(_gather([one(m, p) for m, p in SCHEMAS]))
+    choices = _run_closing(sdk, _gather([one(m, p) for m, p in SCHEMAS]))
     for (model, _), choice in zip(SCHEMAS, choices, strict=True):
         assert choice.finish_reason == "stop", (model.__name__, choice.message.content)
         assert isinstance(choice.message.parsed, model), model.__name__
@@ -100,7 +115,7 @@ def test_json_object_regex_choice_and_grammar(default_server: Server) -> None:
             completion,
         )
 
-    objects, regexes, choices, grammars, completion = asyncio.run(run())
+    objects, regexes, choices, grammars, completion = _run_closing(sdk, run())
     for text in objects:
         assert isinstance(json.loads(text), dict), text
     for text in regexes:
@@ -238,7 +253,7 @@ def test_required_tool_calls_always_validate(default_server: Server) -> None:
         )
         return reply.choices[0]
 
-    choices = asyncio.run(_gather([one(p) for p in TOOL_PROMPTS]))
+    choices = _run_closing(sdk, _gather([one(p) for p in TOOL_PROMPTS]))
     for prompt, choice in zip(TOOL_PROMPTS, choices, strict=True):
         assert choice.finish_reason == "tool_calls", (prompt, choice.message)
         assert choice.message.tool_calls, prompt
@@ -261,7 +276,7 @@ def test_named_tool_is_always_called(default_server: Server) -> None:
         )
         return reply.choices[0]
 
-    choices = asyncio.run(_gather([one(p) for p in TOOL_PROMPTS[:4]]))
+    choices = _run_closing(sdk, _gather([one(p) for p in TOOL_PROMPTS[:4]]))
     for choice in choices:
         [call] = choice.message.tool_calls
         assert call.function.name == "add"
@@ -353,7 +368,7 @@ def test_mixed_constrained_and_unconstrained_at_c16(default_server: Server) -> N
         mixed = await asyncio.gather(*[plain() if i % 2 else constrained(i) for i in range(16)])
         return alone, mixed
 
-    alone, mixed = asyncio.run(run())
+    alone, mixed = _run_closing(sdk, run())
     for i, text in enumerate(mixed):
         if i % 2:
             assert text == alone  # greedy output unchanged by masked neighbours
