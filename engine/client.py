@@ -137,12 +137,12 @@ class EngineClient(ABC):
         choices of one API request share one). Raises EngineOverloadedError /
         EngineDeadError / EngineNotReadyError / InvalidEngineRequestError before any
         output exists."""
-        self._refresh_state()
+        ready = self.is_ready()  # re-reads the transport's state once, for all three checks
         if self._dead:
             raise dead_error()
         if self._stalled:
             raise stalled_error()
-        if not self.is_ready():
+        if not ready:
             raise EngineNotReadyError("The model is still loading; retry shortly.")
         if request_id in self._collectors or request_id in self._admissions:
             raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")

@@ -31,7 +31,8 @@ _CPP_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+\.cc:\d+:\s*")
 def _xgrammar() -> types.ModuleType:
     """xgrammar, imported on first use: with the transformers it pulls in, the import
     takes ~1.5 s, which the engine would otherwise spend before it reports ready. The
-    first use is the compiler's prewarm on the grammar thread, after warm-up; a matcher
+    first use is the compiler's prewarm on the grammar thread, once the engine is idle
+    (engine/core_loop.py), or a constrained request's compile if it comes first; a matcher
     or a mask only exists once a grammar compiled."""
     import xgrammar
 

@@ -66,7 +66,6 @@ class StructuredOutputManager:
         self._eos_token_ids = list(eos_token_ids)
         self._compiler: GrammarCompiler | None = None
         self._compiler_lock = threading.Lock()
-        self._prewarm_started = False
         self._tokenizer_hash = tokenizer_hash(model_dir)
         self.compile_timeout_s = compile_timeout_s
         self._cache: OrderedDict[str, Any] = OrderedDict()
@@ -119,11 +118,10 @@ class StructuredOutputManager:
         return compiled
 
     def prewarm(self) -> None:
-        """Load the grammar library and the vocabulary into it in the background (once), so
-        the first constrained request does not wait for it."""
-        if not self._prewarm_started:
-            self._prewarm_started = True
-            self._pool.submit(self._get_compiler)
+        """Load the grammar library and the vocabulary into it in the background, so the
+        first constrained request does not wait for it (the engine loop calls this once,
+        when idle; a repeat would find the compiler built)."""
+        self._pool.submit(self._get_compiler)
 
     def submit(self, request_id: str, spec: StructuredOutputSpec, payload: Any) -> None:
         """Start compiling for a request; `ready()` hands it back once done."""

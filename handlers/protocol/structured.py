@@ -10,9 +10,9 @@ tags have their own module (`structural_tag.py`).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from engine.sampling_params import StructuredOutputSpec
 from handlers.protocol.base import FieldError, OpenAIBaseModel
@@ -69,6 +69,16 @@ def _check_choices(value: list[str] | None) -> list[str] | None:
     return value
 
 
+SchemaField = Annotated[Any, BeforeValidator(lambda v: None if v is None else parse_schema(v))]
+"""A JSON schema, as an object or (vLLM accepts this) as JSON text."""
+RegexField = Annotated[str | None, AfterValidator(lambda v: check_text(v, "regex"))]
+GrammarField = Annotated[str | None, AfterValidator(lambda v: check_text(v, "grammar"))]
+ChoicesField = Annotated[list[str] | None, AfterValidator(_check_choices)]
+WhitespacePatternField = Annotated[str | None, AfterValidator(_check_whitespace_pattern)]
+"""The checked types of the constraint fields `structured_outputs` and the top-level
+`guided_*` names share, so each rule is written once for both spellings."""
+
+
 class JsonSchemaFormat(OpenAIBaseModel):
     name: str = Field(default="schema", max_length=64)
     description: str | None = None
@@ -102,48 +112,23 @@ class ResponseFormat(StructuralTagFields):
 class StructuredOutputsParams(OpenAIBaseModel):
     """vLLM's `structured_outputs` object (exactly one constraint)."""
 
-    json_: Any = Field(default=None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
+    json_: SchemaField = Field(default=None, alias="json")
+    regex: RegexField = None
+    choice: ChoicesField = None
+    grammar: GrammarField = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False
     """Accepted: hearth's JSON grammars are compact unless `whitespace_pattern` says otherwise."""
     structural_tag: Any = None
     """vLLM's type is a JSON string of the response_format object; an object is accepted
     too. Held as xgrammar's canonical tag once validated."""
-    whitespace_pattern: str | None = None
+    whitespace_pattern: WhitespacePatternField = None
     """JSON only, and only the patterns of WHITESPACE_PATTERNS."""
-
-    @field_validator("json_", mode="before")
-    @classmethod
-    def _check_json(cls, value: Any) -> Any:
-        return None if value is None else parse_schema(value)
-
-    @field_validator("regex")
-    @classmethod
-    def _check_regex(cls, value: str | None) -> str | None:
-        return check_text(value, "regex")
-
-    @field_validator("grammar")
-    @classmethod
-    def _check_grammar(cls, value: str | None) -> str | None:
-        return check_text(value, "grammar")
-
-    @field_validator("choice")
-    @classmethod
-    def _check_choice(cls, value: list[str] | None) -> list[str] | None:
-        return _check_choices(value)
 
     @field_validator("structural_tag", mode="before")
     @classmethod
     def _check_structural_tag(cls, value: Any) -> Any:
         return None if value is None else parse_structural_tag(value)
-
-    @field_validator("whitespace_pattern")
-    @classmethod
-    def _check_whitespace_pattern(cls, value: str | None) -> str | None:
-        return _check_whitespace_pattern(value)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputsParams:
@@ -192,38 +177,13 @@ class StructuredOutputFields(OpenAIBaseModel):
 
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
-    guided_json: Any = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    guided_whitespace_pattern: str | None = None
+    guided_json: SchemaField = None
+    guided_regex: RegexField = None
+    guided_choice: ChoicesField = None
+    guided_grammar: GrammarField = None
+    guided_whitespace_pattern: WhitespacePatternField = None
     """vLLM's older spelling of `structured_outputs.whitespace_pattern`: the layout of a
     JSON constraint given by `guided_json` or `response_format`."""
-
-    @field_validator("guided_whitespace_pattern")
-    @classmethod
-    def _check_guided_whitespace_pattern(cls, value: str | None) -> str | None:
-        return _check_whitespace_pattern(value)
-
-    @field_validator("guided_json", mode="before")
-    @classmethod
-    def _check_guided_json(cls, value: Any) -> Any:
-        return None if value is None else parse_schema(value)
-
-    @field_validator("guided_regex")
-    @classmethod
-    def _check_guided_regex(cls, value: str | None) -> str | None:
-        return check_text(value, "regex")
-
-    @field_validator("guided_grammar")
-    @classmethod
-    def _check_guided_grammar(cls, value: str | None) -> str | None:
-        return check_text(value, "grammar")
-
-    @field_validator("guided_choice")
-    @classmethod
-    def _check_guided_choice(cls, value: list[str] | None) -> list[str] | None:
-        return _check_choices(value)
 
     @model_validator(mode="after")
     def _one_constraint(self) -> StructuredOutputFields:
