@@ -1,14 +1,34 @@
 """Engine configuration: one frozen dataclass built by the CLI and passed to the core.
 
-Values that depend on the loaded model (max_model_len when not given, the number of
-KV blocks) are resolved by the core at start-up; see `ResolvedModelInfo`.
+It validates itself on construction (each error names the flag and what it accepts), so
+a bad setting fails where it is made. What depends on the host and the model (device,
+dtype, context length) is resolved once by `engine.resolved_config.resolve`; the KV
+block count by the core once the weights are loaded.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import msgspec
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("auto", "gguf", "none")
+KERNELS = ("auto", "torch", "triton")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _at_least(flag: str, value: float | None, low: float) -> None:
+    if value is not None and value < low:
+        raise ValueError(f"{flag} must be at least {low:g}, not {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +69,31 @@ class EngineConfig:
     disable_log_stats: bool = False
     log_level: str = "info"
     """Python logging level of the engine core process (--log-level)."""
+
+    def __post_init__(self) -> None:
+        _choice("--dtype", self.dtype, DTYPES)
+        _choice("--quantization", self.quantization, QUANTIZATIONS)
+        _choice("--kernels", self.kernels.strip().lower(), KERNELS)
+        _choice("--scheduling-policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        _choice("--log-level", self.log_level.lower(), LOG_LEVELS)
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        for flag, value in (
+            ("--max-model-len", self.max_model_len),
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+            ("--block-size", self.block_size),
+            ("--kv-cache-memory", self.kv_cache_memory),
+            ("num_kv_blocks", self.num_kv_blocks),
+            ("--num-threads", self.num_threads),
+        ):
+            _at_least(flag, value, 1)
+        _at_least("--max-num-queued-reqs", self.max_num_queued_reqs, 0)
+        _at_least("--max-num-queued-tokens", self.max_num_queued_tokens, 0)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"--gpu-memory-utilization must be in (0, 1], not {self.gpu_memory_utilization!r}"
+            )
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -14,31 +14,29 @@ from collections.abc import Callable
 
 import torch
 
+from engine.attention import PagedAttentionBackend
+from engine.backends import choose_backends
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, ModelInfo, default_token_budget
-from engine.cuda_graphs import build_cuda_graphs
+from engine.config import EngineConfig, ModelInfo
 from engine.gpu_memory import (
     GRAPH_AND_FRAGMENTATION_RESERVE,
-    auto_dtype,
     kv_cache_budget_bytes,
     profile_peak_step_bytes,
 )
 from engine.messages import AddRequest, Admission, RequestOutput
 from engine.model_loader import load_model
-from engine.model_resolver import resolve_model_dir
-from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
+from engine.model_runner import ModelRunner, StepResult, kv_cache_bytes_per_block
 from engine.request import Request
+from engine.resolved_config import resolve
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledRequest, Scheduler
+from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.structured.grammar import GrammarState
 from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
-from engine.weights_mode import apply_weights_mode
 from kernels import select_backend
 
 logger = logging.getLogger("hearth.engine")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_CPU_KV_BYTES = 4 << 30
 """vLLM-CPU's default KV space; memory is committed only as blocks are used."""
 MAX_CONSECUTIVE_STEP_FAILURES = 3
@@ -53,84 +51,49 @@ class InjectedFault(RuntimeError):
     """Raised by the test-only fault hook."""
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        is_cuda = device.type == "cuda"
-        return auto_dtype(device.type, is_cuda and torch.cuda.is_bf16_supported())
-    if name not in _DTYPES:
-        raise ValueError(f"unknown --dtype {name!r}: use auto, float32, bfloat16 or float16")
-    return _DTYPES[name]
-
-
 class EngineCore:
     def __init__(self, config: EngineConfig, progress: Callable[[str], None] | None = None) -> None:
         say = progress or (lambda msg: logger.info("%s", msg))
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        resolved = resolve(config, say)
+        self.device, self.dtype = resolved.device, resolved.dtype
         select_backend(config.kernels)
         if config.seed is not None:
             torch.manual_seed(config.seed)
 
-        model_dir = resolve_model_dir(config.model, progress=say)
+        model_dir = resolved.model_dir
         start = time.monotonic()
         say(f"loading {model_dir} ({self.dtype}, {self.device})")
         self.model, hf_config = load_model(model_dir, self.dtype, self.device)
-        self.weights_mode = apply_weights_mode(
-            self.model, config, model_dir, self.dtype, self.device, say
-        )
+        self.backends = choose_backends(self.model, config, model_dir, self.dtype, self.device, say)
         say(f"weights loaded in {time.monotonic() - start:.1f} s")
 
         self.eos_token_ids = Tokenizer(model_dir).eos_token_ids
         self.vocab_size = int(hf_config.vocab_size)
-        max_len = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
-        if config.max_model_len is not None:
-            if config.max_model_len > max_len:
-                raise ValueError(
-                    f"--max-model-len {config.max_model_len} exceeds the model's "
-                    f"max_position_embeddings ({max_len})"
-                )
-            max_len = config.max_model_len
-
-        window = getattr(self.model, "sliding_window", None)
-        if window and max_len > window:
-            # Sliding-window attention is not implemented: beyond the window the
-            # outputs would differ from the reference model, so the context stops there.
-            say(f"max_model_len capped at the model's sliding window ({window})")
-            max_len = window
-
-        self.max_num_batched_tokens = max(
-            config.max_num_batched_tokens or default_token_budget(self.device.type), 1
-        )
+        max_len = resolved.max_model_len
+        self.max_num_batched_tokens = resolved.max_num_batched_tokens
         block_size = config.block_size
         num_blocks = self._num_kv_blocks(max_len, block_size)
         # A single sequence must always fit, or preemption could never make room.
         max_len = min(max_len, num_blocks * block_size)
         self.max_model_len = max_len
+        attention = self.backends.attention
         self.runner = ModelRunner(
-            self.model, num_blocks, block_size, self.dtype, self.device, self.eos_token_ids
-        )
-        self.runner.cuda_graphs = build_cuda_graphs(
             self.model,
-            self.runner.kv_caches,
+            num_blocks,
             block_size,
-            max_len,
-            config.max_num_seqs,
+            self.dtype,
             self.device,
-            config.enforce_eager,
-            say,
+            self.eos_token_ids,
+            attention,
         )
+        if isinstance(attention, PagedAttentionBackend):
+            self.runner.cuda_graphs = attention.capture_graphs(
+                self.model, block_size, max_len, config.max_num_seqs, self.device,
+                config.enforce_eager, say,
+            )  # fmt: skip
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -145,8 +108,8 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             num_kv_blocks=num_blocks,
             block_size=block_size,
-            quantization=self.weights_mode.quantization,
-            kernels=self.weights_mode.description,
+            quantization=self.backends.quantization,
+            kernels=self.backends.description,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
@@ -288,9 +251,15 @@ class EngineCore:
         for rid in request_ids:
             if self.structured.discard(rid):
                 continue
-            request = self.scheduler.abort(rid)
+            request = self.scheduler.requests.get(rid)
             if request is not None:
-                self.runner.forget(request)
+                self._finish(request, "abort")
+
+    def _finish(self, request: Request, reason: str) -> None:
+        """The one way a request ends: its blocks and queue place (scheduler) and its
+        per-request sampler state (runner) go together."""
+        self.scheduler.finish(request, reason)
+        self.runner.forget(request)
 
     def abort_client(self, client_id: bytes) -> int:
         """Abort every request of one worker (it died); returns how many."""
@@ -328,6 +297,14 @@ class EngineCore:
             )
             return self._fail_step(sched_out.scheduled, exc)
         self.num_consecutive_step_failures = 0
+        return self._postprocess(sched_out, result)
+
+    def _postprocess(
+        self, sched_out: SchedulerOutput, result: StepResult
+    ) -> list[tuple[bytes, RequestOutput]]:
+        """Every after-step update, in one place (nano-vllm's ``postprocess``): advance the
+        scheduled sequences, attach scored prompt tokens, append each sampled token, apply
+        token-level stops and grammars, and finish what ended."""
         self.scheduler.commit_step(sched_out)
         for scored_request, entries in result.prompt_logprobs:
             assert scored_request.prompt_logprobs is not None
@@ -359,8 +336,7 @@ class EngineCore:
             if finish is not None:
                 out.finish_reason = finish
                 out.stop_reason = request.stop_reason
-                self.scheduler.finish(request, finish)
-                self.runner.forget(request)
+                self._finish(request, finish)
             outputs.append((request.client_id, out))
         return outputs
 
@@ -372,8 +348,7 @@ class EngineCore:
             request = item.request
             if request.is_finished:
                 continue
-            self.scheduler.finish(request, "error")
-            self.runner.forget(request)
+            self._finish(request, "error")
             out = RequestOutput(
                 request_id=request.request_id,
                 new_token_ids=[],
@@ -402,8 +377,7 @@ class EngineCore:
     def _finish_scoring(self, request: Request) -> RequestOutput:
         """A `max_tokens` 0 request ends once its prompt is prefilled (and scored, when
         it asked for prompt logprobs): the token sampled from its last row is dropped."""
-        self.scheduler.finish(request, "length")
-        self.runner.forget(request)
+        self._finish(request, "length")
         return RequestOutput(
             request_id=request.request_id,
             new_token_ids=[],

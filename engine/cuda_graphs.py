@@ -158,21 +158,12 @@ def decode_metadata(
     bufs: DecodeBuffers, bucket: int, block_size: int, max_model_len: int
 ) -> AttentionMetadata:
     """Attention metadata of a ``bucket``-row decode step whose tensors are views of ``bufs``."""
-    dev = bufs.input_ids.device
-    empty = torch.zeros(0, dtype=torch.int32, device=dev)
-    return AttentionMetadata(
-        slot_mapping=bufs.slot_mapping[:bucket],
-        block_size=block_size,
-        num_decode_tokens=bucket,
-        decode_block_tables=bufs.block_tables[:bucket],
-        decode_seq_lens=bufs.seq_lens[:bucket],
-        decode_max_seq_len=max_model_len,
-        num_prefills=0,
-        prefill_query_start_loc=torch.zeros(1, dtype=torch.int32, device=dev),
-        prefill_block_tables=empty.reshape(0, 1),
-        prefill_seq_lens=empty,
-        prefill_max_query_len=0,
-        prefill_max_seq_len=0,
+    return AttentionMetadata.for_decode_graph(
+        bufs.slot_mapping[:bucket],
+        bufs.block_tables[:bucket],
+        bufs.seq_lens[:bucket],
+        block_size,
+        max_model_len,
     )
 
 
@@ -222,7 +213,7 @@ class CudaGraphRunner:
     def __init__(
         self,
         model: Any,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        attention: Any,
         block_size: int,
         max_model_len: int,
         sizes: Sequence[int],
@@ -231,7 +222,7 @@ class CudaGraphRunner:
     ) -> None:
         assert sizes and list(sizes) == sorted(sizes), sizes
         self.model = model
-        self.kv_caches = kv_caches
+        self.attention = attention
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.sizes = list(sizes)
@@ -256,10 +247,9 @@ class CudaGraphRunner:
         ids, pos = self.dev.input_ids[:size], self.dev.positions[:size]
 
         def forward() -> torch.Tensor:
-            # The torch reference backend keeps a per-step plan on the metadata; a replay
-            # is a new step. (The compiled path on the GPU keeps nothing there.)
-            meta.reference_plan = None
-            return self.model(ids, pos, self.kv_caches, meta)
+            # A replay is a new step: the backend prepares the reused metadata again.
+            self.attention.prepare(meta, self.block_size)
+            return self.model(ids, pos, meta)
 
         return forward
 
@@ -290,7 +280,7 @@ class CudaGraphRunner:
 
 def build_cuda_graphs(
     model: Any,
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    attention: Any,
     block_size: int,
     max_model_len: int,
     max_num_seqs: int,
@@ -303,7 +293,7 @@ def build_cuda_graphs(
         return None
     sizes = capture_sizes(max_num_seqs)
     runner = CudaGraphRunner(
-        model, kv_caches, block_size, max_model_len, sizes, device, CudaCapture()
+        model, attention, block_size, max_model_len, sizes, device, CudaCapture()
     )
     with torch.inference_mode():
         seconds = runner.capture_all()

@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 
-from kernels import AttentionMetadata
-
 GRAPH_AND_FRAGMENTATION_RESERVE = 1 << 30
 """Bytes kept free after the KV cache: CUDA-graph pools, allocator slack, cuBLAS workspaces."""
 
@@ -63,28 +61,22 @@ def profile_peak_step_bytes(
         )
         for _ in range(model.num_layers)
     ]
-    i32 = {"dtype": torch.int32, "device": device}
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(num_tokens, dtype=torch.int64, device=device),
-        block_size=block_size,
-        num_decode_tokens=0,
-        decode_block_tables=torch.zeros((0, 1), **i32),
-        decode_seq_lens=torch.zeros(0, **i32),
-        decode_max_seq_len=0,
-        num_prefills=1,
-        prefill_query_start_loc=torch.tensor([0, num_tokens], **i32),
-        prefill_block_tables=torch.arange(num_blocks, **i32).reshape(1, num_blocks),
-        prefill_seq_lens=torch.tensor([num_tokens], **i32),
-        prefill_max_query_len=num_tokens,
-        prefill_max_seq_len=num_tokens,
-    )
+    from engine.attention import PagedAttentionBackend
+    from engine.layers.attention import bind_attention
+    from kernels.metadata import SeqSpan
+
+    # The runner binds its own caches later; these exist for this one forward.
+    backend = PagedAttentionBackend(dtype)
+    bind_attention(model, caches, backend)
+    spans = [SeqSpan(0, num_tokens, list(range(num_blocks)))]
+    meta = backend.build_metadata(spans, list(range(num_tokens)), block_size, device)
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     # Positions wrap at the rotary table's end: a step may hold more tokens than one
     # sequence can be long, and only the memory of this forward matters.
     max_pos = int(getattr(model, "max_position_embeddings", num_tokens))
     positions = torch.arange(num_tokens, dtype=torch.int64, device=device) % max_pos
     with torch.inference_mode():
-        hidden = model(ids, positions, caches, meta)
+        hidden = model(ids, positions, meta)
         rows = min(num_logit_rows, num_tokens)
         model.compute_logits(hidden[:rows])
     if not is_cuda:

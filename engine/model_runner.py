@@ -1,9 +1,11 @@
 """Turns a scheduled step into one forward pass over a flat batch of tokens.
 
-Everything device-side lives here: the paged KV cache tensors, the step's input ids,
-positions, slot mapping and attention metadata, the forward, the logits of the rows
-that sample, and the sampler. Tokens are laid out decodes first (sequences with one
-new token), then prefill chunks, as `kernels.AttentionMetadata` expects.
+Everything device-side lives here: the paged KV cache tensors (bound to the model's
+attention layers once, with the attention backend), the step's input ids, positions and
+slot mapping, the forward, the logits of the rows that sample, and the sampler. The
+attention backend builds the step's metadata. Tokens are laid out decodes first
+(sequences with one new token), then prefill chunks, as `kernels.AttentionMetadata`
+expects.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import prompt_logprobs
+from engine.attention import AttentionBackend
 from engine.cuda_graphs import CudaGraphRunner
+from engine.layers.attention import bind_attention
 from engine.messages import TokenLogprob
 from engine.request import Request
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import ScheduledRequest
-from kernels import AttentionMetadata
+from kernels.metadata import SeqSpan
 
 
 @dataclass(slots=True)
@@ -62,8 +66,10 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         eos_token_ids: list[int],
+        attention: AttentionBackend,
     ) -> None:
         self.model = model
+        self.attention = attention
         self.block_size = block_size
         self.device = device
         self.eos_token_ids = eos_token_ids
@@ -74,6 +80,7 @@ class ModelRunner:
             device,
         )
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(model.num_layers)]
+        bind_attention(model, self.kv_caches, attention)
         self.sampler = Sampler(device)
         self.cuda_graphs: CudaGraphRunner | None = None
         """Set by the core after capture (GPU, no --enforce-eager); see engine/cuda_graphs.py."""
@@ -96,14 +103,14 @@ class ModelRunner:
             hidden = self.cuda_graphs.run(input_ids, positions, slots, block_ids)
         # --- end of the CUDA graphs hook
         if hidden is None:
-            meta = self._metadata(decodes, prefills, slots)
-            positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
-            if getattr(self.model, "native", None) is not None:
-                self._add_token_metadata(meta, ordered, positions_t)
+            spans = [
+                SeqSpan(s.request.num_computed_tokens, s.num_new_tokens, s.request.block_ids)
+                for s in ordered
+            ]
+            meta = self.attention.build_metadata(spans, slots, self.block_size, dev)
             hidden = self.model(
                 torch.tensor(input_ids, dtype=torch.long, device=dev),
-                positions_t,
-                self.kv_caches,
+                torch.tensor(positions, dtype=torch.long, device=dev),
                 meta,
             )
         # Prompt logprobs: scored from this step's hidden rows, chunk by chunk.
@@ -136,47 +143,3 @@ class ModelRunner:
                 logits_rows.append(len(input_ids) - 1)
                 sampled.append(item)
         return input_ids, positions, slots, logits_rows, sampled
-
-    def _add_token_metadata(
-        self, meta: AttentionMetadata, ordered: list[ScheduledRequest], positions: torch.Tensor
-    ) -> None:
-        """Per-token sequence rows and context lengths for kernels that attend token by token."""
-        counts = torch.tensor([s.num_new_tokens for s in ordered], dtype=torch.long)
-        meta.seq_block_tables = self._block_table(ordered)
-        meta.token_seq = torch.repeat_interleave(
-            torch.arange(len(ordered), dtype=torch.int32), counts
-        )
-        meta.token_ctx = (positions + 1).to(torch.int32)
-        meta.max_ctx = max(
-            (s.request.num_computed_tokens + s.num_new_tokens for s in ordered), default=0
-        )
-
-    def _block_table(self, items: list[ScheduledRequest]) -> torch.Tensor:
-        width = max((len(s.request.block_ids) for s in items), default=0)
-        rows = [s.request.block_ids + [0] * (width - len(s.request.block_ids)) for s in items]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device).reshape(len(items), width)
-
-    def _metadata(
-        self, decodes: list[ScheduledRequest], prefills: list[ScheduledRequest], slots: list[int]
-    ) -> AttentionMetadata:
-        dev = self.device
-        decode_lens = [s.request.num_computed_tokens + 1 for s in decodes]
-        prefill_lens = [s.request.num_computed_tokens + s.num_new_tokens for s in prefills]
-        query_lens = [s.num_new_tokens for s in prefills]
-        qsl = [0]
-        for n in query_lens:
-            qsl.append(qsl[-1] + n)
-        return AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            block_size=self.block_size,
-            num_decode_tokens=len(decodes),
-            decode_block_tables=self._block_table(decodes),
-            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32, device=dev),
-            decode_max_seq_len=max(decode_lens, default=0),
-            num_prefills=len(prefills),
-            prefill_query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            prefill_block_tables=self._block_table(prefills),
-            prefill_seq_lens=torch.tensor(prefill_lens, dtype=torch.int32, device=dev),
-            prefill_max_query_len=max(query_lens, default=0),
-            prefill_max_seq_len=max(prefill_lens, default=0),
-        )

@@ -4,7 +4,7 @@ These functions run the whole model on CPU, so they are written for speed as muc
 clarity: no Python loop over sequences or tokens, one ``scaled_dot_product_attention`` call
 for all decodes of a step and one for all prefill chunks, and every tensor derived from the
 step's ``AttentionMetadata`` (gather indices, masks) built once, as the step's typed plan
-(``kernels.reference_plan``), for the other layers. ``kernels/bench_reference.py`` holds
+(``kernels.reference_plan``), for the other layers. ``tools/bench_reference.py`` holds
 the alternative formulations that were measured against these; see its docstring for the
 numbers.
 

@@ -1,18 +1,20 @@
 """Native Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) on the paged KV cache.
 
+The model file only composes layers (`engine/layers`): which kernel computes a linear,
+a norm or attention is decided at start-up (docs/architecture.md, "Backends"), never here.
 The engine runs one forward per step over the *flattened* tokens of every scheduled
 sequence (decodes first, then prefill chunks; no batch dim, no padding), so this module
 differs from transformers' in three ways that matter:
 
-- attention goes through `kernels.write_kv_cache` + `kernels.paged_attention`, driven by
-  the step's `AttentionMetadata` instead of an attention mask;
-- q/k/v and gate/up projections are fused into one matmul each (`qkv_proj`,
-  `gate_up_proj`), built by `load_weights` from the HF checkpoint's separate tensors;
+- attention reads and writes the paged cache through the step's `AttentionMetadata`
+  instead of an attention mask;
+- q/k/v and gate/up projections are fused into one `Linear` each, whose `Shard`s name the
+  HF checkpoint's separate tensors;
 - the residual stream follows vLLM: each layer returns `(hidden, residual)` and the next
-  norm is `fused_add_rms_norm`, saving one read and write of the stream per norm.
+  norm fuses the residual add, saving one read and write of the stream per norm.
 
-Numerics otherwise follow transformers exactly (same op order in float32), which the
-parity tests check token for token.
+Numerics otherwise follow transformers exactly (same op order in float32 under the exact
+methods), which the parity tests check token for token.
 
 Limits: sliding-window attention is not implemented. Mistral configs carry a
 `sliding_window`; the model exposes it as `self.sliding_window` and the runner must keep
@@ -26,27 +28,23 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kernels import (
-    build_cos_sin_cache,
-    fused_add_rms_norm,
-    paged_attention,
-    rms_norm,
-    rotary_embedding,
-    silu_and_mul,
-    write_kv_cache,
-)
+from engine.layers.activation import SiluAndMul
+from engine.layers.attention import Attention
+from engine.layers.embedding import VocabEmbedding, lm_head
+from engine.layers.linear import Linear, Shard
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding, rope_config
 from kernels.metadata import AttentionMetadata
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
-"""(k_cache, v_cache) of one layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
-
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
-    """An uninitialised, frozen parameter: `load_weights` overwrites every element."""
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+__all__ = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "head_dim_of",
+    "rope_config",
+]
 
 
 def head_dim_of(config: Any) -> int:
@@ -56,38 +54,14 @@ def head_dim_of(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def rope_config(config: Any) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, scaling dict or None) from a transformers 5 or 4 style config.
-
-    transformers 5 folds theta and scaling into `config.rope_parameters`
-    (`{"rope_type": "llama3", "rope_theta": ..., "factor": ...}`); older configs have
-    `rope_theta` plus an optional `rope_scaling`. The scaling dict handed to the kernel
-    always carries `rope_type` and never `rope_theta`; `None` means plain RoPE.
-    """
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
-        theta = float(params["rope_theta"])
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    else:
-        theta = float(getattr(config, "rope_theta", 10000.0))
-        legacy = getattr(config, "rope_scaling", None)
-        scaling = dict(legacy) if legacy else {}
-    if "type" in scaling:  # the pre-4.45 spelling of rope_type
-        scaling.setdefault("rope_type", scaling.pop("type"))
-    rope_type = scaling.get("rope_type", "default")
-    if rope_type == "default":
-        return theta, None
-    if rope_type == "llama3" and "original_max_position_embeddings" not in scaling:
-        scaling["original_max_position_embeddings"] = config.max_position_embeddings
-    return theta, scaling
-
-
 class LlamaAttention(nn.Module):
-    """Fused-QKV attention over the paged cache (GQA: num_kv_heads divides num_heads)."""
+    """Fused-QKV projection, rotary, paged attention, output projection (GQA)."""
 
     def __init__(
         self,
         config: Any,
+        prefix: str,
+        rotary: RotaryEmbedding,
         dtype: torch.dtype,
         device: torch.device,
         qkv_bias: bool,
@@ -100,55 +74,62 @@ class LlamaAttention(nn.Module):
         self.head_dim: int = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        shards = [
+            Shard(f"{prefix}.q_proj", self.q_size, rotary_heads=self.num_heads),
+            Shard(f"{prefix}.k_proj", self.kv_size, rotary_heads=self.num_kv_heads),
+            Shard(f"{prefix}.v_proj", self.kv_size),
+        ]
         # Rows: [q (num_heads*head_dim) | k (num_kv_heads*head_dim) | v (same)].
-        self.qkv_proj = _empty((self.q_size + 2 * self.kv_size, hidden), dtype, device)
-        self.qkv_bias = (
-            _empty((self.q_size + 2 * self.kv_size,), dtype, device) if qkv_bias else None
+        self.qkv_proj = Linear(
+            hidden,
+            self.q_size + 2 * self.kv_size,
+            shards,
+            bias=qkv_bias,
+            dtype=dtype,
+            device=device,
         )
-        self.o_proj = _empty((hidden, self.q_size), dtype, device)
-        self.o_bias = _empty((hidden,), dtype, device) if o_bias else None
+        self.o_proj = Linear(
+            self.q_size, hidden, [Shard(f"{prefix}.o_proj", hidden)], bias=o_bias, dtype=dtype,
+            device=device,
+        )  # fmt: skip
+        self.rotary_emb = rotary  # shared by every layer (one cos/sin table)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
     def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        cos_sin_cache: torch.Tensor,
+        self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        qkv = F.linear(hidden, self.qkv_proj, self.qkv_bias)  # [T, q_size + 2*kv_size]
+        qkv = self.qkv_proj(hidden)  # [T, q_size + 2*kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, nh, hd]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, nkv, hd]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, nkv, hd]
-        q, k = rotary_embedding(positions, q, k, cos_sin_cache)
-        k_cache, v_cache = kv_cache
-        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, nh, hd]
-        out = out.reshape(num_tokens, self.q_size)  # [T, nh*hd]
-        return F.linear(out, self.o_proj, self.o_bias)  # [T, H]
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v, meta)  # [T, nh*hd]
+        return self.o_proj(out)  # [T, H]
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU MLP with gate and up fused into one [2*I, H] weight."""
+    """SwiGLU MLP with gate and up fused into one [2*I, H] linear."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: Any, prefix: str, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
         bias = bool(getattr(config, "mlp_bias", False))
         self.intermediate_size: int = inter
-        # Rows: [gate (I) | up (I)], the layout silu_and_mul expects.
-        self.gate_up_proj = _empty((2 * inter, hidden), dtype, device)
-        self.gate_up_bias = _empty((2 * inter,), dtype, device) if bias else None
-        self.down_proj = _empty((hidden, inter), dtype, device)
-        self.down_bias = _empty((hidden,), dtype, device) if bias else None
+        # Rows: [gate (I) | up (I)], the layout SiluAndMul expects.
+        self.gate_up_proj = Linear(
+            hidden, 2 * inter, [Shard(f"{prefix}.gate_proj", inter), Shard(f"{prefix}.up_proj", inter)],
+            bias=bias, dtype=dtype, device=device,
+        )  # fmt: skip
+        self.down_proj = Linear(
+            inter, hidden, [Shard(f"{prefix}.down_proj", hidden)], bias=bias, dtype=dtype,
+            device=device,
+        )  # fmt: skip
+        self.act_fn = SiluAndMul()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(hidden, self.gate_up_proj, self.gate_up_bias)  # [T, 2I]
-        act = silu_and_mul(gate_up)  # [T, I]
-        return F.linear(act, self.down_proj, self.down_bias)  # [T, H]
+        return self.down_proj(self.act_fn(self.gate_up_proj(hidden)))  # [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -157,36 +138,36 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(
         self,
         config: Any,
+        prefix: str,
+        rotary: RotaryEmbedding,
         dtype: torch.dtype,
         device: torch.device,
         qkv_bias: bool,
         o_bias: bool,
     ) -> None:
         super().__init__()
-        self.eps = float(config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias)
-        self.mlp = LlamaMLP(config, dtype, device)
-        self.input_layernorm = _empty((config.hidden_size,), dtype, device)
-        self.post_attention_layernorm = _empty((config.hidden_size,), dtype, device)
+        eps = float(config.rms_norm_eps)
+        self.self_attn = LlamaAttention(
+            config, f"{prefix}.self_attn", rotary, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias
+        )
+        self.mlp = LlamaMLP(config, f"{prefix}.mlp", dtype, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
 
     def forward(
         self,
         positions: torch.Tensor,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        kv_cache: KVCache,
         meta: AttentionMetadata,
-        cos_sin_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:  # first layer: the embedding output is the residual
             residual = hidden
-            hidden = rms_norm(hidden, self.input_layernorm, self.eps)
+            hidden = self.input_layernorm(hidden)
         else:  # residual <- hidden + residual; hidden <- norm(residual)
-            hidden, residual = fused_add_rms_norm(hidden, residual, self.input_layernorm, self.eps)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta, cos_sin_cache)
-        hidden, residual = fused_add_rms_norm(
-            hidden, residual, self.post_attention_layernorm, self.eps
-        )
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
 
@@ -202,29 +183,29 @@ class LlamaModel(nn.Module):
         o_bias: bool,
     ) -> None:
         super().__init__()
-        self.eps = float(config.rms_norm_eps)
-        self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias)
-            for _ in range(config.num_hidden_layers)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, device)
+        theta, scaling = rope_config(config)
+        rotary = RotaryEmbedding(
+            head_dim_of(config), config.max_position_embeddings, theta, scaling, dtype, device
         )
-        self.norm = _empty((config.hidden_size,), dtype, device)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(
+                config, f"model.layers.{i}", rotary, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias
+            )
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, float(config.rms_norm_eps), dtype, device)
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
-        cos_sin_cache: torch.Tensor,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = F.embedding(input_ids, self.embed_tokens)  # [T, H]
+        hidden = self.embed_tokens(input_ids)  # [T, H]
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, cos_sin_cache)
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, meta)
         if residual is None:  # zero layers: only the final norm
-            return rms_norm(hidden, self.norm, self.eps)
-        hidden, _ = fused_add_rms_norm(hidden, residual, self.norm, self.eps)
+            return self.norm(hidden)
+        hidden, _ = self.norm(hidden, residual)
         return hidden  # [T, H]
 
 
@@ -260,18 +241,10 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
 
         self.model = LlamaModel(config, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias)
-        if self.tie_word_embeddings:
-            self.lm_head = self.model.embed_tokens  # the same Parameter: no copy
-        else:
-            self.lm_head = _empty((config.vocab_size, config.hidden_size), dtype, device)
-
-        theta, scaling = rope_config(config)
-        cos_sin = build_cos_sin_cache(
-            self.head_dim, self.max_position_embeddings, theta, dtype, device, scaling
-        )  # [max_position, head_dim] = cat(cos, sin)
-        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
-        self.native: Any = None
-        """A `NativeCpuForward` once the engine turns the CPU fast path on (`use_native`)."""
+        head_name = "model.embed_tokens" if self.tie_word_embeddings else "lm_head"
+        self.lm_head = lm_head(
+            self.model.embed_tokens, self.tie_word_embeddings, head_name, dtype, device
+        )
 
     @staticmethod
     def _check_supported(config: Any) -> None:
@@ -292,38 +265,30 @@ class LlamaForCausalLM(nn.Module):
 
     # -- engine API ---------------------------------------------------------------------
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         """Hidden states [T, H] of the step's flattened tokens (input_ids/positions: [T] int64).
 
-        `kv_caches[i]` is layer i's (k_cache, v_cache); this step's K/V are written into
-        the slots `meta.slot_mapping` names before attention reads them.
+        Each attention layer writes this step's K/V into the slots `meta.slot_mapping`
+        names (in the cache the runner bound to it) before attending.
         """
-        if self.native is not None:
-            return self.native.forward(input_ids, positions, kv_caches, meta)
-        return self.model(input_ids, positions, kv_caches, meta, self.cos_sin_cache)
+        return self.model(input_ids, positions, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, V] of the N rows that will be sampled (never all prefill tokens).
 
         The matmul runs in the model dtype (as transformers does) and is upcast after.
         """
-        if self.native is not None:
-            return self.native.compute_logits(hidden)
-        return F.linear(hidden, self.lm_head).float()  # [N, V]
+        return self.lm_head(hidden).float()  # [N, V]
 
     # -- weights ------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named checkpoint tensors into the fused parameters.
+        """Copy HF-named checkpoint tensors into the (fused) parameters.
 
-        `q_proj/k_proj/v_proj` land in row slices of `qkv_proj` (and `*_bias`),
-        `gate_proj/up_proj` in `gate_up_proj`; everything else maps one to one. Copies
-        cast to the model dtype and move to its device. Raises on an unknown tensor or
-        on any parameter slice left unwritten, so a wrong checkpoint never serves garbage.
+        Each `Linear` shard's ``.weight``/``.bias`` lands in its row slice; everything
+        else maps one to one. Copies cast to the model dtype and move to its device.
+        Raises on an unknown tensor or on any parameter slice left unwritten, so a wrong
+        checkpoint never serves garbage.
         """
         targets = self._weight_targets()
         loaded: set[str] = set()
@@ -355,34 +320,23 @@ class LlamaForCausalLM(nn.Module):
     def _weight_targets(self) -> dict[str, tuple[torch.Tensor, int | None, int]]:
         """HF tensor name → (parameter, row offset or None for the whole tensor, rows)."""
         targets: dict[str, tuple[torch.Tensor, int | None, int]] = {
-            "model.embed_tokens.weight": (self.model.embed_tokens, None, 0),
-            "model.norm.weight": (self.model.norm, None, 0),
+            "model.embed_tokens.weight": (self.model.embed_tokens.weight, None, 0),
+            "model.norm.weight": (self.model.norm.weight, None, 0),
         }
-        if not self.tie_word_embeddings:
-            targets["lm_head.weight"] = (self.lm_head, None, 0)
+        for module in self.modules():
+            if not isinstance(module, Linear) or module.weight is self.model.embed_tokens.weight:
+                continue
+            single = len(module.shards) == 1
+            for shard, start in module.shard_offsets():
+                row = None if single else start
+                targets[f"{shard.checkpoint}.weight"] = (module.weight, row, shard.rows)
+                if module.bias is not None:
+                    targets[f"{shard.checkpoint}.bias"] = (module.bias, row, shard.rows)
         for i, layer in enumerate(self.model.layers):
             p = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            q, kv = attn.q_size, attn.kv_size
-            shards = {"q_proj": (0, q), "k_proj": (q, kv), "v_proj": (q + kv, kv)}
-            for proj, (start, rows) in shards.items():
-                targets[f"{p}self_attn.{proj}.weight"] = (attn.qkv_proj, start, rows)
-                if attn.qkv_bias is not None:
-                    targets[f"{p}self_attn.{proj}.bias"] = (attn.qkv_bias, start, rows)
-            targets[f"{p}self_attn.o_proj.weight"] = (attn.o_proj, None, 0)
-            if attn.o_bias is not None:
-                targets[f"{p}self_attn.o_proj.bias"] = (attn.o_bias, None, 0)
-            inter = mlp.intermediate_size
-            for proj, start in (("gate_proj", 0), ("up_proj", inter)):
-                targets[f"{p}mlp.{proj}.weight"] = (mlp.gate_up_proj, start, inter)
-                if mlp.gate_up_bias is not None:
-                    targets[f"{p}mlp.{proj}.bias"] = (mlp.gate_up_bias, start, inter)
-            targets[f"{p}mlp.down_proj.weight"] = (mlp.down_proj, None, 0)
-            if mlp.down_bias is not None:
-                targets[f"{p}mlp.down_proj.bias"] = (mlp.down_bias, None, 0)
-            targets[f"{p}input_layernorm.weight"] = (layer.input_layernorm, None, 0)
+            targets[f"{p}input_layernorm.weight"] = (layer.input_layernorm.weight, None, 0)
             targets[f"{p}post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm,
+                layer.post_attention_layernorm.weight,
                 None,
                 0,
             )

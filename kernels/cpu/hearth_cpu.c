@@ -343,40 +343,45 @@ void hearth_silu_mul(const float *gu, float *out, int64_t t, int64_t inter) {
     }
 }
 
-/* ------------------------------------------------------------------ rotary + KV write */
+/* ------------------------------------------------------------------ rotary, KV write */
 /*
- * qkv: [T, ld] rows holding q (nh*hd) | k (nkv*hd) | v (nkv*hd). Rotates q and k in place
- * (rotate_half style; cos_sin row p = cos[hd/2] | sin[hd/2]) and copies k, v into the paged
- * caches [num_blocks * block_size, nkv, hd] at slot[t] (slots < 0 are skipped).
+ * x: [T, ld] rows whose first `heads` * hd floats are heads of width hd (a q or k view of
+ * the fused qkv rows works as is). Rotates them in place, rotate_half style: cos_sin row
+ * p = cos[hd/2] | sin[hd/2].
  */
-void hearth_rope_kv_write(float *qkv, int64_t t, int64_t ld, int64_t nh, int64_t nkv, int64_t hd,
-                          const int64_t *positions, const float *cos_sin, float *k_cache,
-                          float *v_cache, const int64_t *slots) {
+void hearth_rope(float *x, int64_t t, int64_t ld, int64_t heads, int64_t hd, const int64_t *positions,
+                 const float *cos_sin) {
     const int64_t half = hd / 2;
 #pragma omp parallel for schedule(static) if (t > 4)
     for (int64_t r = 0; r < t; r++) {
-        float *row = qkv + r * ld;
         const float *cs = cos_sin + positions[r] * hd;
-        for (int64_t h = 0; h < nh + nkv; h++) {
-            float *x = row + h * hd;
+        for (int64_t h = 0; h < heads; h++) {
+            float *y = x + r * ld + h * hd;
             int64_t i = 0;
             for (; i + 8 <= half; i += 8) {
                 __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(cs + half + i);
-                __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + half + i);
-                _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x2, s)));
-                _mm256_storeu_ps(x + half + i, _mm256_add_ps(_mm256_mul_ps(x2, c), _mm256_mul_ps(x1, s)));
+                __m256 x1 = _mm256_loadu_ps(y + i), x2 = _mm256_loadu_ps(y + half + i);
+                _mm256_storeu_ps(y + i, _mm256_sub_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x2, s)));
+                _mm256_storeu_ps(y + half + i, _mm256_add_ps(_mm256_mul_ps(x2, c), _mm256_mul_ps(x1, s)));
             }
             for (; i < half; i++) {
-                float c = cs[i], s = cs[half + i], x1 = x[i], x2 = x[half + i];
-                x[i] = x1 * c - x2 * s;
-                x[half + i] = x2 * c + x1 * s;
+                float c = cs[i], s = cs[half + i], x1 = y[i], x2 = y[half + i];
+                y[i] = x1 * c - x2 * s;
+                y[half + i] = x2 * c + x1 * s;
             }
         }
+    }
+}
+
+/* Copies each token's k and v rows (`width` floats, row strides ldk / ldv) into the paged
+ * caches [num_blocks * block_size, width] at slot[t]; slots < 0 (padding) are skipped. */
+void hearth_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t t, int64_t width,
+                     float *k_cache, float *v_cache, const int64_t *slots) {
+    for (int64_t r = 0; r < t; r++) {
         const int64_t slot = slots[r];
-        if (slot >= 0) {
-            memcpy(k_cache + slot * nkv * hd, row + nh * hd, (size_t)(nkv * hd) * sizeof(float));
-            memcpy(v_cache + slot * nkv * hd, row + (nh + nkv) * hd, (size_t)(nkv * hd) * sizeof(float));
-        }
+        if (slot < 0) continue;
+        memcpy(k_cache + slot * width, k + r * ldk, (size_t)width * sizeof(float));
+        memcpy(v_cache + slot * width, v + r * ldv, (size_t)width * sizeof(float));
     }
 }
 
@@ -566,62 +571,3 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
 }
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }
-
-/* ------------------------------------------------------------------ whole decoder stack */
-/*
- * All layers of a Llama-family decoder in one call, so a step costs one trip from
- * Python instead of ~10 per layer. Each layer's weights are packed (kind 0 = Q4_1,
- * 1 = Q8_0). Buffers are the caller's: `hidden` [T, H] holds the embeddings on entry and
- * the final normed hidden states on return; the rest are scratch of the sizes named.
- */
-typedef struct {
-    const uint8_t *w[4]; /* qkv, o_proj, gate_up, down */
-    int32_t kind[4];
-    const float *bias[4];
-    const float *ln_in, *ln_post;
-    float *k_cache, *v_cache;
-} hearth_layer;
-
-static void packed_linear(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
-                          int32_t kind, int64_t n, const float *bias, float *out) {
-    if (kind == 0)
-        hearth_q4_1_gemm(x, t, ldx, k, w, n, bias, out, n);
-    else
-        hearth_q8_0_gemm(x, t, ldx, k, w, n, bias, out, n);
-}
-
-void hearth_forward_layers(const hearth_layer *layers, int64_t num_layers, int64_t t, int64_t h,
-                           int64_t nh, int64_t nkv, int64_t hd, int64_t inter, float eps,
-                           float scale, const int64_t *positions, const float *cos_sin,
-                           const int64_t *slots, int64_t block_size, const int32_t *block_tables,
-                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx,
-                           const float *final_norm, float *hidden, float *residual, float *x,
-                           float *qkv, float *attn, float *gate_up, float *act, float *scratch,
-                           int64_t scratch_per_thread) {
-    const int64_t qkv_n = (nh + 2 * nkv) * hd;
-    memcpy(residual, hidden, (size_t)(t * h) * sizeof(float));
-    for (int64_t l = 0; l < num_layers; l++) {
-        const hearth_layer *ly = layers + l;
-        if (l == 0)
-            hearth_rms_norm(residual, ly->ln_in, x, t, h, eps);
-        else
-            hearth_add_rms_norm(x, residual, ly->ln_in, t, h, eps);
-        packed_linear(x, t, h, h, ly->w[0], ly->kind[0], qkv_n, ly->bias[0], qkv);
-        hearth_rope_kv_write(qkv, t, qkv_n, nh, nkv, hd, positions, cos_sin, ly->k_cache,
-                             ly->v_cache, slots);
-        hearth_paged_attention(qkv, t, qkv_n, nh, nkv, hd, ly->k_cache, ly->v_cache, block_size,
-                               block_tables, max_blocks, seq, ctx, scale, attn, scratch,
-                               scratch_per_thread);
-        packed_linear(attn, t, nh * hd, nh * hd, ly->w[1], ly->kind[1], h, ly->bias[1], x);
-        hearth_add_rms_norm(x, residual, ly->ln_post, t, h, eps);
-        packed_linear(x, t, h, h, ly->w[2], ly->kind[2], 2 * inter, ly->bias[2], gate_up);
-        hearth_silu_mul(gate_up, act, t, inter);
-        packed_linear(act, t, inter, inter, ly->w[3], ly->kind[3], h, ly->bias[3], x);
-    }
-    if (num_layers == 0) {
-        hearth_rms_norm(residual, final_norm, hidden, t, h, eps);
-        return;
-    }
-    hearth_add_rms_norm(x, residual, final_norm, t, h, eps);
-    memcpy(hidden, x, (size_t)(t * h) * sizeof(float));
-}

@@ -28,38 +28,20 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
-    "hearth_rope_kv_write": [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
+    "hearth_rope": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
+    "hearth_kv_write": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_paged_attention": [
         *[_ptr, _i64, _i64, _i64, _i64, _i64],
         *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64],
     ],
     "hearth_num_threads": [],
     "hearth_attention_scratch_floats": [_i64],
-    "hearth_forward_layers": [
-        *[_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32],
-        *[_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr],
-        *[_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
-    ],
 }
 
 GROUP = 8
 """Output rows per packed group: N must be a multiple of it."""
 QBLOCK = 32
 """Weights per GGUF quant block: K must be a multiple of it."""
-
-
-class LayerWeights(ctypes.Structure):
-    """One decoder layer for `forward_layers` (mirrors ``hearth_layer`` in the C source)."""
-
-    _fields_ = [
-        ("w", ctypes.c_void_p * 4),
-        ("kind", ctypes.c_int32 * 4),
-        ("bias", ctypes.c_void_p * 4),
-        ("ln_in", ctypes.c_void_p),
-        ("ln_post", ctypes.c_void_p),
-        ("k_cache", ctypes.c_void_p),
-        ("v_cache", ctypes.c_void_p),
-    ]
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -207,35 +189,56 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
     return out
 
 
-def rope_and_write_kv_(
-    qkv: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kernels.reference.fused_add_rms_norm` in place: ``residual += x``, then ``x =
+    rms_norm(residual) * weight``; returns ``(x, residual)``."""
+    add_rms_norm_(x, residual, weight, eps)
+    return x, residual
+
+
+def _rope_(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    # x: [T, heads, head_dim] with heads packed in each row (a view of the fused qkv works)
+    _check(x, "q/k")
+    t, heads, hd = x.shape
+    if x.stride(2) != 1 or (heads > 1 and x.stride(1) != hd) or cos_sin_cache.shape[-1] != hd:
+        raise ValueError("rotary needs [T, heads, head_dim] rows with packed heads, full rotary")
+    library().hearth_rope(_p(x), t, x.stride(0), heads, hd, _p(positions), _p(cos_sin_cache))
+
+
+def rotary_embedding(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kernels.reference.rotary_embedding` in place on `query` and `key` (views of the
+    fused qkv rows stay views); returns them."""
+    if positions.dtype != torch.int64:
+        raise ValueError("positions must be int64")
+    _rope_(query, positions, cos_sin_cache)
+    _rope_(key, positions, cos_sin_cache)
+    return query, key
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Rotate q and k inside the fused ``qkv [T, (nh + 2 nkv) hd]`` rows in place and copy
-    the rotated k and v into their cache slots (slots < 0 are skipped)."""
-    _check(qkv, "qkv")
-    if qkv.stride(1) != 1 or positions.dtype != torch.int64 or slot_mapping.dtype != torch.int64:
-        raise ValueError("qkv needs unit column stride; positions and slots int64")
-    library().hearth_rope_kv_write(
-        _p(qkv),
-        qkv.shape[0],
-        qkv.stride(0),
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        _p(positions),
-        _p(cos_sin_cache),
-        _p(k_cache),
-        _p(v_cache),
-        _p(slot_mapping),
-    )
+    """`kernels.reference.write_kv_cache` for float32 rows of packed heads (strided rows,
+    e.g. views of the fused qkv, are read in place); slots < 0 are skipped."""
+    _check(key, "key")
+    _check(value, "value")
+    t, nkv, hd = key.shape
+    if key.stride(2) != 1 or value.stride(2) != 1 or (nkv > 1 and key.stride(1) != hd):
+        raise ValueError("write_kv_cache needs [T, kv_heads, head_dim] rows with packed heads")
+    if slot_mapping.dtype != torch.int64 or not k_cache.is_contiguous():
+        raise ValueError("slots must be int64 and the caches contiguous")
+    library().hearth_kv_write(
+        _p(key), key.stride(0), _p(value), value.stride(0), t, nkv * hd,
+        _p(k_cache), _p(v_cache), _p(slot_mapping),
+    )  # fmt: skip
 
 
 class AttentionScratch:
@@ -303,65 +306,3 @@ def paged_attention(
         scratch.per_thread,
     )
     return out
-
-
-_KIND_CODES = {"q4_1": 0, "q8_0": 1}
-
-
-def layer_weights(
-    packed: list[PackedWeight],
-    ln_in: torch.Tensor,
-    ln_post: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-) -> LayerWeights:
-    """`packed` = [qkv, o_proj, gate_up, down]. The caller keeps every tensor alive."""
-    lw = LayerWeights()
-    for i, w in enumerate(packed):
-        lw.w[i] = _p(w.data)
-        lw.kind[i] = _KIND_CODES[w.kind]
-        lw.bias[i] = _p(w.bias)
-    lw.ln_in, lw.ln_post = _p(ln_in), _p(ln_post)
-    lw.k_cache, lw.v_cache = _p(k_cache), _p(v_cache)
-    return lw
-
-
-def forward_layers(
-    layers: ctypes.Array,
-    hidden: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    intermediate: int,
-    eps: float,
-    scale: float,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_size: int,
-    block_tables: torch.Tensor,
-    token_seq: torch.Tensor,
-    token_ctx: torch.Tensor,
-    max_ctx: int,
-    final_norm: torch.Tensor,
-    scratch: AttentionScratch,
-) -> torch.Tensor:
-    """Every decoder layer plus the final norm in one call; `hidden` [T, H] (the
-    embeddings) is overwritten with the result and returned."""
-    _check(hidden, "hidden")
-    t, h = hidden.shape
-    f32 = torch.float32
-    residual = torch.empty((t, h), dtype=f32)
-    x = torch.empty((t, h), dtype=f32)
-    qkv = torch.empty((t, (num_heads + 2 * num_kv_heads) * head_dim), dtype=f32)
-    attn = torch.empty((t, num_heads * head_dim), dtype=f32)
-    gate_up = torch.empty((t, 2 * intermediate), dtype=f32)
-    act = torch.empty((t, intermediate), dtype=f32)
-    buf = scratch.get(max_ctx)
-    library().hearth_forward_layers(
-        layers, len(layers), t, h, num_heads, num_kv_heads, head_dim, intermediate, eps, scale,
-        _p(positions), _p(cos_sin_cache), _p(slot_mapping), block_size, _p(block_tables),
-        block_tables.shape[1], _p(token_seq), _p(token_ctx), _p(final_norm), _p(hidden),
-        _p(residual), _p(x), _p(qkv), _p(attn), _p(gate_up), _p(act), _p(buf), scratch.per_thread,
-    )  # fmt: skip
-    return hidden

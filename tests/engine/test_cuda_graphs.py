@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.attention import PagedAttentionBackend
 from engine.cuda_graphs import (
     PAD_SEQ_LEN,
     PAD_SLOT,
@@ -21,7 +22,9 @@ from engine.cuda_graphs import (
     pick_bucket,
 )
 from engine.gpu_memory import auto_dtype, kv_cache_budget_bytes, profile_peak_step_bytes
+from engine.layers.attention import bind_attention
 from kernels import AttentionMetadata
+from kernels.metadata import SeqSpan
 
 
 def test_capture_sizes_follow_vllm_and_cover_max_num_seqs() -> None:
@@ -117,7 +120,18 @@ def _kv(
     model: torch.nn.Module, num_blocks: int, bs: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     shape = (num_blocks, bs, model.num_kv_heads, model.head_dim)
-    return [(torch.randn(shape), torch.randn(shape)) for _ in range(model.num_layers)]
+    kv = [(torch.randn(shape), torch.randn(shape)) for _ in range(model.num_layers)]
+    bind_attention(model, kv, PagedAttentionBackend(torch.float32))
+    return kv
+
+
+def _backend(model: torch.nn.Module) -> PagedAttentionBackend:
+    """The backend the model's attention layers were bound to."""
+    from engine.layers.attention import Attention
+
+    layer = next(m for m in model.modules() if isinstance(m, Attention))
+    assert isinstance(layer.backend, PagedAttentionBackend)
+    return layer.backend
 
 
 @pytest.mark.parametrize("num_seqs", [1, 3, 8])
@@ -125,7 +139,7 @@ def test_replayed_decode_equals_eager(num_seqs: int) -> None:
     model, bs = _tiny_model(), 4
     kv = _kv(model, 64, bs)
     graphs = CudaGraphRunner(
-        model, kv, bs, 64, capture_sizes(8), torch.device("cpu"), EagerCapture()
+        model, _backend(model), bs, 64, capture_sizes(8), torch.device("cpu"), EagerCapture()
     )
     with torch.inference_mode():
         graphs.capture_all()
@@ -141,8 +155,8 @@ def test_replayed_decode_equals_eager(num_seqs: int) -> None:
         for (k, v), (k0, v0) in zip(kv, kv_before, strict=True):  # same cache state again
             k.copy_(k0)
             v.copy_(v0)
-        meta = _eager_meta(positions, slots, blocks, bs)
-        want = model(torch.tensor(ids), torch.tensor(positions), kv, meta)
+        meta = _eager_meta(model, positions, slots, blocks, bs)
+        want = model(torch.tensor(ids), torch.tensor(positions), meta)
     assert got.shape == (num_seqs, 32)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # The real rows wrote their slots as the eager step did; padding rows wrote nothing.
@@ -156,6 +170,7 @@ def test_replayed_decode_equals_eager(num_seqs: int) -> None:
 
 
 def _eager_meta(
+    model: torch.nn.Module,
     positions: list[int],
     slots: list[int],
     blocks: list[list[int]],
@@ -163,28 +178,15 @@ def _eager_meta(
     device: torch.device | str = "cpu",
 ) -> AttentionMetadata:
     """The unpadded decode step as the eager model runner describes it."""
-    i32 = {"dtype": torch.int32, "device": device}
-    width = max(len(b) for b in blocks)
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, device=device),
-        block_size=bs,
-        num_decode_tokens=len(slots),
-        decode_block_tables=torch.tensor([b + [0] * (width - len(b)) for b in blocks], **i32),
-        decode_seq_lens=torch.tensor([p + 1 for p in positions], **i32),
-        decode_max_seq_len=max(positions) + 1,
-        num_prefills=0,
-        prefill_query_start_loc=torch.zeros(1, **i32),
-        prefill_block_tables=torch.zeros((0, 1), **i32),
-        prefill_seq_lens=torch.zeros(0, **i32),
-        prefill_max_query_len=0,
-        prefill_max_seq_len=0,
-    )
+    spans = [SeqSpan(p, 1, b) for p, b in zip(positions, blocks, strict=True)]
+    return _backend(model).build_metadata(spans, slots, bs, torch.device(device))
 
 
 def test_over_the_largest_bucket_runs_eagerly() -> None:
     model = _tiny_model()
+    _kv(model, 8, 4)
     graphs = CudaGraphRunner(
-        model, _kv(model, 8, 4), 4, 16, [1, 2], torch.device("cpu"), EagerCapture()
+        model, _backend(model), 4, 16, [1, 2], torch.device("cpu"), EagerCapture()
     )
     graphs.capture_all()
     assert graphs.run([1, 2, 3], [0, 0, 0], [0, 1, 2], [[0], [0], [0]]) is None
@@ -212,7 +214,9 @@ def test_cuda_graph_replay_equals_eager_gpu(dtype: torch.dtype) -> None:
         for _ in range(model.num_layers)
     ]
     # max_model_len 2048: the captured attention takes the split-KV kernel.
-    graphs = CudaGraphRunner(model, kv, bs, 2048, [1, 2, 4], cuda, CudaCapture())
+    backend = PagedAttentionBackend(dtype)
+    bind_attention(model, kv, backend)
+    graphs = CudaGraphRunner(model, backend, bs, 2048, [1, 2, 4], cuda, CudaCapture())
     positions = [4, 40, 200]
     blocks = [list(range(8 * i, 8 * i + p // bs + 1)) for i, p in enumerate(positions)]
     slots = [b[p // bs] * bs + p % bs for b, p in zip(blocks, positions, strict=True)]
@@ -221,8 +225,7 @@ def test_cuda_graph_replay_equals_eager_gpu(dtype: torch.dtype) -> None:
         want = model(
             torch.tensor([5, 6, 7], device=cuda),
             torch.tensor(positions, device=cuda),
-            kv,
-            _eager_meta(positions, slots, blocks, bs, cuda),
+            _eager_meta(model, positions, slots, blocks, bs, cuda),
         ).clone()
         for _ in range(2):  # replays are repeatable: same inputs, same outputs
             got = graphs.run([5, 6, 7], positions, slots, blocks)

@@ -28,7 +28,7 @@ def _fast_core(model_dir: str, **overrides):
 
     config = EngineConfig(model=model_dir, max_model_len=2048, max_num_seqs=32, **overrides)
     core = EngineCore(config)
-    assert core.weights_mode.quantization == "gguf", core.weights_mode
+    assert core.backends.quantization == "gguf", core.backends
     return core
 
 
@@ -38,30 +38,47 @@ def fast_core(model_smollm2_dir: str):
 
 
 def test_auto_picks_gguf_and_explicit_float32_stays_exact(fast_core, model_smollm2_dir) -> None:
+    """The choice is made once, on the layers: every linear the file holds in blocks gets
+    the GGUF method, the elementwise layers the C kernels, attention the C backend; an
+    explicit float32 keeps every layer on the exact torch path."""
+    from engine.attention import CpuAttentionBackend, PagedAttentionBackend
     from engine.core import EngineCore
+    from engine.layers.gguf_linear import GGUFBlockLinearMethod
+    from engine.layers.linear import Linear, UnquantizedLinearMethod
 
-    assert "q4_1" in fast_core.weights_mode.description
-    assert fast_core.model.native is not None
+    assert "q4_1" in fast_core.backends.description
+    linears = [m for m in fast_core.model.modules() if isinstance(m, Linear)]
+    assert len(linears) == 4 * fast_core.model.num_layers + 1
+    assert all(isinstance(m.method, GGUFBlockLinearMethod) for m in linears)
+    assert isinstance(fast_core.backends.attention, CpuAttentionBackend)
+    assert fast_core.model.model.norm.ops is ops
     exact = EngineCore(EngineConfig(model=model_smollm2_dir, dtype="float32", num_kv_blocks=8))
-    assert exact.weights_mode.quantization == "none" and exact.model.native is None
+    assert exact.backends.quantization == "none"
+    assert all(
+        isinstance(m.method, UnquantizedLinearMethod)
+        for m in exact.model.modules()
+        if isinstance(m, Linear)
+    )
+    assert isinstance(exact.backends.attention, PagedAttentionBackend)
+    assert exact.model.model.norm.ops is not ops
 
 
 def test_packed_weights_are_the_files_weights(model_smollm2_dir: str) -> None:
     """Dequantizing the packed blocks gives back the exact mode's float32 weights bit for
     bit (this also proves the Q/K row order is undone correctly)."""
+    from engine.layers.gguf_linear import GGUFBlockLinearMethod, GGUFSource
     from engine.model_loader import load_model
-    from engine.models.gguf_weights import gguf_source, pack_gguf_weights
+    from engine.model_resolver import gguf_source
 
     model, _ = load_model(model_smollm2_dir, torch.float32, torch.device("cpu"))
-    packed = pack_gguf_weights(model, gguf_source(model_smollm2_dir))
-    assert packed.kinds == {"q4_1": 4 * len(model.model.layers), "q8_0": 1}
-    layer, p = model.model.layers[3], packed.layers[3]
-    eye = torch.eye(layer.self_attn.qkv_proj.shape[1])
-    # x = identity rows: linear(I, W) = W^T exactly (one product per output, no sums).
-    got = ops.linear(eye, p.qkv).T
-    assert torch.equal(got, layer.self_attn.qkv_proj.detach())
-    got = ops.linear(torch.eye(layer.mlp.down_proj.shape[1]), p.down).T
-    assert torch.equal(got, layer.mlp.down_proj.detach())
+    method = GGUFBlockLinearMethod(GGUFSource(gguf_source(model_smollm2_dir)))
+    layer = model.model.layers[3]
+    for linear in (layer.self_attn.qkv_proj, layer.mlp.down_proj, model.lm_head):
+        packed = method.pack(linear)
+        assert packed is not None and packed.kind == ("q8_0" if linear is model.lm_head else "q4_1")
+        # x = identity rows: linear(I, W) = W^T exactly (one product per output, no sums).
+        got = ops.linear(torch.eye(linear.in_features), packed).T
+        assert torch.equal(got, linear.weight.detach())
 
 
 def test_outputs_do_not_depend_on_load(fast_core, model_smollm2_dir, prompts) -> None:  # noqa: F811
@@ -85,21 +102,3 @@ def test_greedy_agrees_with_transformers(fast_core, prompts, reference) -> None:
     ]
     assert sum(same) >= len(prompts) - 1, (same, prefix)
     assert float(np.mean(prefix)) >= 0.9 * np.mean([len(r) for r in reference]), prefix
-
-
-def test_one_call_stack_equals_per_op_path(fast_core) -> None:
-    """The whole-stack C call and the per-op path run the same kernels in the same order:
-    bitwise the same logits."""
-    from engine.quality import _window_logits
-
-    ids = list(range(1000, 1100))
-    native = fast_core.model.native
-    fused = _window_logits(fast_core, ids)
-    assert native._fused is not None and native._fused[1] is not None  # the one-call path ran
-    key = native._fused[0]
-    native._fused = (key, None)  # force the per-op path
-    try:
-        per_op = _window_logits(fast_core, ids)
-    finally:
-        native._fused = None
-    assert torch.equal(fused, per_op)

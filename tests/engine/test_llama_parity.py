@@ -26,10 +26,12 @@ from transformers import (
     Qwen2Config,
 )
 
+from engine.attention import PagedAttentionBackend
+from engine.layers.attention import bind_attention
 from engine.model_loader import load_model
 from engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, rope_config
 from engine.models.registry import ARCHITECTURES, get_model_class
-from kernels.metadata import AttentionMetadata
+from kernels.metadata import SeqSpan
 
 ATOL = 1e-4
 RTOL = 1e-4
@@ -182,6 +184,8 @@ class PagedRunner:
             )
             for _ in range(model.num_layers)
         ]
+        self.attention = PagedAttentionBackend(model.dtype)
+        bind_attention(model, self.kv_caches, self.attention)
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
         self.tables: dict[str, list[int]] = {}
@@ -214,37 +218,15 @@ class PagedRunner:
             self.cached[seq] = start + len(tokens)
             seq_lens.append(start + len(tokens))
 
-        def tables(seqs: list[str]) -> torch.Tensor:
-            width = max((len(self.tables[s]) for s in seqs), default=0) + 1  # padded column
-            out = torch.zeros((len(seqs), width), dtype=torch.int32)
-            for i, s in enumerate(seqs):
-                out[i, : len(self.tables[s])] = torch.tensor(self.tables[s], dtype=torch.int32)
-            return out.to(self.device)
-
-        dec, pre = work[:num_decodes], work[num_decodes:]
-        q_lens = [len(t) for _, t in pre]
-        starts = [0]
-        for q in q_lens:
-            starts.append(starts[-1] + q)
         dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_size=bs,
-            num_decode_tokens=num_decodes,
-            decode_block_tables=tables([s for s, _ in dec]),
-            decode_seq_lens=torch.tensor(seq_lens[:num_decodes], dtype=torch.int32, device=dev),
-            decode_max_seq_len=max(seq_lens[:num_decodes], default=0),
-            num_prefills=len(pre),
-            prefill_query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            prefill_block_tables=tables([s for s, _ in pre]),
-            prefill_seq_lens=torch.tensor(seq_lens[num_decodes:], dtype=torch.int32, device=dev),
-            prefill_max_query_len=max(q_lens, default=0),
-            prefill_max_seq_len=max(seq_lens[num_decodes:], default=0),
-        )
+        spans = [
+            SeqSpan(length - len(tokens), len(tokens), self.tables[seq])
+            for (seq, tokens), length in zip(work, seq_lens, strict=True)
+        ]
+        meta = self.attention.build_metadata(spans, slots, bs, dev, num_decodes=num_decodes)
         hidden = self.model(
             torch.tensor(ids, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev),
-            self.kv_caches,
             meta,
         )  # [T, H]
         assert hidden.shape == (len(ids), self.model.hidden_size)
@@ -295,20 +277,20 @@ def test_loaded_model_structure(model_ckpt: Checkpoint) -> None:
     attn = m.model.layers[1].self_attn
     hf_attn = hf.model.layers[1].self_attn
     q, kv = attn.q_size, attn.kv_size
-    assert torch.equal(attn.qkv_proj[q : q + kv], hf_attn.k_proj.weight)
-    assert torch.equal(attn.qkv_proj[q + kv :], hf_attn.v_proj.weight)
+    assert torch.equal(attn.qkv_proj.weight[q : q + kv], hf_attn.k_proj.weight)
+    assert torch.equal(attn.qkv_proj.weight[q + kv :], hf_attn.v_proj.weight)
     inter = m.model.layers[0].mlp.intermediate_size
     assert torch.equal(
-        m.model.layers[0].mlp.gate_up_proj[inter:], hf.model.layers[0].mlp.up_proj.weight
+        m.model.layers[0].mlp.gate_up_proj.weight[inter:], hf.model.layers[0].mlp.up_proj.weight
     )
     if model_ckpt.config.tie_word_embeddings:
-        assert m.lm_head.data_ptr() == m.model.embed_tokens.data_ptr()
+        assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
     else:
-        assert m.lm_head.data_ptr() != m.model.embed_tokens.data_ptr()
-        assert torch.equal(m.lm_head, hf.lm_head.weight)
+        assert m.lm_head.weight.data_ptr() != m.model.embed_tokens.weight.data_ptr()
+        assert torch.equal(m.lm_head.weight, hf.lm_head.weight)
     has_qkv_bias = model_ckpt.name.startswith(("qwen2", "llama-untied-bias"))
-    assert (attn.qkv_bias is not None) == has_qkv_bias
-    assert (attn.o_bias is not None) == model_ckpt.name.startswith("llama-untied-bias")
+    assert (attn.qkv_proj.bias is not None) == has_qkv_bias
+    assert (attn.o_proj.bias is not None) == model_ckpt.name.startswith("llama-untied-bias")
     assert m.sliding_window == (4096 if model_ckpt.name == "mistral" else None)
 
 
@@ -382,7 +364,7 @@ def test_bfloat16_load_and_forward_is_close(model_ckpt: Checkpoint) -> None:
     """Loading casts to the serving dtype; bf16 logits stay near the float32 oracle."""
     model, _ = load_model(str(model_ckpt.dir), torch.bfloat16, torch.device("cpu"), progress=_quiet)
     assert isinstance(model, LlamaForCausalLM)
-    assert model.model.embed_tokens.dtype == torch.bfloat16
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     prompt = _prompts(1, [10], vocab=128, seed=9)[0]
     runner = PagedRunner(model, block_size=4)
     (logits,) = runner.step([("x", prompt)])

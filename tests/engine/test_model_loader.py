@@ -241,7 +241,7 @@ def test_converted_gguf_loads_natively(
     model, config = load_model(str(model_dir), torch.float32, torch.device("cpu"), Recorder())
     assert config.num_hidden_layers == 2 and config.vocab_size == 258
     assert config.tie_word_embeddings  # the GGUF has no output.weight
-    assert model.lm_head.data_ptr() == model.model.embed_tokens.data_ptr()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert model.num_kv_heads == 2 and model.head_dim == 8
     assert "quantization_config" not in json.loads((model_dir / "config.json").read_text())
 
@@ -353,8 +353,8 @@ def test_sharded_checkpoint_loads_every_shard(tmp_path: Path) -> None:
     rec = Recorder()
     model, _ = load_model(str(tmp_path / "sharded"), torch.float32, torch.device("cpu"), rec)
     assert len(rec.lines) == 1 and "loaded LlamaForCausalLM" in rec.lines[0]
-    assert torch.equal(model.lm_head, hf.lm_head.weight)
-    assert torch.equal(model.model.layers[2].mlp.down_proj, hf.model.layers[2].mlp.down_proj.weight)
+    assert torch.equal(model.lm_head.weight, hf.lm_head.weight)
+    assert torch.equal(model.model.layers[2].mlp.down_proj.weight, hf.model.layers[2].mlp.down_proj.weight)
     assert torch.equal(model.model.norm, hf.model.norm.weight)
 
 

@@ -19,6 +19,7 @@ from engine.cuda_graphs import CudaGraphRunner, EagerCapture, capture_sizes
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
 from kernels import AttentionMetadata
+from kernels.metadata import SeqSpan
 
 CLEAR_MARGIN = 0.1
 """Logit gap between transformers' first and second choice for a position to count as clear."""
@@ -51,7 +52,7 @@ def make_engine(
         runner = core.runner
         stand_in = CudaGraphRunner(
             core.model,
-            runner.kv_caches,
+            runner.attention,
             runner.block_size,
             core.max_model_len,
             capture_sizes(max_num_seqs),
@@ -167,31 +168,15 @@ def greedy_parity(
 
 
 def _prefill_meta(
-    lens: list[int], tables: list[list[int]], block_size: int, dev: torch.device
+    core: EngineCore, lens: list[int], tables: list[list[int]], block_size: int
 ) -> AttentionMetadata:
-    i32 = {"dtype": torch.int32, "device": dev}
     slots = [
         tables[i][p // block_size] * block_size + p % block_size
         for i, n in enumerate(lens)
         for p in range(n)
     ]
-    qsl = [0]
-    for n in lens:
-        qsl.append(qsl[-1] + n)
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        block_size=block_size,
-        num_decode_tokens=0,
-        decode_block_tables=torch.zeros((0, 1), **i32),
-        decode_seq_lens=torch.zeros(0, **i32),
-        decode_max_seq_len=0,
-        num_prefills=len(lens),
-        prefill_query_start_loc=torch.tensor(qsl, **i32),
-        prefill_block_tables=torch.tensor(tables, **i32),
-        prefill_seq_lens=torch.tensor(lens, **i32),
-        prefill_max_query_len=max(lens),
-        prefill_max_seq_len=max(lens),
-    )
+    spans = [SeqSpan(0, n, t) for n, t in zip(lens, tables, strict=True)]
+    return core.runner.attention.build_metadata(spans, slots, block_size, core.device)
 
 
 def teacher_forced_bf16(
@@ -224,10 +209,10 @@ def teacher_forced_bf16(
     assert table_rows[-1][-1] < core.model_info.num_kv_blocks
     ours = []
     with torch.inference_mode():
-        meta = _prefill_meta([prompt_len] * num_seqs, table_rows, bs, core.device)
+        meta = _prefill_meta(core, [prompt_len] * num_seqs, table_rows, bs)
         ids = full[:, :prompt_len].reshape(-1)
         pos = torch.arange(prompt_len, device=device).repeat(num_seqs)
-        hidden = model(ids, pos, runner.kv_caches, meta)
+        hidden = model(ids, pos, meta)
         last = torch.arange(1, num_seqs + 1, device=device) * prompt_len - 1
         ours.append(model.compute_logits(hidden[last]))
         for t in range(new_tokens - 1):
@@ -270,25 +255,11 @@ def _eager_decode(
     core: EngineCore, ids: list[int], pos: int, slots: list[int], blocks: list[list[int]]
 ) -> torch.Tensor:
     dev = core.device
-    i32 = {"dtype": torch.int32, "device": dev}
-    width = max(len(b) for b in blocks)
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        block_size=core.runner.block_size,
-        num_decode_tokens=len(ids),
-        decode_block_tables=torch.tensor([b + [0] * (width - len(b)) for b in blocks], **i32),
-        decode_seq_lens=torch.full((len(ids),), pos + 1, **i32),
-        decode_max_seq_len=pos + 1,
-        num_prefills=0,
-        prefill_query_start_loc=torch.zeros(1, **i32),
-        prefill_block_tables=torch.zeros((0, 1), **i32),
-        prefill_seq_lens=torch.zeros(0, **i32),
-        prefill_max_query_len=0,
-        prefill_max_seq_len=0,
-    )
+    spans = [SeqSpan(pos, 1, b) for b in blocks]
+    meta = core.runner.attention.build_metadata(spans, slots, core.runner.block_size, dev)
     ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
     pos_t = torch.full((len(ids),), pos, dtype=torch.int64, device=dev)
-    return core.model(ids_t, pos_t, core.runner.kv_caches, meta)
+    return core.model(ids_t, pos_t, meta)
 
 
 def copy_bandwidth(device: str, num_bytes: int) -> float:

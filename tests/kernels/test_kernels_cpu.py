@@ -3,7 +3,7 @@
 Quantized GEMMs are checked against gguf-py's own dequantizer followed by a float64
 matmul: the kernel rebuilds each weight exactly as gguf-py does, so the only difference
 allowed is float32 accumulation error, bounded by ``K * eps * sum|x_k w_k|``. Attention is
-checked against the float64 dense oracle of ``kernels.testing``. Batch invariance (a token's
+checked against the float64 dense oracle of ``tests.kernels.cases``. Batch invariance (a token's
 result never depends on what else is in the call) is checked bit for bit.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from kernels import reference
 from kernels.cpu import ops
-from kernels.testing import make_step, naive_attention, scatter_dense_kv
+from tests.kernels.cases import make_step, naive_attention, scatter_dense_kv
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="host has no AVX2 (torch path only)")
 
@@ -119,7 +119,10 @@ def test_rope_and_kv_write_match_reference() -> None:
     vc_ref = torch.zeros(blocks, bs, nkv, hd)
     reference.write_kv_cache(ek, v, kc_ref, vc_ref, slots)
     kc, vc = torch.zeros_like(kc_ref), torch.zeros_like(vc_ref)
-    ops.rope_and_write_kv_(qkv, nh, nkv, hd, positions, cos_sin, kc, vc, slots)
+    # In place on the fused rows' strided q/k views, as the model hands them over.
+    got_q, got_k = ops.rotary_embedding(positions, q, k, cos_sin)
+    assert got_q.data_ptr() == qkv.data_ptr()
+    ops.write_kv_cache(got_k, qkv[:, (nh + nkv) * hd :].view(5, nkv, hd), kc, vc, slots)
     torch.testing.assert_close(qkv[:, : nh * hd].view(5, nh, hd), eq)
     torch.testing.assert_close(kc, kc_ref)
     assert torch.equal(vc, vc_ref)

@@ -44,7 +44,7 @@ def test_import_and_cpu_calls_do_not_import_triton() -> None:
     out = _run(
         """
         import sys, torch, kernels
-        from kernels.testing import make_step
+        from tests.kernels.cases import make_step
         x = torch.randn(3, 8)
         kernels.rms_norm(x, torch.ones(8), 1e-6)
         kernels.silu_and_mul(x)
@@ -138,18 +138,17 @@ def test_the_reported_backend_is_the_one_that_runs(
 ) -> None:
     """The exact mode's description (start-up log, /version) names the kernels that run,
     not always "torch"."""
-    from engine.weights_mode import _exact
+    from engine.backends import _exact
     from kernels.registry import backend_for_device
 
     cpu = torch.device("cpu")
-    use_backend("torch")
+    assert "torch kernels (cpu)" in _exact(torch.float32, cpu, "torch").description
     assert backend_for_device(cpu) == "torch"
-    assert "torch kernels (cpu)" in _exact(torch.float32, cpu).description
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    use_backend("triton")
+    assert "triton kernels (cpu)" in _exact(torch.float32, cpu, "triton").description
     assert backend_for_device(cpu) == kernels.kernel_backend(torch.zeros(1)) == "triton"
-    assert "triton kernels (cpu)" in _exact(torch.float32, cpu).description
+    use_backend("auto")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

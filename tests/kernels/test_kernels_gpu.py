@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.testing import make_step, naive_attention, scatter_dense_kv
+from tests.kernels.cases import make_step, naive_attention, scatter_dense_kv
 
 pytestmark = [
     pytest.mark.gpu,

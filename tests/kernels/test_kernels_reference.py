@@ -3,7 +3,7 @@
 Norm, rotary and activation are compared with transformers' own Llama code, bit for bit:
 that is what keeps greedy decoding token-identical to transformers. Paged attention is
 compared with dense causal attention computed per sequence and head in float64 without
-any paging (``kernels.testing.naive_attention``).
+any paging (``tests.kernels.cases.naive_attention``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from kernels import reference
-from kernels.testing import make_step, naive_attention, scatter_dense_kv
+from tests.kernels.cases import make_step, naive_attention, scatter_dense_kv
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LLAMA3 = {

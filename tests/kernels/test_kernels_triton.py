@@ -15,7 +15,7 @@ import torch
 
 import kernels
 from kernels import reference
-from kernels.testing import make_step, naive_attention, scatter_dense_kv
+from tests.kernels.cases import make_step, naive_attention, scatter_dense_kv
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.testing import make_step, naive_attention, scatter_dense_kv
 from kernels.triton.paged_attention import (
     MAX_SPLITS,
     SPLIT_MIN_SEQ_LEN,
     decode_num_splits,
 )
+from tests.kernels.cases import make_step, naive_attention, scatter_dense_kv
 
 TOL = {
     torch.float32: {"atol": 2e-5, "rtol": 2e-5},

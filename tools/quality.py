@@ -1,6 +1,6 @@
 """The quality bar of a precision mode: teacher-forced against the exact float32 mode.
 
-    python -m engine.quality [--tokens 20000] [--window 512] [--model DIR_OR_GGUF]
+    python -m tools.quality [--tokens 20000] [--window 512] [--model DIR_OR_GGUF]
 
 Feeds the same fixed corpus through the engine's model in the exact mode
 (`--quantization none`, float32, bit-faithful to transformers) and in each faster mode,
@@ -28,7 +28,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from kernels.metadata import AttentionMetadata
+from kernels.metadata import SeqSpan
 
 CORPUS_MODULES = (
     "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib",
@@ -85,29 +85,12 @@ def _window_logits(core: EngineCore, ids: list[int]) -> torch.Tensor:
     bs = runner.block_size
     n = len(ids)
     blocks = list(range(-(-n // bs)))
-    slots = torch.arange(n, dtype=torch.long)
-    table = torch.tensor([blocks], dtype=torch.int32)
-    meta = AttentionMetadata(
-        slot_mapping=slots,
-        block_size=bs,
-        num_decode_tokens=0,
-        decode_block_tables=torch.zeros((0, 1), dtype=torch.int32),
-        decode_seq_lens=torch.zeros(0, dtype=torch.int32),
-        decode_max_seq_len=0,
-        num_prefills=1,
-        prefill_query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        prefill_block_tables=table,
-        prefill_seq_lens=torch.tensor([n], dtype=torch.int32),
-        prefill_max_query_len=n,
-        prefill_max_seq_len=n,
-        seq_block_tables=table,
-        token_seq=torch.zeros(n, dtype=torch.int32),
-        token_ctx=torch.arange(1, n + 1, dtype=torch.int32),
-        max_ctx=n,
+    meta = runner.attention.build_metadata(
+        [SeqSpan(0, n, blocks)], list(range(n)), bs, runner.device
     )
     positions = torch.arange(n, dtype=torch.long)
     with torch.inference_mode():
-        hidden = core.model(torch.tensor(ids, dtype=torch.long), positions, runner.kv_caches, meta)
+        hidden = core.model(torch.tensor(ids, dtype=torch.long), positions, meta)
         return core.model.compute_logits(hidden).float()
 
 
@@ -155,7 +138,7 @@ def measure(
     ppl_exact = math.exp(nll_exact / count)
     return [
         Quality(
-            mode=f"{m} ({cores[m].weights_mode.description})",
+            mode=f"{m} ({cores[m].backends.description})",
             tokens=count,
             kl=s[0] / count,
             top1=s[1] / count,
@@ -168,7 +151,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.quality",
+        prog="python -m tools.quality",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

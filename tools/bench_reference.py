@@ -10,7 +10,7 @@ formulations that were considered, so the choice can be re-checked on other hard
 On a shared 2-core machine single figures are noisy: each line is the median of several
 interleaved rounds, and only ratios measured in one run mean anything.
 
-    python -m kernels.bench_reference [--dtype float32|bfloat16] [--rounds N]
+    python -m tools.bench_reference [--dtype float32|bfloat16] [--rounds N]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from kernels import reference
 from kernels.metadata import AttentionMetadata
 from kernels.reference_plan import reference_plan
-from kernels.testing import make_step
+from tests.kernels.cases import make_step
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 GROUP = NUM_HEADS // NUM_KV_HEADS

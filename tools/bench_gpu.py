@@ -4,7 +4,7 @@ Prints one line per op and shape: the torch reference's and the Triton kernel's 
 call (CUDA events, median of several rounds after warm-up), the speed-up, and the largest
 difference between the two outputs. Needs a CUDA device and triton.
 
-    python -m kernels.bench_gpu [--dtype bfloat16|float32] [--rounds N] [--iters N]
+    python -m tools.bench_gpu [--dtype bfloat16|float32] [--rounds N] [--iters N]
 
 ``--device cpu --quick`` (with ``TRITON_INTERPRET=1``) runs every line once on tiny shapes
 through the interpreter: a smoke test of this script, not a measurement.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from kernels import reference
-from kernels.testing import make_step
+from tests.kernels.cases import make_step
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, HIDDEN, INTER = 9, 3, 64, 16, 576, 1536
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.metadata import AttentionMetadata
+from kernels.metadata import AttentionMetadata, SeqSpan
 
 __all__ = ["PagedStep", "make_step", "naive_attention", "scatter_dense_kv"]
 
@@ -52,7 +52,6 @@ def make_step(
         while num_decodes < len(seqs) and seqs[num_decodes][1] == 1:
             num_decodes += 1
     assert all(q_len == 1 for _, q_len in seqs[:num_decodes])
-    prefills = seqs[num_decodes:]
 
     need = [-(-s // block_size) for s, _ in seqs]
     assert sum(need) <= num_blocks, "not enough cache blocks"
@@ -69,33 +68,22 @@ def make_step(
             slots.append(table[pos // block_size] * block_size + pos % block_size)
             positions.append(pos)
 
-    def pad_tables(rows: list[list[int]]) -> torch.Tensor:
-        width = max((len(r) for r in rows), default=0) + table_pad
-        out = torch.zeros((len(rows), max(width, 1)), dtype=torch.int32)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        return out.to(device)
-
-    dec_lens = [s for s, _ in seqs[:num_decodes]]
-    pre_lens = [s for s, _ in prefills]
-    pre_q = [q for _, q in prefills]
-    qsl = [0]
-    for q in pre_q:
-        qsl.append(qsl[-1] + q)
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        block_size=block_size,
-        num_decode_tokens=num_decodes,
-        decode_block_tables=pad_tables(tables[:num_decodes]),
-        decode_seq_lens=torch.tensor(dec_lens, dtype=torch.int32, device=device),
-        decode_max_seq_len=max(dec_lens, default=0),
-        num_prefills=len(prefills),
-        prefill_query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
-        prefill_block_tables=pad_tables(tables[num_decodes:]),
-        prefill_seq_lens=torch.tensor(pre_lens, dtype=torch.int32, device=device),
-        prefill_max_query_len=max(pre_q, default=0),
-        prefill_max_seq_len=max(pre_lens, default=0),
+    spans = [
+        SeqSpan(seq_len - q_len, q_len, table)
+        for (seq_len, q_len), table in zip(seqs, tables, strict=True)
+    ]
+    meta = AttentionMetadata.build(
+        spans, slots, block_size, torch.device(device), token_index=True, num_decodes=num_decodes
     )
+    if table_pad:  # the engine pads tables to a common width: kernels must not care
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, table_pad))
+
+        meta.decode_block_tables = pad(meta.decode_block_tables)
+        meta.prefill_block_tables = pad(meta.prefill_block_tables)
+        assert meta.seq_block_tables is not None
+        meta.seq_block_tables = pad(meta.seq_block_tables)
     return PagedStep(
         meta=meta,
         block_tables=tables,

@@ -1,6 +1,6 @@
 """Engine-only timing: prefill and decode step times of the in-process core, no HTTP.
 
-    python -m engine.bench_step [--quantization auto|gguf|none] [--batch 1 16 64]
+    python -m tools.bench_step [--quantization auto|gguf|none] [--batch 1 16 64]
 
 Prints, per batch size, the median decode step (ms), decode tok/s of the engine alone and
 the prefill time of `--prompt-len` tokens per sequence, after a warm-up. It isolates the
@@ -57,7 +57,7 @@ def _run(core: EngineCore, batch: int, prompt_len: int, decode_steps: int, seed:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.bench_step", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_step", description=__doc__)
     parser.add_argument("--model", default=None)
     parser.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"])
     parser.add_argument("--dtype", default="auto")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     core = EngineCore(config, progress=print)
     core.warm_up()
-    print(f"mode: {core.weights_mode.description}")
+    print(f"mode: {core.backends.description}")
     print("batch  prefill(s)  decode step(ms)  step CPU(ms)  decode tok/s")
     for i, batch in enumerate(args.batch):
         r = _run(core, batch, args.prompt_len, args.decode_steps, seed=i)

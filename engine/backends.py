@@ -1,0 +1,121 @@
+"""Which kernels compute: chosen once at start-up, from --quantization, --dtype and the host.
+
+- ``none`` (the exact mode): every `Linear` keeps its dense method, the elementwise ops
+  and attention run the torch reference (Triton on CUDA); op for op what transformers
+  computes, so float32 greedy output is token-identical to transformers.
+- ``gguf`` (the CPU fast path): each linear whose GGUF blocks have a kernel gets
+  `GGUFBlockLinearMethod` (Q4_1/Q8_0 blocks, float32 accumulation), the elementwise ops
+  run the C kernels and attention the C backend. The weights are exactly the file's; only
+  the order of float32 sums differs from the dequantized model, and no result depends on
+  batch size (docs/performance.md has the measured quality figures).
+- ``auto``: ``gguf`` for a GGUF model on a CPU with AVX2 when ``--dtype`` is left at auto,
+  else ``none``. Asking for ``--dtype float32`` is asking for the exact mode.
+
+The model file learns none of this: `choose_backends` hands methods to its layers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionBackend, CpuAttentionBackend, PagedAttentionBackend
+from engine.config import EngineConfig
+from engine.layers.gguf_linear import GGUFBlockLinearMethod, GGUFSource
+from engine.layers.kernel_ops import use_kernel_ops
+from engine.layers.linear import Linear
+from engine.model_resolver import gguf_source
+from kernels.cpu import ops
+from kernels.cpu.build import host_isa
+from kernels.registry import backend_for_device, select_backend
+
+logger = logging.getLogger("hearth.engine")
+
+MODES = ("auto", "gguf", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    quantization: str
+    """``gguf`` or ``none``: what runs."""
+    description: str
+    """One line for the start-up log and /version."""
+    attention: AttentionBackend
+
+
+def _exact(dtype: torch.dtype, device: torch.device, kernels: str) -> Backends:
+    select_backend(kernels)  # validated again: the engine selected it before loading
+    name = backend_for_device(device)  # triton on CUDA under --kernels auto
+    weights = str(dtype).removeprefix("torch.")
+    description = f"dense {weights} weights, {name} kernels ({device.type})"
+    return Backends("none", description, PagedAttentionBackend(dtype))
+
+
+def choose_backends(
+    model: nn.Module,
+    config: EngineConfig,
+    model_dir: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    say: Callable[[str], None],
+) -> Backends:
+    """Resolve ``config.quantization`` for the loaded `model`, give its linear layers their
+    methods and select the kernel backend. Raises ValueError when ``gguf`` was asked for
+    and cannot run (so the user learns it at start, not from slower answers)."""
+    asked = config.quantization
+    if asked not in MODES:
+        raise ValueError(f"unknown --quantization {asked!r}: use auto, gguf or none")
+    if asked == "none" or (asked == "auto" and config.dtype != "auto"):
+        return _exact(dtype, device, config.kernels)
+    path = gguf_source(model_dir)
+    why_not = CpuAttentionBackend.supported(model.head_dim, dtype, device)
+    if path is None:
+        why_not = "the model is not a GGUF file"
+    if why_not is not None:
+        if asked == "gguf":
+            raise ValueError(f"--quantization gguf cannot run: {why_not}")
+        return _exact(dtype, device, config.kernels)
+    assert path is not None
+    kinds = _use_gguf_blocks(model, GGUFSource(path))
+    if not kinds:
+        if asked == "gguf":
+            raise ValueError(f"--quantization gguf: no Q4_1/Q8_0 tensor of {path.name} fits")
+        return _exact(dtype, device, config.kernels)
+    use_kernel_ops(model, ops)
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    nbytes = sum(
+        m.packed.nbytes for m in model.modules() if isinstance(m, Linear) and m.packed is not None
+    )
+    isa = host_isa()
+    description = (
+        f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) with float32 accumulation, "
+        f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
+    )
+    say(f"fast CPU path: {description}")
+    return Backends("gguf", description, CpuAttentionBackend())
+
+
+def _use_gguf_blocks(model: nn.Module, source: GGUFSource) -> dict[str, int]:
+    """Give every linear the file can feed the GGUF method and free its dense copy (a
+    weight shared with the token embedding stays: token lookup reads it). Returns how
+    many weights of each block kind were packed."""
+    method = GGUFBlockLinearMethod(source)
+    shared = {
+        id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(False)
+    }
+    kinds: dict[str, int] = {}
+    for module in model.modules():
+        if not isinstance(module, Linear):
+            continue
+        packed = method.pack(module)
+        if packed is None:
+            continue
+        module.packed, module.method = packed, method
+        kinds[packed.kind] = kinds.get(packed.kind, 0) + 1
+        if id(module.weight) not in shared:
+            module.weight.data = torch.empty(0)
+    return kinds

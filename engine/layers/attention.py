@@ -1,0 +1,58 @@
+"""The attention layer: paged KV cache in, attention out; the kernel is the backend's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from kernels.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from engine.attention.base import AttentionBackend
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+"""(k_cache, v_cache) of one layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+
+class Attention(nn.Module):
+    """Causal attention of the step's tokens over their sequences' paged K/V.
+
+    Writes the step's k and v into the cache slots ``meta.slot_mapping`` names, then
+    attends. The model runner binds `kv_cache` and `backend` once (`bind`); the model
+    file never sees either.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} heads do not split into {num_kv_heads} kv heads")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.kv_cache: KVCache | None = None
+        self.backend: AttentionBackend | None = None
+
+    def bind(self, kv_cache: KVCache, backend: AttentionBackend) -> None:
+        self.kv_cache = kv_cache
+        self.backend = backend
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] → [T, num_heads *
+        head_dim]."""
+        if self.backend is None or self.kv_cache is None:
+            raise RuntimeError("Attention.bind was not called (the model runner binds it)")
+        return self.backend.forward(self, q, k, v, meta)
+
+
+def bind_attention(model: nn.Module, kv_caches: list[KVCache], backend: AttentionBackend) -> None:
+    """Give every `Attention` of `model`, in order, its layer's cache and the backend."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    if len(layers) != len(kv_caches):
+        raise ValueError(f"{len(layers)} attention layers but {len(kv_caches)} KV caches")
+    for layer, cache in zip(layers, kv_caches, strict=True):
+        layer.bind(cache, backend)

@@ -1,0 +1,31 @@
+"""Token embedding and the LM head that may share its weight."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.linear import Linear, Shard, empty_parameter
+
+
+class VocabEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.weight = empty_parameter((vocab_size, hidden_size), dtype, device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)  # [T, H]
+
+
+def lm_head(
+    embedding: VocabEmbedding, tied: bool, checkpoint: str, dtype: torch.dtype, device: torch.device
+) -> Linear:
+    """The ``[vocab, hidden]`` output projection. A tied head shares the embedding's
+    Parameter (no copy); `checkpoint` is then the embedding's name, which a quantized
+    method reads its blocks from."""
+    vocab, hidden = embedding.weight.shape
+    head = Linear(hidden, vocab, [Shard(checkpoint, vocab)], bias=False, dtype=dtype, device=device)
+    if tied:
+        head.weight = embedding.weight
+    return head

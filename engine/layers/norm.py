@@ -1,0 +1,30 @@
+"""RMSNorm, alone or fused with the residual add of the vLLM residual stream."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from engine.layers.kernel_ops import KernelOps
+from engine.layers.linear import empty_parameter
+
+
+class RMSNorm(nn.Module):
+    """``forward(x)`` → ``norm(x)``; ``forward(x, residual)`` → ``(norm(x + residual), x +
+    residual)``, which saves one read and write of the stream per norm. The kernel backend
+    may do the fused form in place (kernels/cpu/ops.py); callers never reuse `x`.
+    `ops` is the kernel namespace chosen at start-up (engine/layers/kernel_ops.py)."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.eps = float(eps)
+        self.weight = empty_parameter((hidden_size,), dtype, device)
+        self.ops: KernelOps = kernels
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
