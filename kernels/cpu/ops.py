@@ -66,14 +66,22 @@ class NativeKernelsUnavailable(RuntimeError):
     """The host has no AVX2, or the library could not be built."""
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
-    """The C library for this host's ISA variant, built on first use if not cached."""
-    isa = host_isa()
+def library(variant: str | None = None) -> ctypes.CDLL:
+    """The C library of `variant` (default: this host's, see `host_isa`), built on first
+    use if not cached. A variant the host cannot run raises NativeKernelsUnavailable."""
+    try:
+        isa = host_isa(variant)
+    except ValueError as exc:
+        raise NativeKernelsUnavailable(str(exc)) from exc
     if isa.variant is None:
         raise NativeKernelsUnavailable(f"no fast CPU kernels for this host: {isa.describe()}")
+    return _load(isa.variant)
+
+
+@functools.cache
+def _load(variant: str) -> ctypes.CDLL:
     try:
-        path = build(isa.variant)
+        path = build(variant)
     except (RuntimeError, OSError) as exc:
         raise NativeKernelsUnavailable(str(exc)) from exc
     lib = ctypes.CDLL(str(path))
