@@ -433,13 +433,17 @@ static void vec_gemm(int32_t kind, const int8_t *q, const float *dx, const float
 
 /* -------------------------------------------------------------------- AMX tiles */
 /*
- * Tiles: tmm0-3 = C (16 tokens x 16 int32 output rows), tmm4-5 = A (16 tokens x 32 int8:
- * one block of two token tiles), tmm6-7 = B (8 x 64 B: one block of two groups). A work
- * item is (pair of groups, 32 tokens): per block, up to four K = 32 tile products (each
- * zeroed first: every block has its own scales), stored as int32 and folded into float
- * accumulators (L1-resident, 4 KB) with exactly the vector kernels' formula.
- * Q4_1: the signed activations are A and the unsigned nibbles B (tdpbsud); the nibbles are
- * unpacked into bytes once per group pair and thread. Q8_0: s8 x s8 directly (tdpbssd).
+ * A work item is (16 tokens, one group of 16 output rows): one 16 x 16 int32 C tile per
+ * block, K = 32 (each block has its own scales, so every block's product is zeroed,
+ * computed, stored and folded into float accumulators that stay in 16 zmm registers, with
+ * exactly the vector kernels' formula). Two tile sets (C/A/B = tmm0-2 and tmm3-5)
+ * alternate by block parity, and block b + 1's tiles are issued before block b is folded:
+ * tile registers are not renamed, and the fold's vector loads then never wait on a tile
+ * store just issued.
+ * Q4_1: the signed activations are A, the unsigned nibbles B (tdpbsud); the item unpacks
+ * its group's nibbles into B-tile bytes first. Q8_0: s8 x s8 directly (tdpbssd), B tiles
+ * straight from the packed weight. Items run token tile by token tile, the groups inside:
+ * a token tile's activations stay in L1 while the weights stream in order.
  */
 static int amx_state; /* 0: not asked yet; 1: granted; < 0: -errno of the refusal */
 
@@ -473,14 +477,32 @@ static void amx_config(void) {
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int i = 0; i < 4; i++) c.rows[i] = 16, c.colsb[i] = 64;
-    for (int i = 4; i < 6; i++) c.rows[i] = 16, c.colsb[i] = QK;
-    for (int i = 6; i < 8; i++) c.rows[i] = 8, c.colsb[i] = 64;
+    for (int set = 0; set < 6; set += 3) {
+        c.rows[set] = 16, c.colsb[set] = 64;         /* C: 16 tokens x 16 int32 */
+        c.rows[set + 1] = 16, c.colsb[set + 1] = QK; /* A: 16 tokens x 32 int8 */
+        c.rows[set + 2] = 8, c.colsb[set + 2] = 64;  /* B: 8 x (16 rows x 4 int8) */
+    }
     _tile_loadconfig(&c);
 }
 
-/* Folds one block's 16 x 16 int32 tile into the accumulators of its 16 tokens. */
-INLINE void amx_fold(const int kind, const int32_t *c, float *ac, const uint8_t *blk, const float *dx,
+/* Block b's product into tile set 0 or 1, stored to c (16 x 16 int32). */
+#define AMX_BLOCK(KIND, TC, TA, TB, b, c)                          \
+    do {                                                           \
+        _tile_loadd(TA, q + (b) * QK, k);                          \
+        if (KIND == 0)                                             \
+            _tile_loadd(TB, ub + (b) * 512, 64);                   \
+        else                                                       \
+            _tile_loadd(TB, wg + (b) * Q8A_BLOCK + 32, 64);        \
+        _tile_zero(TC);                                            \
+        if (KIND == 0)                                             \
+            _tile_dpbsud(TC, TA, TB);                              \
+        else                                                       \
+            _tile_dpbssd(TC, TA, TB);                              \
+        _tile_stored(TC, c, 64);                                   \
+    } while (0)
+
+/* Folds block b's tile c into acc. */
+INLINE void amx_fold(const int kind, __m512 *acc, const int32_t *c, const uint8_t *blk, const float *dx,
                      const float *sx, int64_t nb) {
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
     const __m512 mw = kind == 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
@@ -488,115 +510,65 @@ INLINE void amx_fold(const int kind, const int32_t *c, float *ac, const uint8_t 
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) {
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb]));
-        __m512 a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)),
-                                   _mm512_load_ps(ac + 16 * r));
-        if (kind == 0) a = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb]), a);
-        _mm512_store_ps(ac + 16 * r, a);
+        acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), acc[r]);
+        if (kind == 0) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb]), acc[r]);
     }
 }
 
-INLINE void amx_item(const int kind, const int8_t *q, const float *dx, const float *sx, int64_t k,
-                     int64_t nb, const uint8_t *wp, int64_t gbytes, const uint8_t *ub, int ng, int na,
-                     int32_t *cbuf, float *acc) {
+/* One item: tokens of q/dx/sx (16 rows, zero padded), group wg; acc[r] = token r's 16 rows. */
+INLINE void amx_item(const int kind, const int8_t *q, const float *dx, const float *sx, int64_t k, int64_t nb,
+                     const uint8_t *wg, uint8_t *ub, int32_t *cbuf, __m512 *acc) {
     const int64_t bb = block_bytes(kind);
-    memset(acc, 0, sizeof(float) * 4 * 256);
-    for (int64_t b = 0; b < nb; b++) {
-        int32_t *c = cbuf + (b & 1) * 1024; /* two buffers: the next block's stores need not
-                                               wait for this block's loads */
-        _tile_loadd(4, q + b * QK, k);
-        if (na == 2) _tile_loadd(5, q + 16 * k + b * QK, k);
-        if (kind == 0) {
-            _tile_loadd(6, ub + b * 512, 64);
-            if (ng == 2) _tile_loadd(7, ub + (nb + b) * 512, 64);
-        } else {
-            _tile_loadd(6, wp + b * bb + 32, 64);
-            if (ng == 2) _tile_loadd(7, wp + gbytes + b * bb + 32, 64);
-        }
-        _tile_zero(0);
-        if (kind == 0) _tile_dpbsud(0, 4, 6); else _tile_dpbssd(0, 4, 6);
-        if (ng == 2) {
-            _tile_zero(1);
-            if (kind == 0) _tile_dpbsud(1, 4, 7); else _tile_dpbssd(1, 4, 7);
-        }
-        if (na == 2) {
-            _tile_zero(2);
-            if (kind == 0) _tile_dpbsud(2, 5, 6); else _tile_dpbssd(2, 5, 6);
-            if (ng == 2) {
-                _tile_zero(3);
-                if (kind == 0) _tile_dpbsud(3, 5, 7); else _tile_dpbssd(3, 5, 7);
-            }
-        }
-        _tile_stored(0, c, 64);
-        if (ng == 2) _tile_stored(1, c + 256, 64);
-        if (na == 2) {
-            _tile_stored(2, c + 512, 64);
-            if (ng == 2) _tile_stored(3, c + 768, 64);
-        }
-        for (int a = 0; a < na; a++)
-            for (int g = 0; g < ng; g++)
-                amx_fold(kind, c + (2 * a + g) * 256, acc + (2 * a + g) * 256, wp + g * gbytes + b * bb,
-                         dx + 16 * a * nb + b, sx + 16 * a * nb + b, nb);
-    }
-}
-
-/* Q4_1 nibbles of groups g0, g0 + 1 as the bytes of B tiles: ub[g][b] = 8 rows x 64 B. */
-static void amx_unpack_q4(const uint8_t *wp, int64_t gbytes, int64_t nb, int ng, uint8_t *ub) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int g = 0; g < ng; g++)
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *src = wp + g * gbytes + b * Q4A_BLOCK + 64;
-            uint8_t *dst = ub + (g * nb + b) * 512;
+    int32_t *c0 = cbuf, *c1 = cbuf + 256;
+    if (kind == 0) { /* nibbles -> B-tile bytes: low = tile rows 0-3, high = rows 4-7 */
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        for (int64_t b = 0; b < nb; b++)
             for (int j = 0; j < 4; j++) {
-                const __m512i v = _mm512_loadu_si512(src + 64 * j);
-                _mm512_store_si512(dst + 64 * j, _mm512_and_si512(v, m4));
-                _mm512_store_si512(dst + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                const __m512i v = _mm512_loadu_si512(wg + b * Q4A_BLOCK + 64 + 64 * j);
+                _mm512_store_si512(ub + b * 512 + 64 * j, _mm512_and_si512(v, m4));
+                _mm512_store_si512(ub + b * 512 + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
             }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    AMX_BLOCK(kind, 0, 1, 2, 0, c0);
+    for (int64_t b = 0; b < nb; b += 2) {
+        if (b + 1 < nb) AMX_BLOCK(kind, 3, 4, 5, b + 1, c1);
+        amx_fold(kind, acc, c0, wg + b * bb, dx + b, sx + b, nb);
+        if (b + 1 < nb) {
+            if (b + 2 < nb) AMX_BLOCK(kind, 0, 1, 2, b + 2, c0);
+            amx_fold(kind, acc, c1, wg + (b + 1) * bb, dx + b + 1, sx + b + 1, nb);
         }
+    }
 }
 
 static void amx_gemm(int32_t kind, const int8_t *q, const float *dx, const float *sx, int64_t t_count,
                      int64_t k, const uint8_t *w, int64_t n, const float *bias, float *out, int64_t ldo) {
     const int64_t nb = k / QK, groups = (n + QG - 1) / QG, gbytes = nb * block_bytes(kind);
-    const int64_t pairs = (groups + 1) / 2, tiles_t = (t_count + 31) / 32;
-    const int64_t items = pairs * tiles_t;
+    const int64_t tiles_t = (t_count + 15) / 16, items = groups * tiles_t;
     int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
     if (chunk < 1) chunk = 1;
 #pragma omp parallel
     {
         amx_config(); /* tile configuration is per thread */
-        uint8_t *ub = kind == 0 ? (uint8_t *)aligned_alloc(64, (size_t)(2 * nb * 512)) : NULL;
-        int32_t *cbuf = (int32_t *)aligned_alloc(64, 2 * 1024 * sizeof(int32_t));
-        float *acc = (float *)aligned_alloc(64, 1024 * sizeof(float));
-        int64_t unpacked = -1;
+        uint8_t *ub = kind == 0 ? (uint8_t *)aligned_alloc(64, (size_t)(nb * 512)) : NULL;
+        int32_t *cbuf = (int32_t *)aligned_alloc(64, 2 * 256 * sizeof(int32_t));
 #pragma omp for schedule(dynamic, chunk) collapse(2)
-        for (int64_t p = 0; p < pairs; p++) {
-            for (int64_t tt = 0; tt < tiles_t; tt++) {
-                const int64_t g0 = 2 * p, t0 = 32 * tt;
-                const int ng = g0 + 1 < groups ? 2 : 1;
-                const int na = t0 + 16 < t_count ? 2 : 1;
-                const uint8_t *wp = w + g0 * gbytes;
-                if (kind == 0) {
-                    if (unpacked != p) amx_unpack_q4(wp, gbytes, nb, ng, ub);
-                    unpacked = p;
-                    amx_item(0, q + t0 * k, dx + t0 * nb, sx + t0 * nb, k, nb, wp, gbytes, ub, ng, na, cbuf, acc);
-                } else {
-                    amx_item(1, q + t0 * k, dx + t0 * nb, sx + t0 * nb, k, nb, wp, gbytes, NULL, ng, na, cbuf, acc);
-                }
-                for (int a = 0; a < na; a++)
-                    for (int g = 0; g < ng; g++) {
-                        const int64_t row0 = (g0 + g) * QG;
-                        const __mmask16 mask = (n - row0) >= QG ? 0xFFFF : 0x00FF;
-                        const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + row0) : _mm512_setzero_ps();
-                        const float *ac = acc + (2 * a + g) * 256;
-                        for (int r = 0; r < 16 && t0 + 16 * a + r < t_count; r++) {
-                            const __m512 v = _mm512_load_ps(ac + 16 * r);
-                            _mm512_mask_storeu_ps(out + (t0 + 16 * a + r) * ldo + row0, mask,
-                                                  bias ? _mm512_add_ps(v, bv) : v);
-                        }
-                    }
+        for (int64_t tt = 0; tt < tiles_t; tt++) {
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t t0 = 16 * tt, row0 = g * QG;
+                __m512 acc[16];
+                if (kind == 0)
+                    amx_item(0, q + t0 * k, dx + t0 * nb, sx + t0 * nb, k, nb, w + g * gbytes, ub, cbuf, acc);
+                else
+                    amx_item(1, q + t0 * k, dx + t0 * nb, sx + t0 * nb, k, nb, w + g * gbytes, ub, cbuf, acc);
+                const __mmask16 mask = (n - row0) >= QG ? 0xFFFF : 0x00FF;
+                const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + row0) : _mm512_setzero_ps();
+                for (int r = 0; r < 16 && t0 + r < t_count; r++)
+                    _mm512_mask_storeu_ps(out + (t0 + r) * ldo + row0, mask,
+                                          bias ? _mm512_add_ps(acc[r], bv) : acc[r]);
             }
         }
-        free(acc);
         free(cbuf);
         free(ub);
         _tile_release();
