@@ -125,6 +125,17 @@ def pack_q8act(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None
     return Q8ActWeight(kind, n, k, out, bias)
 
 
+def scratch_bytes(t: int, k: int) -> int:
+    """``hearth_q8a_scratch_bytes(t, k)`` without a trip through ctypes."""
+    tp = (t + 15) & ~15
+    return ((tp * k + 63) & ~63) + 8 * tp * (k // QBLOCK) + 64
+
+
+@functools.cache
+def _gemm(variant: str | None) -> ctypes._CFuncPtr:
+    return library(variant).hearth_q8a_gemm
+
+
 class _Scratch(threading.local):
     """Per-thread scratch for the quantized activations, grown on demand and reused."""
 
@@ -170,9 +181,9 @@ def linear_q8act(
         raise ValueError(f"out must be float32 [{t}, {weight.n}] with unit column stride")
     if t == 0:
         return out
-    lib = library(variant)
-    scratch = _SCRATCH.get(lib.hearth_q8a_scratch_bytes(t, weight.k))
-    lib.hearth_q8a_gemm(
+    gemm = _gemm(variant)
+    scratch = _SCRATCH.get(scratch_bytes(t, weight.k))
+    gemm(
         KINDS[weight.kind],
         x.data_ptr(),
         t,

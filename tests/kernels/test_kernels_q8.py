@@ -238,6 +238,12 @@ def test_padded_last_group_writes_only_real_rows(n: int) -> None:
         assert bool(big[:, n:].isnan().all())
 
 
+def test_scratch_size_agrees_with_the_library() -> None:
+    lib = q8_ops.library()
+    for t, k in [(1, 32), (15, 576), (16, 576), (17, 1536), (300, 64)]:
+        assert q8_ops.scratch_bytes(t, k) == lib.hearth_q8a_scratch_bytes(t, k)
+
+
 def test_pack_refuses_bad_shapes() -> None:
     raw = _raw_blocks("q4_1", 12, 64, seed=1)  # 12 rows: not a multiple of 8
     with pytest.raises(ValueError, match="rows"):
