@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--budget", type=float, default=0.25, help="seconds of repeats per measurement")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch bf16 reference")
+    ap.add_argument("--stat", choices=["median", "min"], default="median", help="of the repeats")
     ap.add_argument(
         "--cold-mb", type=float, default=96.0, help="cycle weight copies totalling this"
     )

@@ -67,8 +67,18 @@ class NativeKernelsUnavailable(RuntimeError):
 
 
 def library(variant: str | None = None) -> ctypes.CDLL:
-    """The C library of `variant` (default: this host's, see `host_isa`), built on first
-    use if not cached. A variant the host cannot run raises NativeKernelsUnavailable."""
+    """The C library of `variant` (default: this host's, see `host_isa`, chosen once per
+    process), built on first use if not cached. A variant the host cannot run raises
+    NativeKernelsUnavailable."""
+    return _default_library() if variant is None else _library(variant)
+
+
+@functools.cache
+def _default_library() -> ctypes.CDLL:
+    return _library(None)
+
+
+def _library(variant: str | None) -> ctypes.CDLL:
     try:
         isa = host_isa(variant)
     except ValueError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ import torch
 
 from kernels.cpu import ops
 from kernels.cpu.build import host_isa
+
+logger = logging.getLogger("hearth.engine")
 
 _i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
@@ -63,6 +66,11 @@ def library(variant: str | None = None) -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = res
+    if lib.hearth_q8a_isa() == 2 and (status := lib.hearth_q8a_amx_status()) != 1:
+        logger.warning(
+            "AMX tiles refused by the kernel (arch_prctl errno %d): the q8 GEMMs run on AVX512-VNNI",
+            -status,
+        )
     return lib
 
 
