@@ -542,17 +542,23 @@ INLINE void amx_item(const int kind, const int8_t *q, const float *dx, const flo
     }
 }
 
-static void amx_gemm(int32_t kind, const int8_t *q, const float *dx, const float *sx, int64_t t_count,
-                     int64_t k, const uint8_t *w, int64_t n, const float *bias, float *out, int64_t ldo) {
+/* Returns 0 (nothing computed) if its per-thread buffers cannot be allocated. */
+static int amx_gemm(int32_t kind, const int8_t *q, const float *dx, const float *sx, int64_t t_count,
+                    int64_t k, const uint8_t *w, int64_t n, const float *bias, float *out, int64_t ldo) {
     const int64_t nb = k / QK, groups = (n + QG - 1) / QG, gbytes = nb * block_bytes(kind);
     const int64_t tiles_t = (t_count + 15) / 16, items = groups * tiles_t;
-    int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
+    const int threads = omp_get_max_threads();
+    int64_t chunk = items / ((int64_t)threads * 8);
     if (chunk < 1) chunk = 1;
-#pragma omp parallel
+    /* per thread: 2 tile-store buffers (2 KB) | the unpacked Q4_1 nibbles of a group */
+    const int64_t per_thread = 2048 + (kind == 0 ? nb * 512 : 0);
+    uint8_t *buffers = (uint8_t *)aligned_alloc(64, (size_t)(per_thread * threads));
+    if (!buffers) return 0;
+#pragma omp parallel num_threads(threads)
     {
         amx_config(); /* tile configuration is per thread */
-        uint8_t *ub = kind == 0 ? (uint8_t *)aligned_alloc(64, (size_t)(nb * 512)) : NULL;
-        int32_t *cbuf = (int32_t *)aligned_alloc(64, 2 * 256 * sizeof(int32_t));
+        int32_t *cbuf = (int32_t *)(buffers + per_thread * omp_get_thread_num());
+        uint8_t *ub = (uint8_t *)cbuf + 2048;
 #pragma omp for schedule(dynamic, chunk) collapse(2)
         for (int64_t tt = 0; tt < tiles_t; tt++) {
             for (int64_t g = 0; g < groups; g++) {
@@ -569,10 +575,10 @@ static void amx_gemm(int32_t kind, const int8_t *q, const float *dx, const float
                                           bias ? _mm512_add_ps(acc[r], bv) : acc[r]);
             }
         }
-        free(cbuf);
-        free(ub);
         _tile_release();
     }
+    free(buffers);
+    return 1;
 }
 #endif
 
@@ -621,10 +627,9 @@ void hearth_q8a_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64
         memset(sx + t * nb, 0, (size_t)((tp - t) * nb) * sizeof(float));
     }
 #ifdef __AMX_INT8__
-    if (t >= (amx_min_t > 0 ? amx_min_t : Q8A_AMX_MIN_T) && amx_request() == 1) {
-        amx_gemm(kind, q, dx, sx, t, k, w, n, bias, out, ldo);
+    if (t >= (amx_min_t > 0 ? amx_min_t : Q8A_AMX_MIN_T) && amx_request() == 1 &&
+        amx_gemm(kind, q, dx, sx, t, k, w, n, bias, out, ldo))
         return;
-    }
 #else
     (void)amx_min_t;
     (void)amx_state;
