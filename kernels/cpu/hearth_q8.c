@@ -47,7 +47,10 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #ifndef Q8A_AMX_MIN_T
-#define Q8A_AMX_MIN_T 16 /* default: calls with at least this many tokens use AMX tiles */
+/* Default: calls with at least this many tokens use AMX tiles. An AMX item is 16 tokens,
+ * so fewer pay for 16; measured on a Sapphire Rapids VM (tools/bench_q8_gemm.py), AMX ties
+ * or beats VNNI from 16 tokens on (1.0-1.5x at 16, up to ~1.3x above) and loses below. */
+#define Q8A_AMX_MIN_T 16
 #endif
 
 /* -------------------------------------------------------------------------- packing */
