@@ -6,9 +6,20 @@ compiler, so the engine only ever loads a finished file. If the file is missing 
 start (a new cache directory), the engine compiles it then, before it reports ready:
 about a second, never on a request path.
 
-Variants: ``avx512`` (x86-64-v4: AVX-512 F/BW/DQ/VL, 32 vector registers) on hosts that
-have it, else ``avx2`` (AVX2 + FMA + F16C, x86-64-v3). Hosts with neither use the torch
-path; `host_isa()` says what the host has and which variant runs.
+Variants, lowest to highest: ``avx2`` (AVX2 + FMA + F16C, x86-64-v3), ``avx512``
+(x86-64-v4: AVX-512 F/BW/DQ/VL, 32 vector registers), ``avx512_vnni`` (that + VNNI int8
+dot products + BF16) and ``amx`` (that + AMX-INT8/BF16 tiles). The host runs the highest
+one it has; a lower one can be forced (`host_isa(forced=...)`, `$HEARTH_CPU_VARIANT`) so
+each is testable on a higher host. Every variant compiles on any x86 host (`python -m
+kernels.cpu.build --variant amx` works on an AVX2 machine); it only runs where the CPU has
+the ISA. Hosts without AVX2 use the torch path; `host_isa()` says what the host has and
+which variant runs.
+
+Each variant is one shared library built from both C files: `hearth_cpu.c` (fp32
+accumulation) with the flags it always had, and `hearth_q8.c` (int8 activations) with
+``-ffp-contract=off`` on top, since its results must be bitwise the same in every variant.
+A cached library is only loaded if it and its directory belong to this user (or root)
+and nobody else can write them.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,12 +38,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("hearth_cpu.c")
+Q8_SOURCE = Path(__file__).with_name("hearth_q8.c")
 
+_V4 = ["-march=x86-64-v4", "-mf16c", "-mfma"]
+_VNNI = [*_V4, "-mavx512vnni", "-mavx512bf16"]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "avx512": ["-march=x86-64-v4", "-mf16c", "-mfma"],
+    "avx512": _V4,
+    "avx512_vnni": _VNNI,
+    "amx": [*_VNNI, "-mamx-tile", "-mamx-int8", "-mamx-bf16"],
 }
-_BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno"]
+VARIANTS = ("avx2", "avx512", "avx512_vnni", "amx")
+"""Lowest to highest."""
+_NEEDS = {
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
+}
+_NEEDS["avx512_vnni"] = _NEEDS["avx512"] | {"avx512_vnni", "avx512_bf16"}
+_NEEDS["amx"] = _NEEDS["avx512_vnni"] | {"amx_tile", "amx_int8", "amx_bf16"}
+_BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno"]
+_Q8_FLAGS = ["-ffp-contract=off"]
+_LINK_FLAGS = ["-shared", "-fopenmp"]
 _REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq")
 _EXTRA = ("avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
 
@@ -44,7 +71,9 @@ class HostISA:
     flags: tuple[str, ...]
     """The ISA extensions among those hearth cares about."""
     variant: str | None
-    """``avx512`` | ``avx2`` | None (no fast path: the torch kernels run)."""
+    """One of `VARIANTS` | None (no fast path: the torch kernels run)."""
+    supported: tuple[str, ...] = ()
+    """Every variant this host can run, lowest first."""
 
     def describe(self) -> str:
         isa = " ".join(self.flags) or "none of avx2/avx512"
@@ -67,20 +96,34 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+def host_isa(forced: str | None = None) -> HostISA:
+    """What the host has and the variant it runs: the highest it supports, or `forced`.
+
+    `forced` must be a variant the host supports (ValueError otherwise). Without it,
+    ``$HEARTH_CPU_VARIANT`` may name a supported variant (a diagnostic downgrade); an
+    unknown or unsupported value there is ignored.
+    """
+    return _host_isa(forced, None if forced else os.environ.get("HEARTH_CPU_VARIANT"))
+
+
 @functools.cache
-def host_isa() -> HostISA:
+def _host_isa(forced: str | None, env: str | None) -> HostISA:
     model, flags = _cpuinfo()
     have = tuple(f for f in (*_REPORTED, *_EXTRA) if f in flags)
-    variant: str | None = None
+    supported: tuple[str, ...] = ()
     if platform.machine() in ("x86_64", "AMD64"):
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c", "fma"} <= flags:
-            variant = "avx512"
-        elif {"avx2", "fma", "f16c"} <= flags:
-            variant = "avx2"
-    forced = os.environ.get("HEARTH_CPU_VARIANT")
-    if forced in _FLAGS and (forced == "avx2" and variant is not None):
-        variant = forced  # a diagnostic downgrade (avx512 host running the avx2 build)
-    return HostISA(model, have, variant)
+        supported = tuple(v for v in VARIANTS if _NEEDS[v] <= flags)
+    variant = supported[-1] if supported else None
+    if forced is not None:
+        if forced not in supported:
+            raise ValueError(
+                f"CPU kernel variant {forced!r} is not supported by this host "
+                f"(supported: {', '.join(supported) or 'none'})"
+            )
+        variant = forced
+    elif env in supported:
+        variant = env
+    return HostISA(model, have, variant, supported)
 
 
 def cache_dir() -> Path:
@@ -107,33 +150,71 @@ def library_path(variant: str) -> Path:
     cc = _compiler()
     digest = hashlib.sha256()
     digest.update(SOURCE.read_bytes())
-    digest.update(" ".join([*_BASE_FLAGS, *_FLAGS[variant]]).encode())
+    digest.update(Q8_SOURCE.read_bytes())
+    digest.update(" ".join([*_BASE_FLAGS, *_FLAGS[variant], *_Q8_FLAGS, *_LINK_FLAGS]).encode())
     digest.update(_compiler_version(cc).encode())
     return cache_dir() / f"libhearth_cpu-{variant}-{digest.hexdigest()[:16]}.so"
+
+
+def is_trusted(path: Path) -> bool:
+    """Owned by us (or root) and writable by nobody else, like the model cache's check
+    (`engine/model_resolver.py`): in a shared cache another local user could otherwise
+    plant a library for us to load and run."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return st.st_uid in (os.geteuid(), 0) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+class UntrustedCacheError(RuntimeError):
+    """The cached library or its directory could be written by another user."""
+
+
+def _check_trusted(out: Path) -> None:
+    for path in (out.parent, out):
+        if path.exists() and not is_trusted(path):
+            raise UntrustedCacheError(
+                f"refusing to use {path}: not owned by this user or writable by others; "
+                "set HEARTH_KERNEL_CACHE to a private directory"
+            )
 
 
 def build(variant: str, *, quiet: bool = False) -> Path:
     """Compile `variant` unless its cached build exists; returns the library path.
 
     Writes to a temp file and renames it into place, so concurrent starts never load a
-    half-written library.
+    half-written library. Raises `UntrustedCacheError` if the cache directory or the
+    cached file is not this user's alone.
     """
+    if variant not in _FLAGS:
+        raise ValueError(f"unknown CPU kernel variant {variant!r} (known: {', '.join(VARIANTS)})")
     out = library_path(variant)
+    _check_trusted(out)
     if out.is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_trusted(out)
     cc = _compiler()
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cc, *_BASE_FLAGS, *_FLAGS[variant], str(SOURCE), "-o", tmp, "-lm"]
     if not quiet:
         print(f"hearth: compiling CPU kernels ({variant}) -> {out}", file=sys.stderr, flush=True)
     try:
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".objs-") as objs:
+            obj_cpu, obj_q8 = Path(objs) / "cpu.o", Path(objs) / "q8.o"
+            flags = [*_BASE_FLAGS, *_FLAGS[variant]]
+            for cmd in (
+                [cc, *flags, "-c", str(SOURCE), "-o", str(obj_cpu)],
+                [cc, *flags, *_Q8_FLAGS, "-c", str(Q8_SOURCE), "-o", str(obj_q8)],
+                [cc, *_LINK_FLAGS, str(obj_cpu), str(obj_q8), "-o", tmp, "-lm"],
+            ):
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.chmod(tmp, 0o755)
         os.replace(tmp, out)
     except subprocess.CalledProcessError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise RuntimeError(f"compiling {SOURCE.name} failed:\n{exc.stderr}") from exc
+        raise RuntimeError(f"compiling the CPU kernels ({variant}) failed:\n{exc.stderr}") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -149,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         "--variant",
         action="append",
         choices=sorted(_FLAGS),
-        help="variant(s) to build (default: the one this host runs; an image build may ask for both)",
+        help="variant(s) to build (default: the one this host runs; any variant compiles on any x86 "
+        "host, e.g. an image build may ask for all)",
     )
     args = parser.parse_args(argv)
     isa = host_isa()

@@ -48,14 +48,32 @@ class NativeKernelsUnavailable(RuntimeError):
     """The host has no AVX2, or the library could not be built."""
 
 
+def library(variant: str | None = None) -> ctypes.CDLL:
+    """The C library of `variant` (default: this host's, see `host_isa`, chosen once per
+    process), built on first use if not cached. A variant the host cannot run raises
+    NativeKernelsUnavailable."""
+    return _default_library() if variant is None else _library(variant)
+
+
 @functools.cache
-def library() -> ctypes.CDLL:
-    """The C library for this host's ISA variant, built on first use if not cached."""
-    isa = host_isa()
+def _default_library() -> ctypes.CDLL:
+    return _library(None)
+
+
+def _library(variant: str | None) -> ctypes.CDLL:
+    try:
+        isa = host_isa(variant)
+    except ValueError as exc:
+        raise NativeKernelsUnavailable(str(exc)) from exc
     if isa.variant is None:
         raise NativeKernelsUnavailable(f"no fast CPU kernels for this host: {isa.describe()}")
+    return _load(isa.variant)
+
+
+@functools.cache
+def _load(variant: str) -> ctypes.CDLL:
     try:
-        path = build(isa.variant)
+        path = build(variant)
     except (RuntimeError, OSError) as exc:
         raise NativeKernelsUnavailable(str(exc)) from exc
     lib = ctypes.CDLL(str(path))

@@ -76,6 +76,22 @@ def test_quantized_gemm_is_batch_invariant(kind: str) -> None:
         assert torch.equal(ops.linear(x[:9], packed)[min(i, 8)], batch[min(i, 8)])
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("n", [8, 24, 40, 56])
+def test_quantized_gemm_odd_group_count(kind: str, n: int) -> None:
+    """An odd number of 8-row groups: Q4_1 tiles pair groups, so the last one is alone
+    (every row checked against the oracle, nothing written past n)."""
+    raw, dequant = _quantized(kind, n, 64, seed=n)
+    bias = torch.randn(n)
+    packed = ops.pack(kind, raw, bias)
+    for tokens in (1, 7):
+        x = torch.randn(tokens, 64)
+        big = torch.full((tokens, n + 8), float("nan"))
+        ops.linear(x, packed, out=big[:, :n])
+        _assert_within_accumulation_bound(big[:, :n], x, dequant, bias)
+        assert bool(big[:, n:].isnan().all())
+
+
 def test_pack_refuses_bad_shapes() -> None:
     raw, _ = _quantized("q4_1", 12, 64, seed=1)  # 12 rows: not a multiple of 8
     with pytest.raises(ValueError, match="rows"):
