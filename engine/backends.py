@@ -4,10 +4,13 @@
   and attention run the torch reference (Triton on CUDA); op for op what transformers
   computes, so float32 greedy output is token-identical to transformers.
 - ``gguf`` (the CPU fast path): each linear whose GGUF blocks have a kernel gets
-  `GGUFBlockLinearMethod` (Q4_1/Q8_0 blocks, float32 accumulation), the elementwise ops
-  run the C kernels and attention the C backend. The weights are exactly the file's; only
-  the order of float32 sums differs from the dequantized model, and no result depends on
-  batch size (docs/performance.md has the measured quality figures).
+  `GGUFInt8LinearMethod` (the file's Q4_1/Q8_0 blocks times int8-quantized activations:
+  AMX tiles, AVX512-VNNI or AVX2, the same bits on each), the elementwise ops run the C
+  kernels and attention the C backend. No result depends on batch size, chunking or
+  thread count (docs/performance.md has the measured quality figures).
+- ``gguf-f32``: the same with float32 activations (`GGUFBlockLinearMethod`): the weights
+  are exactly the file's and only the order of float32 sums differs from the dequantized
+  model.
 - ``auto``: ``gguf`` for a GGUF model on a CPU with AVX2 when ``--dtype`` is left at auto,
   else ``none``. Asking for ``--dtype float32`` is asking for the exact mode.
 
@@ -25,17 +28,17 @@ from torch import nn
 
 from engine.attention import AttentionBackend, CpuAttentionBackend, PagedAttentionBackend
 from engine.config import EngineConfig
-from engine.layers.gguf_linear import GGUFBlockLinearMethod, GGUFSource
+from engine.layers.gguf_linear import GGUFBlockLinearMethod, GGUFInt8LinearMethod, GGUFSource
 from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
 from engine.model_resolver import gguf_source
-from kernels.cpu import ops
+from kernels.cpu import ops, q8_ops
 from kernels.cpu.build import host_isa
 from kernels.registry import backend_for_device, select_backend
 
 logger = logging.getLogger("hearth.engine")
 
-MODES = ("auto", "gguf", "none")
+MODES = ("auto", "gguf", "gguf-f32", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +79,16 @@ def choose_backends(
     if path is None:
         why_not = "the model is not a GGUF file"
     if why_not is not None:
-        if asked == "gguf":
-            raise ValueError(f"--quantization gguf cannot run: {why_not}")
+        if asked.startswith("gguf"):
+            raise ValueError(f"--quantization {asked} cannot run: {why_not}")
         return _exact(dtype, device, config.kernels)
     assert path is not None
-    kinds = _use_gguf_blocks(model, GGUFSource(path))
+    int8 = asked != "gguf-f32"
+    method_cls = GGUFInt8LinearMethod if int8 else GGUFBlockLinearMethod
+    kinds = _use_gguf_blocks(model, method_cls(GGUFSource(path)))
     if not kinds:
-        if asked == "gguf":
-            raise ValueError(f"--quantization gguf: no Q4_1/Q8_0 tensor of {path.name} fits")
+        if asked.startswith("gguf"):
+            raise ValueError(f"--quantization {asked}: no Q4_1/Q8_0 tensor of {path.name} fits")
         return _exact(dtype, device, config.kernels)
     use_kernel_ops(model, ops)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
@@ -91,19 +96,19 @@ def choose_backends(
         m.packed.nbytes for m in model.modules() if isinstance(m, Linear) and m.packed is not None
     )
     isa = host_isa()
+    activations = f"int8 activations ({q8_ops.integer_path()})" if int8 else "float32 activations"
     description = (
-        f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) with float32 accumulation, "
+        f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) x {activations}, "
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
     say(f"fast CPU path: {description}")
-    return Backends("gguf", description, CpuAttentionBackend())
+    return Backends("gguf" if int8 else "gguf-f32", description, CpuAttentionBackend())
 
 
-def _use_gguf_blocks(model: nn.Module, source: GGUFSource) -> dict[str, int]:
+def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[str, int]:
     """Give every linear the file can feed the GGUF method and free its dense copy (a
     weight shared with the token embedding stays: token lookup reads it). Returns how
     many weights of each block kind were packed."""
-    method = GGUFBlockLinearMethod(source)
     shared = {
         id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(False)
     }

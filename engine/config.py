@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import msgspec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "gguf", "none")
+QUANTIZATIONS = ("auto", "gguf", "gguf-f32", "none")
 KERNELS = ("auto", "torch", "triton")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -38,7 +38,7 @@ class EngineConfig:
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16; auto keeps the checkpoint's (fp32 on CPU)."""
     quantization: str = "auto"
-    """auto | gguf | none: see `engine.weights_mode.resolve_quantization`."""
+    """auto | gguf | gguf-f32 | none: see `engine.backends`."""
     device: str = "auto"
     """auto | cpu | cuda[:N]."""
     kernels: str = "auto"

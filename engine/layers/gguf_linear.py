@@ -5,8 +5,15 @@ engine loads is that file dequantized, so computing straight from the blocks is 
 function with ~1/6 of the bytes per weight: a decode step streams ~95 MB instead of
 540 MB. `GGUFBlockLinearMethod.pack` finds each `Shard` of a `Linear` in the file by its
 checkpoint name, puts the rows in the order of the Hugging Face layout, and packs them for
-the C kernels (``kernels.cpu.ops``); `apply` runs the quantized GEMM (float32 activations
-and accumulation).
+its kernel; `apply` runs the quantized GEMM. Two methods share that:
+
+- `GGUFInt8LinearMethod` (``--quantization gguf``, the default): activations quantized to
+  int8 per token and 32-column block (llama.cpp's Q8_1), integer block dot products by
+  AMX tiles, AVX512-VNNI or AVX2 (``kernels/cpu/hearth_q8.c``); the same bits on every ISA,
+  batch size and thread count;
+- `GGUFBlockLinearMethod` (``--quantization gguf-f32``): float32 activations and
+  accumulation (``kernels/cpu/hearth_cpu.c``), the dequantized model's function up to the
+  order of float32 sums.
 
 Row order is not assumed: llama.cpp's converter permutes the rows of Q and K for some
 architectures, and transformers undoes it on load. For every tensor, sample rows are
@@ -25,9 +32,9 @@ import numpy as np
 import torch
 
 from engine.layers.linear import Linear, LinearMethod
-from kernels.cpu import ops
+from kernels.cpu import ops, q8_ops
 
-__all__ = ["GGUFBlockLinearMethod", "GGUFSource", "gguf_tensor_name"]
+__all__ = ["GGUFBlockLinearMethod", "GGUFInt8LinearMethod", "GGUFSource", "gguf_tensor_name"]
 
 logger = logging.getLogger("hearth.engine")
 
@@ -287,7 +294,10 @@ class GGUFBlockLinearMethod(LinearMethod):
     def __init__(self, source: GGUFSource) -> None:
         self.source = source
 
-    def pack(self, layer: Linear) -> ops.PackedWeight | None:
+    def _pack(self, kind: str, rows: np.ndarray, bias: torch.Tensor | None) -> object:
+        return ops.pack(kind, rows, bias)
+
+    def pack(self, layer: Linear) -> object | None:
         """`layer`'s weight as packed blocks, or None when the file can't provide every
         shard in one kernel-supported block kind, in the loaded weights' row order."""
         parts = []
@@ -306,7 +316,7 @@ class GGUFBlockLinearMethod(LinearMethod):
             return None
         rows = np.concatenate([p[1] for p in parts if p is not None], axis=0)
         try:
-            return ops.pack(kinds.pop(), rows, layer.bias)
+            return self._pack(kinds.pop(), rows, layer.bias)
         except ValueError:
             return None
 
@@ -316,3 +326,20 @@ class GGUFBlockLinearMethod(LinearMethod):
         if x.stride(-1) != 1:
             x = x.contiguous()
         return ops.linear(x, packed)
+
+
+class GGUFInt8LinearMethod(GGUFBlockLinearMethod):
+    """The same blocks with int8 activations: integer dot products per 32-column block,
+    scaled and summed in float32 in one fixed order (``kernels/cpu/hearth_q8.c``)."""
+
+    name = "gguf-int8"
+
+    def _pack(self, kind: str, rows: np.ndarray, bias: torch.Tensor | None) -> object:
+        return q8_ops.pack_q8act(kind, rows, bias)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        packed = layer.packed
+        assert isinstance(packed, q8_ops.Q8ActWeight)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return q8_ops.linear_q8act(x, packed)
