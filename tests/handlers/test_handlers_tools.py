@@ -319,3 +319,30 @@ async def test_streamed_named_tool_sends_name_first_then_arguments(client, engin
     assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {
         "city": "Oslo"
     }
+
+
+async def test_two_streamed_calls_get_indices_zero_and_one(client, engine, tokenizer):
+    """Clients join streamed tool-call deltas by `index`: two calls must arrive as 0 and
+    1, each with its own id and name, or the SDK merges them into one broken call."""
+    text = (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    _script(engine, tokenizer, text)
+    body = {"messages": MESSAGES, "tools": [WEATHER, TIME], "stream": True}
+    streamed = await call_asgi(client.app, CHAT, body)
+    opened = [
+        (d["index"], d["function"]["name"])
+        for event in streamed.events
+        if isinstance(event, dict) and event.get("choices")
+        for d in event["choices"][0]["delta"].get("tool_calls") or []
+        if d.get("id")
+    ]
+    assert opened == [(0, "get_weather"), (1, "get_time")]
+    _, calls, finish = _rebuild(streamed.events)
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Rome"}),
+        ("get_time", {}),
+    ]
+    assert calls[0]["id"] != calls[1]["id"]
