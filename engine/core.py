@@ -346,6 +346,7 @@ class EngineCore:
             request.all_token_ids.append(token)
             self.num_generation_tokens_total += 1
             finish = self._check_stop(request, token)
+            on_stop_token = finish == "stop"
             if request.grammar is not None and finish is None:
                 finish = self._advance_grammar(request, token)
             out = RequestOutput(
@@ -359,6 +360,7 @@ class EngineCore:
             if finish is not None:
                 out.finish_reason = finish
                 out.stop_reason = request.stop_reason
+                out.finished_on_stop_token = on_stop_token
                 self.scheduler.finish(request, finish)
                 self.runner.forget(request)
             outputs.append((request.client_id, out))

@@ -172,16 +172,13 @@ class ServingBase:
         }
 
     # -- sequences --------------------------------------------------------------------
-    def sequence_options(self, request: SamplingRequest) -> ChoiceOptions:
-        stop_ids = set(request.stop_token_ids or ())
-        if not request.ignore_eos:
-            stop_ids.update(self.served.info().eos_token_ids)
+    @staticmethod
+    def sequence_options(request: SamplingRequest) -> ChoiceOptions:
         return ChoiceOptions(
             skip_special_tokens=request.skip_special_tokens,
             stop=request.stop,
             include_stop_str_in_output=request.include_stop_str_in_output,
             min_tokens=request.min_tokens,
-            stop_token_ids=frozenset(stop_ids),
         )
 
     def new_sequences(self, count: int, options: ChoiceOptions) -> list[Choice]:

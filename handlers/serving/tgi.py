@@ -72,11 +72,7 @@ class ServingTGI(ServingBase):
             structured=p.grammar.spec() if p.grammar is not None else None,
         )
         # NOTE: TGI keeps the stop sequence in the generated text.
-        options = ChoiceOptions(
-            stop=p.stop,
-            include_stop_str_in_output=True,
-            stop_token_ids=frozenset(info.eos_token_ids),
-        )
+        options = ChoiceOptions(stop=p.stop, include_stop_str_in_output=True)
         run = await self.start_run(
             ctx,
             model_name=model_name,
