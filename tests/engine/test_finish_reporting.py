@@ -53,9 +53,7 @@ def test_a_stop_token_id_is_reported_with_its_id(core: Any) -> None:
 
 def test_eos_under_ignore_eos_and_a_length_end_are_no_stop_token(core: Any) -> None:
     eos = next(iter(core.eos_token_ids))
-    params = SamplingParams(
-        temperature=0.0, max_tokens=2, ignore_eos=True, logit_bias={eos: 100.0}
-    )
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logit_bias={eos: 100.0})
     out = _last_output(core, "ignored", params)
     assert (out.finish_reason, out.new_token_ids[-1]) == ("length", eos)
     assert not out.finished_on_stop_token
