@@ -18,7 +18,7 @@ from handlers.protocol.chat import (
     FunctionCall,
     ToolCall,
 )
-from handlers.serving.base import Run, ServingBase
+from handlers.serving.base import PromptInput, Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
@@ -45,27 +45,17 @@ class ServingChat(ServingBase):
         caller only ever starts a 200 response for an admitted request.
         """
         served = self.served
-        model_name = served.resolve_name(request.model)
-        info = served.info()
+        model_name = self.model_name(request.model)
         prompt_text = await render_chat(served, request, documents=request.documents)
         prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
-        served.check_prompt_len(len(prompt_ids), "messages")
-        params = request.to_sampling_params(
-            max_model_len=info.max_model_len,
-            prompt_len=len(prompt_ids),
-            vocab_size=served.vocab_size(),
-            defaults=served.sampling_defaults(),
-            structured=forced_tool_spec(request),
-        )
-        sequences = self.new_sequences(request.n, self.sequence_options(request))
+        structured = forced_tool_spec(request)
         run = await self.start_run(
             ctx,
-            client_request_id=request.request_id,
             model_name=model_name,
-            prompts=[prompt_ids],
-            logged_prompts=[prompt_text],
-            params=[params],
-            sequences=sequences,
+            prompts=[PromptInput(prompt_ids, "messages", prompt_text)],
+            build_params=lambda bounds: request.to_sampling_params(bounds, structured),
+            options=self.sequence_options(request),
+            client_request_id=request.request_id,
             n=request.n,
             priority=request.priority,
         )
