@@ -7,7 +7,7 @@ import json
 
 import pytest
 from fake_engine import FakeEngine, Script
-from handlers_testing import EOS_ID, call_asgi, encode
+from handlers_testing import CHAT_TEMPLATE, EOS_ID, call_asgi, encode
 
 from engine.config import ModelInfo
 
@@ -346,3 +346,50 @@ async def test_two_streamed_calls_get_indices_zero_and_one(client, engine, token
         ("get_time", {}),
     ]
     assert calls[0]["id"] != calls[1]["id"]
+
+
+MISTRAL_STYLE_TEMPLATE = CHAT_TEMPLATE + "{# calls come back as [TOOL_CALLS] [...] #}"
+THINKING_TEMPLATE = CHAT_TEMPLATE + "{# the answer starts with <think> #}"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_template_sent_in_chat_template_kwargs_sets_the_tool_format(
+    make_client, engine, tokenizer, stream
+):
+    """The template a request renders with also decides how its output is parsed: one
+    sent as chat_template_kwargs["chat_template"] is a Mistral-style one here, so a
+    `[TOOL_CALLS]` answer is a tool call (it was parsed as Hermes, i.e. plain text)."""
+    client = make_client(trust_request_chat_template=True)
+    _script(
+        engine, tokenizer, '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    )
+    body = {
+        "messages": MESSAGES,
+        "tools": [WEATHER],
+        "chat_template_kwargs": {"chat_template": MISTRAL_STYLE_TEMPLATE},
+        "stream": stream,
+    }
+    result = await call_asgi(client.app, CHAT, body)
+    assert result.status == 200, result.body
+    if stream:
+        _, calls, finish = _rebuild(result.events)
+        names = [(c["name"], json.loads(c["arguments"])) for c in calls]
+    else:
+        choice = result.json["choices"][0]
+        finish = choice["finish_reason"]
+        names = [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in choice["message"]["tool_calls"]
+        ]
+    assert finish == "tool_calls"
+    assert names == [("get_weather", {"city": "Oslo"})]
+
+
+async def test_a_template_sent_in_chat_template_kwargs_sets_the_reasoning_split(
+    make_client, engine, tokenizer
+):
+    client = make_client(trust_request_chat_template=True)
+    _script(engine, tokenizer, "<think>cold up north</think>Take a coat.")
+    body = {"messages": MESSAGES, "chat_template_kwargs": {"chat_template": THINKING_TEMPLATE}}
+    message = (await call_asgi(client.app, CHAT, body)).json["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("cold up north", "Take a coat.")
