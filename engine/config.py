@@ -10,6 +10,14 @@ from dataclasses import dataclass
 
 import msgspec
 
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+"""How stale the engine's heartbeat may be before workers call it hung (--engine-
+heartbeat-timeout; see engine/ipc.py Heartbeat: a long step keeps it fresh, so this does
+not depend on step length)."""
+
+CPU_ISAS = ("auto", "avx2", "avx512", "avx512_vnni", "amx")
+"""What `--cpu-isa` may name: auto picks the best the host has."""
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -49,6 +57,14 @@ class EngineConfig:
     disable_log_stats: bool = False
     log_level: str = "info"
     """Python logging level of the engine core process (--log-level)."""
+    cpu_isa: str = "auto"
+    """The CPU kernels' instruction set (`CPU_ISAS`): auto, or one to force (--cpu-isa)."""
+    cache_dir: str | None = None
+    """Where converted GGUFs are cached (--cache-dir); None: the resolver's default. The
+    engine resolves the model itself only when the caller did not (Lambda)."""
+    test_fault_file: str | None = None
+    """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
+    fails, so the reliability tests can fail one step of a real server."""
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

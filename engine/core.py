@@ -44,9 +44,6 @@ DEFAULT_CPU_KV_BYTES = 4 << 30
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 """A step that raises fails only its own requests; this many in a row means the engine
 itself is broken, and it exits so the platform restarts the container."""
-ENV_FAULT_FILE = "HEARTH_TEST_FAULT_FILE"
-"""Test-only fault injection: when set and the named file exists, the next step removes
-it and raises (tests/reliability). Unset in production: one dict lookup per step."""
 
 
 class InjectedFault(RuntimeError):
@@ -83,7 +80,7 @@ class EngineCore:
         if config.seed is not None:
             torch.manual_seed(config.seed)
 
-        model_dir = resolve_model_dir(config.model, progress=say)
+        model_dir = resolve_model_dir(config.model, config.cache_dir, progress=say)
         start = time.monotonic()
         say(f"loading {model_dir} ({self.dtype}, {self.device})")
         self.model, hf_config = load_model(model_dir, self.dtype, self.device)
@@ -152,7 +149,7 @@ class EngineCore:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_consecutive_step_failures = 0
-        self._fault_file = os.environ.get(ENV_FAULT_FILE) or None
+        self._fault_file = config.test_fault_file
         say(
             f"KV cache: {num_blocks} blocks of {block_size} tokens "
             f"({num_blocks * block_size} tokens), max_model_len {max_len}"
