@@ -53,7 +53,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from container.gunicorn_app import EngineSupervisor, HearthApplication
     from container.settings import serve_configs
     from engine.model_resolver import ModelNotFoundError, resolve_model_dir
-    from engine.process import ENV_ENGINE_CONFIG, config_to_env
 
     try:
         model_dir = resolve_model_dir(
@@ -71,7 +70,7 @@ def run_serve(args: argparse.Namespace) -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ.update(server_config.to_env())
     engine_env = dict(os.environ)
-    engine_env[ENV_ENGINE_CONFIG] = config_to_env(engine_config)
+    engine_env.update(engine_config.to_env())
 
     bind = f"unix:{args.uds}" if args.uds else f"{_host(args.host)}:{args.port}"
     options = {

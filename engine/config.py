@@ -6,9 +6,16 @@ KV blocks) are resolved by the core at start-up; see `ResolvedModelInfo`.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
+
+ENV_VAR = "HEARTH_ENGINE_CONFIG"
+"""The transport of the whole EngineConfig from the CLI to the engine core process
+(docs/architecture.md, "Configuration"): one JSON variable written by `to_env`, not a
+setting of its own. The settings themselves are read by container/settings.py."""
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 """How stale the engine's heartbeat may be before workers call it hung (--engine-
@@ -65,6 +72,17 @@ class EngineConfig:
     test_fault_file: str | None = None
     """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
     fails, so the reliability tests can fail one step of a real server."""
+
+    # -- environment transport ------------------------------------------------------
+    def to_env(self) -> dict[str, str]:
+        """The environment entries that make `from_env()` rebuild this config."""
+        return {ENV_VAR: msgspec.json.encode(self).decode()}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineConfig:
+        """The config the CLI exported; defaults when the variable is unset."""
+        raw = (os.environ if environ is None else environ).get(ENV_VAR)
+        return msgspec.json.decode(raw, type=cls) if raw else cls()
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -17,8 +17,6 @@ import sys
 import threading
 import time
 
-import msgspec
-
 from engine.config import EngineConfig
 from engine.ipc import (
     Heartbeat,
@@ -28,10 +26,6 @@ from engine.ipc import (
 )
 
 logger = logging.getLogger("hearth.engine")
-
-ENV_ENGINE_CONFIG = "HEARTH_ENGINE_CONFIG"
-"""The transport of the CLI's EngineConfig to this process (JSON), written by
-`config_to_env`."""
 
 PARENT_CHECK_S = 0.5
 ORPHAN_EXIT_GRACE_S = 10.0
@@ -53,22 +47,13 @@ def watch_parent(stop: threading.Event) -> None:
     threading.Thread(target=run, name="hearth-parent-watch", daemon=True).start()
 
 
-def config_to_env(config: EngineConfig) -> str:
-    return msgspec.json.encode(config).decode()
-
-
-def config_from_env() -> EngineConfig:
-    raw = os.environ.get(ENV_ENGINE_CONFIG)
-    return msgspec.json.decode(raw, type=EngineConfig) if raw else EngineConfig()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m engine.process RUNTIME_DIR", file=sys.stderr)
         return 2
     runtime_dir = args[0]
-    config = config_from_env()
+    config = EngineConfig.from_env()
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s [engine] %(message)s",
