@@ -53,6 +53,13 @@ VLLM_FLAGS = [
     "--device",
     "--kv-cache-memory",
     "--quantization",
+    "--max-logprobs",
+    "--cpu-isa",
+    "--cache-dir",
+    "--engine-heartbeat-timeout",
+    "--max-n",
+    "--max-stop-strings",
+    "--max-request-body-bytes",
 ]
 """vLLM's flag names where the concept is the same, plus ours (docs/api.md)."""
 
