@@ -76,7 +76,7 @@ ENV HEARTH_CACHE_DIR=/opt/hearth/models \
     HEARTH_KERNEL_CACHE=/opt/hearth/kernels
 # The CPU fast path's C kernels are compiled here too, both ISA variants (the host picks
 # one at start-up), so no container ever compiles at start.
-RUN python -c "from engine.model_resolver import resolve_model_dir; print(resolve_model_dir(None))" \
+RUN python -c "from container.settings import prepare_model; print(prepare_model())" \
     && python -m kernels.cpu.build --variant avx2 --variant avx512
 
 WORKDIR /opt/hearth

@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m kernels.cpu.build
 	# Convert the default model's GGUF to safetensors once (~20 s), as the image build
 	# does, so the first `make serve` is ready in seconds.
-	$(BIN)/python -c "from engine.model_resolver import resolve_model_dir; print(resolve_model_dir(None))"
+	$(BIN)/python -c "from container.settings import prepare_model; print(prepare_model())"
 	touch $(STAMP)
 
 serve: setup
@@ -45,6 +45,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/hadolint Dockerfile
 
 format: setup

@@ -52,26 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace) -> int:
     from container.gunicorn_app import EngineSupervisor, HearthApplication
     from container.settings import serve_configs
-    from engine.ipc import ENV_ENGINE_CONFIG, ENV_RUNTIME_DIR
     from engine.model_resolver import ModelNotFoundError, resolve_model_dir
-    from engine.process import config_to_env
 
     try:
-        model_dir = resolve_model_dir(args.model, progress=lambda m: logger.info("%s", m))
+        model_dir = resolve_model_dir(
+            args.model, args.cache_dir, progress=lambda m: logger.info("%s", m)
+        )
     except ModelNotFoundError as exc:
         print(f"hearth: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
-    engine_config, server_config = serve_configs(args, model_dir)
-
     runtime_dir = tempfile.mkdtemp(prefix="hearth-")
+    engine_config, server_config = serve_configs(args, model_dir, runtime_dir)
+
     metrics_dir = tempfile.mkdtemp(prefix="hearth-metrics-")
     # Set before any process imports prometheus_client (workers inherit it).
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    os.environ[ENV_RUNTIME_DIR] = runtime_dir
     os.environ.update(server_config.to_env())
     engine_env = dict(os.environ)
-    engine_env[ENV_ENGINE_CONFIG] = config_to_env(engine_config)
+    engine_env.update(engine_config.to_env())
 
     bind = f"unix:{args.uds}" if args.uds else f"{_host(args.host)}:{args.port}"
     options = {
@@ -87,7 +86,7 @@ def run_serve(args: argparse.Namespace) -> int:
     }
     if args.ssl_keyfile or args.ssl_certfile:
         options.update(keyfile=args.ssl_keyfile, certfile=args.ssl_certfile)
-    supervisor = EngineSupervisor(engine_env)
+    supervisor = EngineSupervisor(engine_env, runtime_dir)
     logger.info(
         "serving %s as %s on %s", model_dir, ", ".join(server_config.served_model_names), bind
     )

@@ -1,5 +1,9 @@
 """`hearth serve` flags: vLLM's names where the concept is the same, each also read
-from `HEARTH_<FLAG>` in the environment (the way containers are configured)."""
+from `HEARTH_<FLAG>` in the environment (the way containers are configured).
+
+Defaults that a config also states are taken from the config (`_SERVER_DEFAULTS`,
+`_ENGINE_DEFAULTS`) for the flags added with issue 15, so each is written once.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,12 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from engine.config import CPU_ISAS, EngineConfig
+from handlers.config import ServerConfig
+
+_SERVER_DEFAULTS = ServerConfig()
+_ENGINE_DEFAULTS = EngineConfig()
 
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
@@ -45,6 +55,28 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+class Bounded:
+    """An int or float flag type with a lower bound: `Bounded(int, at_least=1)`,
+    `Bounded(float, above=0.0)`. A value out of range is an ArgumentTypeError, which
+    argparse reports against the flag and `_convert` against the variable."""
+
+    def __init__(
+        self, kind: type, *, at_least: float | None = None, above: float | None = None
+    ) -> None:
+        self.kind = kind
+        self.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+        self.at_least = at_least
+        self.above = above
+
+    def __call__(self, text: str) -> Any:
+        value = self.kind(text)
+        if self.at_least is not None and value < self.at_least:
+            raise argparse.ArgumentTypeError(f"{text!r} is below the minimum {self.at_least}")
+        if self.above is not None and not value > self.above:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than {self.above}")
+        return value
+
+
 _TYPE_NAMES = {int: "an integer", float: "a number"}
 
 
@@ -55,7 +87,7 @@ def _convert(type: Callable[[str], Any], raw: str, flag: str, choices: Any = Non
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"hearth: {env_name(flag)}: {exc}") from None
     except ValueError:
-        kind = _TYPE_NAMES.get(type, "a valid value")
+        kind = _TYPE_NAMES.get(getattr(type, "kind", type), "a valid value")
         raise SystemExit(f"hearth: {env_name(flag)}={raw!r} is not {kind}") from None
     if choices is not None and value not in choices:
         allowed = ", ".join(map(str, choices))
@@ -75,13 +107,24 @@ class FlagAdder:
         self.environ = environ
 
     def value(
-        self, flag: str, type: Callable[[str], Any], default: Any, help: str, **kwargs: Any
+        self,
+        flag: str,
+        type: Callable[[str], Any],
+        default: Any,
+        help: str,
+        hidden: bool = False,
+        **kwargs: Any,
     ) -> None:
+        """`hidden`: a test hook, left out of --help but read like any other flag."""
         raw = self.environ.get(env_name(flag))
         if raw is not None:
             default = _convert(type, raw, flag, kwargs.get("choices"))
         self.parser.add_argument(
-            flag, type=type, default=default, help=f"{help} [env {env_name(flag)}]", **kwargs
+            flag,
+            type=type,
+            default=default,
+            help=argparse.SUPPRESS if hidden else f"{help} [env {env_name(flag)}]",
+            **kwargs,
         )
 
     def switch(self, flag: str, default: bool, help: str) -> None:
@@ -221,6 +264,32 @@ def add_serve_flags(
     )
     api.value("--max-log-len", int, None, "Characters of prompts shown in logs")
     api.switch("--disable-log-requests", False, "No per-request log line")
+    api.value(
+        "--max-logprobs",
+        Bounded(int, at_least=0),
+        _SERVER_DEFAULTS.max_logprobs,
+        "Largest top_logprobs / logprobs / prompt_logprobs a request may ask for",
+    )
+    api.value("--max-n", Bounded(int, at_least=1), _SERVER_DEFAULTS.max_n, "Largest n (choices)")
+    api.value(
+        "--max-stop-strings",
+        Bounded(int, at_least=1),
+        _SERVER_DEFAULTS.max_stop_strings,
+        "Most stop strings one request may send",
+    )
+    api.value(
+        "--max-request-body-bytes",
+        parse_bytes,
+        _SERVER_DEFAULTS.max_request_body_bytes,
+        "Largest request body, e.g. 6MiB (a bigger one is a 413; SageMaker's own limit is 6 MiB)",
+    )
+    api.value(
+        "--engine-heartbeat-timeout",
+        Bounded(float, above=0.0),
+        _SERVER_DEFAULTS.engine_heartbeat_timeout,
+        "Seconds without an engine heartbeat after which /ping and /health answer 503 and "
+        "waiting requests fail (a long step keeps the heartbeat fresh)",
+    )
 
     eng = FlagAdder(parser.add_argument_group("engine"), environ)
     eng.value("--device", str, "auto", "auto, cpu or cuda[:N]")
@@ -288,4 +357,25 @@ def add_serve_flags(
         choices=["fcfs", "priority"],
     )
     eng.value("--num-threads", int, None, "torch threads of the engine (CPU; default all cores)")
+    eng.value(
+        "--cpu-isa",
+        str.lower,
+        _ENGINE_DEFAULTS.cpu_isa,
+        "CPU kernels' instruction set: auto (the best this host has) or one to force",
+        choices=CPU_ISAS,
+    )
     eng.switch("--disable-log-stats", False, "No periodic engine statistics line")
+    eng.value(
+        "--cache-dir",
+        str,
+        None,
+        "Where converted GGUF models are cached (default ~/.cache/hearth/models, or "
+        "$TMPDIR/hearth-models-<uid> when the home directory is read-only)",
+    )
+    eng.value(
+        "--test-fault-file",
+        str,
+        None,
+        "Test hook: the engine step that finds this file deletes it and fails",
+        hidden=True,
+    )

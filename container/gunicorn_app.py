@@ -34,7 +34,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from engine.ipc import ENV_RUNTIME_DIR, engine_is_alive
+from engine.ipc import engine_is_alive
 
 logger = logging.getLogger("hearth")
 
@@ -60,16 +60,17 @@ def preload_worker_modules() -> None:
 class EngineSupervisor:
     """Owns the engine core process on behalf of the gunicorn master."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], runtime_dir: str) -> None:
         self.env = env
+        self.runtime_dir = runtime_dir
         self.process: subprocess.Popen[bytes] | None = None
         self.died = False
         self._stopping = False
 
     def start(self) -> None:
-        runtime_dir = self.env[ENV_RUNTIME_DIR]
+        runtime_dir = self.runtime_dir
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "engine.process"],
+            [sys.executable, "-m", "engine.process", runtime_dir],
             env=self.env,
             # Own session: a terminal's Ctrl-C must not stop the engine before the
             # workers have drained; the master stops it in on_exit.

@@ -59,13 +59,14 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 def serve_configs(
-    args: argparse.Namespace, model_dir: str | None = None
+    args: argparse.Namespace, model_dir: str | None = None, runtime_dir: str | None = None
 ) -> tuple[EngineConfig, ServerConfig]:
     """The engine's and the API workers' configs from parsed `serve` arguments.
 
     `model_dir` is the resolved model directory when the caller resolved it (the CLI does,
     in the master); None leaves `args.model` for the engine to resolve (Lambda, whose
-    import must not wait for a conversion).
+    import must not wait for a conversion). `runtime_dir` is the engine's socket
+    directory the CLI made for this run (Lambda's in-process engine needs none).
     """
     engine = EngineConfig(
         model=model_dir or args.model,
@@ -88,6 +89,9 @@ def serve_configs(
         num_threads=args.num_threads,
         disable_log_stats=args.disable_log_stats,
         log_level=args.log_level,
+        cpu_isa=args.cpu_isa,
+        cache_dir=args.cache_dir,
+        test_fault_file=args.test_fault_file,
     )
     served = args.served_model_name or (
         [DEFAULT_SERVED_NAME] if args.model is None else [args.model.rstrip("/")]
@@ -113,8 +117,24 @@ def serve_configs(
         root_path=args.root_path,
         max_log_len=args.max_log_len,
         disable_log_requests=args.disable_log_requests,
+        max_n=args.max_n,
+        max_logprobs=args.max_logprobs,
+        max_stop_strings=args.max_stop_strings,
+        max_request_body_bytes=args.max_request_body_bytes,
+        engine_heartbeat_timeout=args.engine_heartbeat_timeout,
+        runtime_dir=runtime_dir,
     )
     return engine, server
+
+
+def prepare_model(environ: Mapping[str, str] = os.environ) -> str:
+    """Resolve the model `hearth serve` would serve in this environment (a GGUF is
+    converted once into --cache-dir): the image build and `make setup` run this, so the
+    first start loads plain safetensors from the very cache the server will look in."""
+    from engine.model_resolver import resolve_model_dir
+
+    args = parse_serve_args((), environ)
+    return resolve_model_dir(args.model, args.cache_dir)
 
 
 def configs_from_env(

@@ -39,6 +39,7 @@ def merge_into(merged: RequestOutput, later: RequestOutput) -> None:
     if later.finish_reason is not None:
         merged.finish_reason = later.finish_reason
         merged.stop_reason = later.stop_reason
+        merged.finished_on_stop_token = later.finished_on_stop_token
         merged.error = later.error
 
 

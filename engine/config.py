@@ -8,7 +8,9 @@ block count by the core once the weights are loaded.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -29,6 +31,18 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
 def _at_least(flag: str, value: float | None, low: float) -> None:
     if value is not None and value < low:
         raise ValueError(f"{flag} must be at least {low:g}, not {value!r}")
+ENV_VAR = "HEARTH_ENGINE_CONFIG"
+"""The transport of the whole EngineConfig from the CLI to the engine core process
+(docs/architecture.md, "Configuration"): one JSON variable written by `to_env`, not a
+setting of its own. The settings themselves are read by container/settings.py."""
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+"""How stale the engine's heartbeat may be before workers call it hung (--engine-
+heartbeat-timeout; see engine/ipc.py Heartbeat: a long step keeps it fresh, so this does
+not depend on step length)."""
+
+CPU_ISAS = ("auto", "avx2", "avx512", "avx512_vnni", "amx")
+"""What `--cpu-isa` may name: auto picks the best the host has."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +83,25 @@ class EngineConfig:
     disable_log_stats: bool = False
     log_level: str = "info"
     """Python logging level of the engine core process (--log-level)."""
+    cpu_isa: str = "auto"
+    """The CPU kernels' instruction set (`CPU_ISAS`): auto, or one to force (--cpu-isa)."""
+    cache_dir: str | None = None
+    """Where converted GGUFs are cached (--cache-dir); None: the resolver's default. The
+    engine resolves the model itself only when the caller did not (Lambda)."""
+    test_fault_file: str | None = None
+    """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
+    fails, so the reliability tests can fail one step of a real server."""
+
+    # -- environment transport ------------------------------------------------------
+    def to_env(self) -> dict[str, str]:
+        """The environment entries that make `from_env()` rebuild this config."""
+        return {ENV_VAR: msgspec.json.encode(self).decode()}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineConfig:
+        """The config the CLI exported; defaults when the variable is unset."""
+        raw = (os.environ if environ is None else environ).get(ENV_VAR)
+        return msgspec.json.decode(raw, type=cls) if raw else cls()
 
     def __post_init__(self) -> None:
         _choice("--dtype", self.dtype, DTYPES)

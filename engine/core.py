@@ -42,9 +42,6 @@ DEFAULT_CPU_KV_BYTES = 4 << 30
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 """A step that raises fails only its own requests; this many in a row means the engine
 itself is broken, and it exits so the platform restarts the container."""
-ENV_FAULT_FILE = "HEARTH_TEST_FAULT_FILE"
-"""Test-only fault injection: when set and the named file exists, the next step removes
-it and raises (tests/reliability). Unset in production: one dict lookup per step."""
 
 
 class InjectedFault(RuntimeError):
@@ -115,7 +112,7 @@ class EngineCore:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_consecutive_step_failures = 0
-        self._fault_file = os.environ.get(ENV_FAULT_FILE) or None
+        self._fault_file = config.test_fault_file
         say(
             f"KV cache: {num_blocks} blocks of {block_size} tokens "
             f"({num_blocks * block_size} tokens), max_model_len {max_len}"
@@ -323,6 +320,7 @@ class EngineCore:
             request.all_token_ids.append(token)
             self.num_generation_tokens_total += 1
             finish = self._check_stop(request, token)
+            on_stop_token = finish == "stop"
             if request.grammar is not None and finish is None:
                 finish = self._advance_grammar(request, token)
             out = RequestOutput(
@@ -336,6 +334,7 @@ class EngineCore:
             if finish is not None:
                 out.finish_reason = finish
                 out.stop_reason = request.stop_reason
+                out.finished_on_stop_token = on_stop_token
                 self._finish(request, finish)
             outputs.append((request.client_id, out))
         return outputs

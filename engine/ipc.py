@@ -32,12 +32,6 @@ LOCK_NAME = "engine.lock"
 READY_NAME = "engine.ready"
 HEARTBEAT_NAME = "engine.heartbeat"
 
-ENV_RUNTIME_DIR = "HEARTH_RUNTIME_DIR"
-ENV_ENGINE_CONFIG = "HEARTH_ENGINE_CONFIG"
-ENV_HEARTBEAT_TIMEOUT = "HEARTH_ENGINE_HEARTBEAT_TIMEOUT"
-DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
-"""How stale the engine's heartbeat may be before workers call it hung (see Heartbeat:
-a long step keeps it fresh, so this does not depend on step length)."""
 HEARTBEAT_PERIOD_S = 0.25
 MAX_STEP_S = 600.0
 """One engine step longer than this counts as hung."""
@@ -49,8 +43,10 @@ encoder = msgspec.msgpack.Encoder()
 logger = logging.getLogger("hearth.engine")
 
 SOCKET_HWM = 10_000
-"""Frames ZeroMQ buffers per peer and direction. Past it a send to that worker is kept in
-the engine's own per-worker queue (never dropped) and retried between steps."""
+"""Frames ZeroMQ buffers per peer and direction, on both ends (the engine's ROUTER and
+each worker's DEALER). Chosen on purpose: a bounded buffer with a queue of our own
+behind it that waits instead of dropping (the engine's per-worker queue, retried
+between steps; the worker's outbox, see engine/zmq_client.py)."""
 PENDING_RETRY_MS = 10
 """Poll timeout while frames wait for a slow worker, so they go out soon after it reads."""
 MAX_PENDING_FRAMES = 100_000
@@ -239,16 +235,6 @@ def heartbeat_age(runtime_dir: str | Path) -> float | None:
         return max(0.0, time.time() - (Path(runtime_dir) / HEARTBEAT_NAME).stat().st_mtime)
     except FileNotFoundError:
         return None
-
-
-def heartbeat_timeout_s() -> float:
-    raw = os.environ.get(ENV_HEARTBEAT_TIMEOUT)
-    if not raw:
-        return DEFAULT_HEARTBEAT_TIMEOUT_S
-    value = float(raw)
-    if value <= 0:
-        raise ValueError(f"{ENV_HEARTBEAT_TIMEOUT} must be > 0, got {raw!r}")
-    return value
 
 
 def write_ready(runtime_dir: str | Path, info: ModelInfo) -> None:

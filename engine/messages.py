@@ -62,6 +62,11 @@ class RequestOutput(msgspec.Struct, tag="out", kw_only=True, omit_defaults=True)
     """None while running; 'stop' (EOS or stop token), 'length', 'abort' or 'error'."""
     stop_reason: int | None = None
     """The stop token id that ended the request, when finish_reason is 'stop' by a stop token."""
+    finished_on_stop_token: bool = False
+    """The last of `new_token_ids` is the EOS or `stop_token_ids` token that ended the
+    request. The engine is the one that knows which token stopped it (the EOS ids are
+    the model's, `ignore_eos` and `min_tokens` decide whether they count), so the worker
+    reads this instead of re-deriving it when it leaves the stop token's text out."""
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache (set on the first output)."""

@@ -69,10 +69,8 @@ def _stderr_progress(line: str) -> None:
 
 
 def default_cache_dir() -> Path:
-    """`$HEARTH_CACHE_DIR`, else `~/.cache/hearth/models`: where converted GGUFs live."""
-    env = os.environ.get("HEARTH_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
+    """`~/.cache/hearth/models`: where converted GGUFs live unless `--cache-dir`
+    (`HEARTH_CACHE_DIR`, read by container/settings.py) names another place."""
     return Path("~/.cache/hearth/models").expanduser()
 
 
@@ -197,14 +195,12 @@ def _cache_key(gguf: Path) -> str:
 def _cache_roots(cache_dir: str | None) -> list[Path]:
     """Where conversions may live, in order of preference.
 
-    An explicit `cache_dir` or `$HEARTH_CACHE_DIR` is the only choice. The implicit
-    default falls back to the temp dir, for read-only homes (AWS Lambda, locked-down
+    An explicit `cache_dir` (--cache-dir) is the only choice. The implicit default
+    falls back to the temp dir, for read-only homes (AWS Lambda, locked-down
     containers), where only /tmp is writable.
     """
     if cache_dir:
         return [Path(cache_dir).expanduser()]
-    if os.environ.get("HEARTH_CACHE_DIR"):
-        return [default_cache_dir()]
     # Per user in the shared temp dir: a directory another user made there is never ours.
     return [default_cache_dir(), Path(tempfile.gettempdir()) / f"hearth-models-{os.geteuid()}"]
 
@@ -231,7 +227,7 @@ def _writable_root(roots: list[Path]) -> Path:
             return root
     raise ModelLoadError(
         f"no writable cache directory for the converted GGUF (tried {', '.join(map(str, roots))}); "
-        "set HEARTH_CACHE_DIR to a writable directory."
+        "pass --cache-dir (HEARTH_CACHE_DIR) naming a writable directory."
     )
 
 

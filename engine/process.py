@@ -1,7 +1,9 @@
 """Entry point of the engine core process (`python -m engine.process`).
 
 Started by the gunicorn master with a fresh interpreter (never forked after torch or
-CUDA were initialised). Reads its EngineConfig from the environment, holds the
+CUDA were initialised) as `python -m engine.process RUNTIME_DIR`. Reads its
+EngineConfig from `HEARTH_ENGINE_CONFIG`, the one-variable JSON transport the CLI
+writes (docs/architecture.md, "Configuration"; not a setting of its own), holds the
 liveness lock, loads and warms the model, announces readiness, then serves the busy
 loop until SIGTERM/SIGINT.
 """
@@ -15,12 +17,8 @@ import sys
 import threading
 import time
 
-import msgspec
-
 from engine.config import EngineConfig
 from engine.ipc import (
-    ENV_ENGINE_CONFIG,
-    ENV_RUNTIME_DIR,
     Heartbeat,
     ZmqEngineTransport,
     hold_engine_lock,
@@ -49,23 +47,18 @@ def watch_parent(stop: threading.Event) -> None:
     threading.Thread(target=run, name="hearth-parent-watch", daemon=True).start()
 
 
-def config_to_env(config: EngineConfig) -> str:
-    return msgspec.json.encode(config).decode()
-
-
-def config_from_env() -> EngineConfig:
-    raw = os.environ.get(ENV_ENGINE_CONFIG)
-    return msgspec.json.decode(raw, type=EngineConfig) if raw else EngineConfig()
-
-
-def main() -> int:
-    config = config_from_env()
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m engine.process RUNTIME_DIR", file=sys.stderr)
+        return 2
+    runtime_dir = args[0]
+    config = EngineConfig.from_env()
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s [engine] %(message)s",
         stream=sys.stderr,
     )
-    runtime_dir = os.environ[ENV_RUNTIME_DIR]
     lock_fd = hold_engine_lock(runtime_dir)
     stop = threading.Event()
 

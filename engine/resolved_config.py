@@ -59,7 +59,7 @@ class ResolvedEngineConfig:
 def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineConfig:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    model_dir = resolve_model_dir(config.model, progress=say)
+    model_dir = resolve_model_dir(config.model, config.cache_dir, progress=say)
     model_config = read_model_config(model_dir)
     max_len = int(getattr(model_config, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:

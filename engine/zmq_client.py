@@ -13,12 +13,12 @@ import zmq
 import zmq.asyncio
 
 from engine.client import EngineClient
+from engine.config import DEFAULT_HEARTBEAT_TIMEOUT_S
 from engine.ipc import (
-    ENV_RUNTIME_DIR,
+    SOCKET_HWM,
     encoder,
     engine_is_alive,
     heartbeat_age,
-    heartbeat_timeout_s,
     read_ready,
     socket_address,
     worker_message_decoder,
@@ -28,36 +28,27 @@ from engine.messages import AbortRequest, AddRequest, Hello
 logger = logging.getLogger("hearth.worker")
 
 WATCH_INTERVAL_S = 0.25
-SOCKET_HWM = 10_000
-"""Frames ZeroMQ buffers per direction before a send has to wait. Chosen on purpose: a
-bounded buffer, with our own outbox behind it that waits instead of dropping."""
 OUTBOX_LIMIT = 8_192
 """Frames this worker may have queued for the engine before `add_request` waits for room
 (backpressure); aborts never wait, so the queue can briefly exceed it."""
 
 
 class ZmqEngineClient(EngineClient):
-    def __init__(self, runtime_dir: str | Path) -> None:
+    def __init__(
+        self, runtime_dir: str | Path, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    ) -> None:
+        """`heartbeat_timeout_s`: --engine-heartbeat-timeout, from the worker's config."""
         super().__init__()
         self.runtime_dir = Path(runtime_dir)
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.heartbeat_timeout_s = heartbeat_timeout_s()
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         # NOTE(hardening): every frame goes through this outbox and one sender task that
         # awaits each send, so a full ZeroMQ pipe makes us wait, never drop a frame.
         self._outbox: collections.deque[bytes] = collections.deque()
         self._outbox_ready: asyncio.Event | None = None
         self._outbox_room: asyncio.Event | None = None
-
-    @classmethod
-    def from_env(cls) -> ZmqEngineClient:
-        runtime_dir = os.environ.get(ENV_RUNTIME_DIR)
-        if not runtime_dir:
-            raise RuntimeError(
-                f"{ENV_RUNTIME_DIR} is not set: start the server with `hearth serve`"
-            )
-        return cls(runtime_dir)
 
     async def start(self) -> None:
         # A context per process, created after gunicorn forked this worker.

@@ -17,10 +17,23 @@ from typing import Any
 
 import msgspec
 
+from engine.config import DEFAULT_HEARTBEAT_TIMEOUT_S
+from handlers.protocol.base import DEFAULT_LIMITS, RequestLimits
+
 ENV_VAR = "HEARTH_SERVER_CONFIG"
+"""The transport of the whole config from the CLI to its workers (docs/architecture.md,
+"Configuration"): one JSON variable, written by `to_env`, not a setting of its own."""
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 6 * 1024 * 1024
 """SageMaker's InvokeEndpoint limit (6 MiB); a bigger body could never arrive there."""
+
+
+_LIMIT_MINIMUMS = {
+    "max_n": 1,
+    "max_request_body_bytes": 1,
+    "max_stop_strings": 1,
+    "max_logprobs": 0,
+}
 
 
 def digest_api_key(key: str) -> str:
@@ -72,12 +85,20 @@ class ServerConfig:
     """No per-request log line (vLLM's --disable-log-requests)."""
     max_log_len: int | None = None
     """Characters of a prompt shown in debug logs; None: all."""
-    max_n: int = 16
-    """Upper bound of `n` (each choice is one engine request)."""
+    max_n: int = DEFAULT_LIMITS.max_n
+    """Upper bound of `n` (each choice is one engine request; --max-n)."""
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
-    max_stop_strings: int = 64
-    max_logprobs: int = 20
+    """--max-request-body-bytes: a bigger body is a 413, read no further."""
+    max_stop_strings: int = DEFAULT_LIMITS.max_stop_strings
+    """--max-stop-strings."""
+    max_logprobs: int = DEFAULT_LIMITS.max_logprobs
     """Upper bound of top_logprobs / completion logprobs (vLLM's --max-logprobs)."""
+    engine_heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    """Seconds the engine's heartbeat may be stale before the worker calls it hung
+    (--engine-heartbeat-timeout)."""
+    runtime_dir: str | None = None
+    """The engine's socket and runtime files: a directory `hearth serve` makes per run
+    (not a flag). None outside `hearth serve` (in-process engines need none)."""
     generation_config: str = "auto"
     """'auto': the model's generation_config.json sets default sampling params (as vLLM);
     'vllm': OpenAI defaults only."""
@@ -105,8 +126,13 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"ServerConfig.{name} must be > 0 (or unset)")
-        if self.max_n < 1 or self.max_request_body_bytes < 1 or self.max_logprobs < 0:
-            raise ValueError("ServerConfig limits must be positive")
+        if not self.engine_heartbeat_timeout > 0:
+            raise ValueError("ServerConfig.engine_heartbeat_timeout must be > 0")
+        for name, minimum in _LIMIT_MINIMUMS.items():
+            if getattr(self, name) < minimum:
+                raise ValueError(
+                    f"ServerConfig.{name} must be at least {minimum}, got {getattr(self, name)}"
+                )
         if self.generation_config not in ("auto", "vllm"):
             raise ValueError("ServerConfig.generation_config is 'auto' or 'vllm'")
         if self.root_path and not self.root_path.startswith("/"):
@@ -115,6 +141,14 @@ class ServerConfig:
     @property
     def default_model_name(self) -> str:
         return self.served_model_names[0]
+
+    def request_limits(self) -> RequestLimits:
+        """The limits request validation enforces (the pydantic validation context)."""
+        return RequestLimits(
+            max_n=self.max_n,
+            max_logprobs=self.max_logprobs,
+            max_stop_strings=self.max_stop_strings,
+        )
 
     @classmethod
     def with_api_keys(cls, keys: Iterable[str], **kwargs: Any) -> ServerConfig:

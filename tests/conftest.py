@@ -22,9 +22,10 @@ import pytest
 def model_smollm2_dir() -> str:
     """The embedded SmolLM2-135M-Instruct as a plain HF directory.
 
-    Converted once into the normal cache (`$HEARTH_CACHE_DIR` or ~/.cache/hearth/models),
-    so later runs, and the server tests, reuse it.
+    Converted once into the cache `hearth serve` uses in this environment (--cache-dir's
+    `$HEARTH_CACHE_DIR`, or ~/.cache/hearth/models), so later runs, and the server tests,
+    reuse it.
     """
     from engine.model_resolver import resolve_model_dir
 
-    return resolve_model_dir(None)
+    return resolve_model_dir(None, os.environ.get("HEARTH_CACHE_DIR") or None)

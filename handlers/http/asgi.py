@@ -17,15 +17,21 @@ from handlers.http.disconnect import CancelOnDisconnect
 _app: CancelOnDisconnect | None = None
 
 
-def engine_client() -> EngineClient:
+def engine_client(config: ServerConfig) -> EngineClient:
     """The worker's client of the engine core the gunicorn master started."""
     from engine.zmq_client import ZmqEngineClient
 
-    return ZmqEngineClient.from_env()
+    if config.runtime_dir is None:
+        raise RuntimeError(
+            "the worker's ServerConfig names no engine runtime_dir: start the server "
+            "with `hearth serve`, which makes one and hands it to its workers"
+        )
+    return ZmqEngineClient(config.runtime_dir, config.engine_heartbeat_timeout)
 
 
 def build_app() -> CancelOnDisconnect:
-    return create_app(ServerConfig.from_env(), engine_client())
+    config = ServerConfig.from_env()
+    return create_app(config, engine_client(config))
 
 
 def __getattr__(name: str) -> Any:

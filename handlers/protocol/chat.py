@@ -19,7 +19,7 @@ from handlers.protocol.base import (
     limits_from,
 )
 from handlers.protocol.json_schema import check_json_schema, schema_text
-from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
+from handlers.protocol.sampling import SamplingBounds, SamplingRequest, resolve_max_tokens
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -254,28 +254,21 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_tokens, "max_tokens"
 
     def to_sampling_params(
-        self,
-        *,
-        max_model_len: int,
-        prompt_len: int,
-        vocab_size: int,
-        defaults: Mapping[str, Any] | None = None,
-        structured: StructuredOutputSpec | None = None,
+        self, bounds: SamplingBounds, structured: StructuredOutputSpec | None = None
     ) -> SamplingParams:
         """`structured`: a forced tool call's constraint (it replaces response_format)."""
         requested, param = self.requested_max_tokens
         max_tokens = resolve_max_tokens(
             requested,
             param=param,
-            prompt_len=prompt_len,
-            max_model_len=max_model_len,
-            default=(defaults or {}).get("max_tokens"),
+            prompt_len=bounds.prompt_len,
+            max_model_len=bounds.max_model_len,
+            default=bounds.defaults.get("max_tokens"),
         )
         return self.build_sampling_params(
             max_tokens=max_tokens,
-            vocab_size=vocab_size,
+            bounds=bounds,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-            defaults=defaults,
             structured=structured,
             # A stream never carries prompt_logprobs (0 is all a stream may ask for).
             prompt_logprobs=None if self.stream else self.prompt_logprobs,

@@ -17,7 +17,7 @@ from handlers.protocol.base import (
     WireModel,
     limits_from,
 )
-from handlers.protocol.sampling import SamplingRequest, resolve_max_tokens
+from handlers.protocol.sampling import SamplingBounds, SamplingRequest, resolve_max_tokens
 
 MAX_PROMPTS = 256
 """Prompts in one batched completion request; each one is n engine requests."""
@@ -120,25 +120,17 @@ class CompletionRequest(SamplingRequest):
             return [list(self.prompt)]  # type: ignore[arg-type]
         return list(self.prompt)  # type: ignore[arg-type]
 
-    def to_sampling_params(
-        self,
-        *,
-        max_model_len: int,
-        prompt_len: int,
-        vocab_size: int,
-        defaults: Mapping[str, Any] | None = None,
-    ) -> SamplingParams:
+    def to_sampling_params(self, bounds: SamplingBounds) -> SamplingParams:
         max_tokens = resolve_max_tokens(
             self.max_tokens,
             param="max_tokens",
-            prompt_len=prompt_len,
-            max_model_len=max_model_len,
+            prompt_len=bounds.prompt_len,
+            max_model_len=bounds.max_model_len,
         )
         return self.build_sampling_params(
             max_tokens=max_tokens,
-            vocab_size=vocab_size,
+            bounds=bounds,
             logprobs=self.logprobs,
-            defaults=defaults,
             prompt_logprobs=self.engine_prompt_logprobs,
         )
 

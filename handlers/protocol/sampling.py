@@ -2,12 +2,18 @@
 
 Ranges are OpenAI's where OpenAI defines the parameter and vLLM's for vLLM's extras.
 Checks that need the server's limits read them from the validation context; checks that
-need the model (vocabulary, context length) run in `to_sampling_params`.
+need the model (vocabulary, context length) run when the params are built.
+
+`make_sampling_params` is the one constructor of `SamplingParams` on the worker side:
+chat, completion and TGI requests all end there, so the vocabulary check, the
+min_tokens rule and the numerical-safety clamps exist once (docs/architecture.md,
+"Where each rule lives").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -59,6 +65,74 @@ def check_in_vocabulary(token_ids: Iterable[int], vocab_size: int, param: str) -
                 f"{param}: token id {token_id} is outside the vocabulary (size {vocab_size})",
                 param=param,
             )
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingBounds:
+    """What building one prompt's SamplingParams needs to know beyond the request: the
+    model's context and vocabulary, the prompt's length and the model's sampling
+    defaults (`--generation-config auto`)."""
+
+    max_model_len: int
+    prompt_len: int
+    vocab_size: int
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+def make_sampling_params(
+    *,
+    max_tokens: int,
+    vocab_size: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    min_tokens: int = 0,
+    stop_token_ids: Iterable[int] = (),
+    ignore_eos: bool = False,
+    logit_bias: Mapping[str, float] | None = None,
+    seed: int | None = None,
+    logprobs: int | None = None,
+    structured: StructuredOutputSpec | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
+    """The engine's SamplingParams from values every API has validated for range: the
+    checks that need the model (token ids in the vocabulary, min_tokens within
+    max_tokens), the numerical-safety clamps and top_k's "0 is off" happen here, once.
+    `logit_bias` keys are token ids as the wire sends them (strings)."""
+    stop_token_ids = list(stop_token_ids)
+    bias = {int(key): float(value) for key, value in (logit_bias or {}).items()}
+    check_in_vocabulary(stop_token_ids, vocab_size, "stop_token_ids")
+    check_in_vocabulary(bias, vocab_size, "logit_bias")
+    if min_tokens > max_tokens:
+        raise BadRequestError(
+            f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
+    temperature, top_p, repetition_penalty = numerically_safe(
+        float(temperature), float(top_p), float(repetition_penalty)
+    )
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=-1 if top_k == 0 else int(top_k),
+        min_p=float(min_p),
+        seed=seed,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos,
+        presence_penalty=float(presence_penalty),
+        frequency_penalty=float(frequency_penalty),
+        repetition_penalty=repetition_penalty,
+        logit_bias=bias or None,
+        logprobs=logprobs,
+        structured=structured,
+        prompt_logprobs=prompt_logprobs,
+    )
 
 
 class SamplingRequest(StructuredOutputFields):
@@ -172,57 +246,38 @@ class SamplingRequest(StructuredOutputFields):
         return self
 
     # -- building ---------------------------------------------------------------------
-    def check_token_ids(self, vocab_size: int) -> None:
-        """Token ids named in the request must exist in the model's vocabulary."""
-        check_in_vocabulary(self.stop_token_ids or (), vocab_size, "stop_token_ids")
-        check_in_vocabulary((int(key) for key in self.logit_bias or {}), vocab_size, "logit_bias")
-
     def build_sampling_params(
         self,
         *,
         max_tokens: int,
-        vocab_size: int,
+        bounds: SamplingBounds,
         logprobs: int | None,
-        defaults: Mapping[str, Any] | None = None,
         structured: StructuredOutputSpec | None = None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """SamplingParams for one choice; request values win over the model's defaults.
         `structured` overrides the request's own constraint (chat's forced tool calls)."""
-        self.check_token_ids(vocab_size)
-        if self.min_tokens > max_tokens:
-            raise BadRequestError(
-                f"min_tokens ({self.min_tokens}) must be at most max_tokens ({max_tokens})",
-                param="min_tokens",
-            )
-        defaults = defaults or {}
+        defaults = bounds.defaults
 
         def pick(name: str, fallback: Any) -> Any:
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, fallback)
 
-        top_k = pick("top_k", -1)
-        temperature, top_p, repetition_penalty = numerically_safe(
-            float(pick("temperature", 1.0)),
-            float(pick("top_p", 1.0)),
-            float(pick("repetition_penalty", 1.0)),
-        )
-        return SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=-1 if top_k == 0 else int(top_k),
-            min_p=float(pick("min_p", 0.0)),
-            seed=self.seed,
+        return make_sampling_params(
             max_tokens=max_tokens,
+            vocab_size=bounds.vocab_size,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", -1),
+            min_p=pick("min_p", 0.0),
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
             min_tokens=self.min_tokens,
-            stop_token_ids=list(self.stop_token_ids or ()),
+            stop_token_ids=self.stop_token_ids or (),
             ignore_eos=self.ignore_eos,
-            presence_penalty=float(self.presence_penalty or 0.0),
-            frequency_penalty=float(self.frequency_penalty or 0.0),
-            repetition_penalty=repetition_penalty,
-            logit_bias={int(k): float(v) for k, v in self.logit_bias.items()}
-            if self.logit_bias
-            else None,
+            logit_bias=self.logit_bias,
+            seed=self.seed,
             logprobs=logprobs,
             structured=structured if structured is not None else self.structured_spec(),
             prompt_logprobs=prompt_logprobs,

@@ -6,12 +6,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, RootModel, field_validator, model_validator
+from pydantic import Field, RootModel, ValidationInfo, field_validator, model_validator
 
-from engine.sampling_params import StructuredOutputSpec
-from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel, reject_unsupported
+from engine.sampling_params import SamplingParams, StructuredOutputSpec
+from handlers.protocol.base import (
+    FieldError,
+    OpenAIBaseModel,
+    WireModel,
+    limits_from,
+    reject_unsupported,
+)
 from handlers.protocol.json_schema import check_text, parse_schema, schema_text
-from handlers.protocol.sampling import INT64_MAX
+from handlers.protocol.sampling import (
+    INT64_MAX,
+    SamplingBounds,
+    make_sampling_params,
+    resolve_max_tokens,
+)
 
 DEFAULT_MAX_NEW_TOKENS = 100
 """TGI's default when `max_new_tokens` is not given."""
@@ -76,13 +87,14 @@ class TGIParameters(OpenAIBaseModel):
 
     @field_validator("stop", mode="before")
     @classmethod
-    def _check_stop(cls, value: Any) -> Any:
+    def _check_stop(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None:
             return []
         if not isinstance(value, list):
             raise FieldError(None, "must be a list of strings")
-        if len(value) > 64:
-            raise FieldError(None, "at most 64 stop sequences are allowed")
+        limit = limits_from(info.context).max_stop_strings
+        if len(value) > limit:
+            raise FieldError(None, f"at most {limit} stop sequences are allowed")
         for i, item in enumerate(value):
             if not isinstance(item, str) or not item:
                 raise FieldError(i, "stop sequences must be non-empty strings")
@@ -101,6 +113,29 @@ class TGIRequest(OpenAIBaseModel):
     inputs: str = Field(min_length=1)
     parameters: TGIParameters = Field(default_factory=TGIParameters)
     stream: bool = False
+
+    def to_sampling_params(self, bounds: SamplingBounds) -> SamplingParams:
+        """TGI's parameters in the engine's terms (greedy unless sampling was asked for;
+        a stream or `details` needs each token's logprob). TGI has no model defaults."""
+        p = self.parameters
+        return make_sampling_params(
+            max_tokens=resolve_max_tokens(
+                p.max_new_tokens,
+                param="parameters.max_new_tokens",
+                prompt_len=bounds.prompt_len,
+                max_model_len=bounds.max_model_len,
+                default=DEFAULT_MAX_NEW_TOKENS,
+            ),
+            vocab_size=bounds.vocab_size,
+            temperature=(p.temperature or 1.0) if p.is_sampling else 0.0,
+            top_p=p.top_p or 1.0,
+            top_k=p.top_k or -1,
+            repetition_penalty=p.repetition_penalty or 1.0,
+            frequency_penalty=p.frequency_penalty or 0.0,
+            seed=p.seed,
+            logprobs=0 if self.stream or p.details else None,
+            structured=p.grammar.spec() if p.grammar is not None else None,
+        )
 
 
 class TGIToken(WireModel):

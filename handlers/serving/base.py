@@ -30,7 +30,7 @@ from handlers.errors import (
     from_engine_error,
 )
 from handlers.protocol.base import PromptTokensDetails, UsageInfo
-from handlers.protocol.sampling import SamplingRequest, seed_for_choice
+from handlers.protocol.sampling import SamplingBounds, SamplingRequest, seed_for_choice
 from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
 from handlers.serving.context import RequestContext
 from handlers.serving.served_model import ServedModel
@@ -40,6 +40,22 @@ from handlers.serving.stats import NullStatsSink, RequestTracker, StatsSink
 logger = logging.getLogger(__name__)
 
 ErrorEncoder = Callable[[ServingError], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInput:
+    """One prompt of a request, tokenized."""
+
+    token_ids: list[int]
+    param: str
+    """The request field a bad prompt is reported against ('messages', 'prompt[1]')."""
+    text: str | None = None
+    """The prompt as text when there is one (the log line and completion's echo show
+    it; token-id prompts are logged as ids)."""
+
+    @property
+    def logged(self) -> str | list[int]:
+        return self.text if self.text is not None else self.token_ids
 
 
 class ServingBase:
@@ -109,33 +125,51 @@ class ServingBase:
             raise mapped from None
         raise failure
 
+    def model_name(self, requested: str | None) -> str:
+        """The first step of every endpoint: the name to report (404 for a name this
+        server does not serve), and a 503 while the engine is loading or gone."""
+        name = self.served.resolve_name(requested)
+        self.served.info()
+        return name
+
     async def start_run(
         self,
         ctx: RequestContext,
         *,
         model_name: str,
-        prompts: SequenceT[list[int]],
-        logged_prompts: SequenceT[str | list[int]],
-        params: SequenceT[SamplingParams],
-        sequences: list[Choice],
+        prompts: SequenceT[PromptInput],
+        build_params: Callable[[SamplingBounds], SamplingParams],
+        options: ChoiceOptions,
         client_request_id: str | None = None,
         n: int = 1,
         priority: int = 0,
     ) -> Run:
-        """Name the request, log its prompts, start tracking, admit n choices of every
-        prompt (all or none) and bundle them.
+        """Check each prompt's length, build its SamplingParams, then name the request,
+        log its prompts, start tracking, admit n choices of every prompt (all or none)
+        and bundle them.
 
-        One path for chat, completion and TGI, so that the engine ids, per-choice seeds
-        and the choice -> prompt mapping (`i // n`) that `Run` relies on always agree.
-        `logged_prompts` are what `--enable-log-requests` shows (text when there is any).
+        One path for chat, completion and TGI (the `create()` preamble they shared), so
+        that the prompt checks, the bounds the params are built against, the engine ids,
+        per-choice seeds and the choice -> prompt mapping (`i // n`) that `Run` relies
+        on always agree.
         """
+        served = self.served
+        max_model_len = served.info().max_model_len
+        vocab_size = served.vocab_size()
+        defaults = served.sampling_defaults()
+        params = []
+        for prompt in prompts:
+            served.check_prompt_len(len(prompt.token_ids), prompt.param)
+            bounds = SamplingBounds(max_model_len, len(prompt.token_ids), vocab_size, defaults)
+            params.append(build_params(bounds))
+        sequences = self.new_sequences(len(prompts) * n, options)
         response_id, engine_id = self.request_ids(self.id_prefix, ctx, client_request_id)
-        for prompt in logged_prompts:
-            self.served.log_prompt(response_id, prompt)
+        for prompt in prompts:
+            served.log_prompt(response_id, prompt.logged)
         tracker = self.tracker(response_id, ctx)
         collector = await self.admit(
             engine_id,
-            [prompt for prompt in prompts for _ in range(n)],
+            [prompt.token_ids for prompt in prompts for _ in range(n)],
             [choice for param in params for choice in self.choice_params(param, n)],
             priority,
         )
@@ -146,7 +180,7 @@ class ServingBase:
             sequences=sequences,
             choice_of={f"{engine_id}-{i}": seq for i, seq in enumerate(sequences)},
             tracker=tracker,
-            prompt_lens=[len(prompt) for prompt in prompts],
+            prompt_lens=[len(prompt.token_ids) for prompt in prompts],
             n=n,
         )
         timeout = self.served.config.request_timeout
@@ -172,16 +206,13 @@ class ServingBase:
         }
 
     # -- sequences --------------------------------------------------------------------
-    def sequence_options(self, request: SamplingRequest) -> ChoiceOptions:
-        stop_ids = set(request.stop_token_ids or ())
-        if not request.ignore_eos:
-            stop_ids.update(self.served.info().eos_token_ids)
+    @staticmethod
+    def sequence_options(request: SamplingRequest) -> ChoiceOptions:
         return ChoiceOptions(
             skip_special_tokens=request.skip_special_tokens,
             stop=request.stop,
             include_stop_str_in_output=request.include_stop_str_in_output,
             min_tokens=request.min_tokens,
-            stop_token_ids=frozenset(stop_ids),
         )
 
     def new_sequences(self, count: int, options: ChoiceOptions) -> list[Choice]:

@@ -18,12 +18,13 @@ from handlers.protocol.chat import (
     FunctionCall,
     ToolCall,
 )
-from handlers.serving.base import Run, ServingBase
+from handlers.serving.base import PromptInput, Run, ServingBase
+from handlers.serving.chat_template import ChatTemplateChoice, choose_chat_template
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
-from handlers.serving.reasoning import reasoning_enabled, split_reasoning
-from handlers.serving.render import render_chat, tool_format
+from handlers.serving.reasoning import split_reasoning
+from handlers.serving.render import render_chat
 from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 from handlers.serving.tool_render import forced_tool_spec, new_call_id, tool_calls_from_text
@@ -45,33 +46,24 @@ class ServingChat(ServingBase):
         caller only ever starts a 200 response for an admitted request.
         """
         served = self.served
-        model_name = served.resolve_name(request.model)
-        info = served.info()
-        prompt_text = await render_chat(served, request, documents=request.documents)
+        model_name = self.model_name(request.model)
+        template = choose_chat_template(served, request)
+        prompt_text = await render_chat(served, request, template, documents=request.documents)
         prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
-        served.check_prompt_len(len(prompt_ids), "messages")
-        params = request.to_sampling_params(
-            max_model_len=info.max_model_len,
-            prompt_len=len(prompt_ids),
-            vocab_size=served.vocab_size(),
-            defaults=served.sampling_defaults(),
-            structured=forced_tool_spec(request),
-        )
-        sequences = self.new_sequences(request.n, self.sequence_options(request))
+        structured = forced_tool_spec(request)
         run = await self.start_run(
             ctx,
-            client_request_id=request.request_id,
             model_name=model_name,
-            prompts=[prompt_ids],
-            logged_prompts=[prompt_text],
-            params=[params],
-            sequences=sequences,
+            prompts=[PromptInput(prompt_ids, "messages", prompt_text)],
+            build_params=lambda bounds: request.to_sampling_params(bounds, structured),
+            options=self.sequence_options(request),
+            client_request_id=request.request_id,
             n=request.n,
             priority=request.priority,
         )
         if request.stream:
-            return self._stream(run, request)
-        return await self._respond(run, request)
+            return self._stream(run, request, template)
+        return await self._respond(run, request, template)
 
     def _echo_text(self, request: ChatCompletionRequest) -> str:
         """vLLM's chat echo: the last message's content, if it has the response role."""
@@ -93,10 +85,12 @@ class ServingChat(ServingBase):
         return ChatCompletionLogProbs(content=content)
 
     # -- non-streaming ----------------------------------------------------------------
-    async def _respond(self, run: Run, request: ChatCompletionRequest) -> ChatCompletionResponse:
+    async def _respond(
+        self, run: Run, request: ChatCompletionRequest, template: ChatTemplateChoice
+    ) -> ChatCompletionResponse:
         await self.collect(run)
         echo = self._echo_text(request)
-        choices = [self._choice(request, seq, echo + seq.text) for seq in run.sequences]
+        choices = [self._choice(request, template, seq, echo + seq.text) for seq in run.sequences]
         first = run.sequences[0].prompt_logprobs
         return ChatCompletionResponse(
             **self.envelope(run),
@@ -105,13 +99,17 @@ class ServingChat(ServingBase):
         )
 
     def _choice(
-        self, request: ChatCompletionRequest, seq: Choice, text: str
+        self,
+        request: ChatCompletionRequest,
+        template: ChatTemplateChoice,
+        seq: Choice,
+        text: str,
     ) -> ChatCompletionResponseChoice:
         """One finished choice: reasoning split off, tool calls parsed out of the text."""
         reasoning = None
-        if reasoning_enabled(self.served.config.reasoning_parser, self._template(request)):
+        if template.reasoning:
             reasoning, text = split_reasoning(text)
-        content, calls = tool_calls_from_text(text, request, tool_format(self.served, request))
+        content, calls = tool_calls_from_text(text, request, template.tool_format)
         finish = seq.finish_reason
         if calls and finish == "stop":
             finish = "tool_calls"
@@ -134,19 +132,14 @@ class ServingChat(ServingBase):
             stop_reason=seq.stop_reason,
         )
 
-    def _template(self, request: ChatCompletionRequest) -> str | None:
-        return (
-            request.chat_template
-            or self.served.config.chat_template
-            or self.served.tokenizer().chat_template
-        )
-
     # -- streaming --------------------------------------------------------------------
-    def _stream(self, run: Run, request: ChatCompletionRequest) -> SSEStream:
-        return self.sse(run, self._chunks(run, request))
+    def _stream(
+        self, run: Run, request: ChatCompletionRequest, template: ChatTemplateChoice
+    ) -> SSEStream:
+        return self.sse(run, self._chunks(run, request, template))
 
     async def _chunks(
-        self, run: Run, request: ChatCompletionRequest
+        self, run: Run, request: ChatCompletionRequest, template: ChatTemplateChoice
     ) -> AsyncGenerator[SSEPayload, None]:
         """The role chunk of each choice, the echo, one chunk per delta, the usage tail."""
         chunks = StreamChunks(
@@ -183,10 +176,10 @@ class ServingChat(ServingBase):
                     ],
                     running_usage(),
                 )
-        fmt = tool_format(self.served, request)
-        thinks = reasoning_enabled(self.served.config.reasoning_parser, self._template(request))
-        tools = {seq.index: ToolCallStreamer(request, fmt) for seq in run.sequences}
-        reasoning = {seq.index: ReasoningStreamer(thinks) for seq in run.sequences}
+        tools = {
+            seq.index: ToolCallStreamer(request, template.tool_format) for seq in run.sequences
+        }
+        reasoning = {seq.index: ReasoningStreamer(template.reasoning) for seq in run.sequences}
         async for item in self.deltas(run, self.keep_alive):
             if item is None:
                 yield None

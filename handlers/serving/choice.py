@@ -3,7 +3,9 @@
 Combines the incremental detokenizer (multi-byte characters split across tokens come
 out whole), the stop-string matcher (hold-back, then stop) and vLLM's rule that the
 stop token's own text (EOS or a `stop_token_ids` entry) is not part of the output
-unless `include_stop_str_in_output` is set.
+unless `include_stop_str_in_output` is set. Which token stopped a request is the
+engine's to say (`RequestOutput.finished_on_stop_token`): the worker never re-derives
+the EOS ids, `ignore_eos` or `min_tokens` to guess it.
 """
 
 from __future__ import annotations
@@ -38,8 +40,6 @@ class ChoiceOptions:
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     min_tokens: int = 0
-    stop_token_ids: frozenset[int] = frozenset()
-    """EOS ids (unless ignore_eos) and the request's stop_token_ids."""
 
 
 class Choice:
@@ -93,14 +93,14 @@ class Choice:
         pieces: list[str] = []
         stop: str | None = None
         new_ids = output.new_token_ids
+        hidden = (
+            len(new_ids) - 1
+            if output.finished_on_stop_token and not options.include_stop_str_in_output
+            else -1
+        )
         kept = 0
         for k, token_id in enumerate(new_ids):
-            hide = (
-                k == len(new_ids) - 1
-                and output.finish_reason == "stop"
-                and token_id in options.stop_token_ids
-                and not options.include_stop_str_in_output
-            )
+            hide = k == hidden
             piece = "" if hide else self._detokenizer.step(token_id)
             self.token_ids.append(token_id)
             kept += 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
 from handlers.errors import InternalServerError
@@ -15,19 +14,12 @@ from handlers.protocol.completion import (
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
 )
-from handlers.serving.base import Run, ServingBase
+from handlers.serving.base import PromptInput, Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import completion_logprobs, prompt_logprobs
 from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
-
-
-@dataclass(slots=True)
-class _PromptInput:
-    text: str | None
-    """The prompt as text when the client sent text (for echo without a decode)."""
-    token_ids: list[int]
 
 
 class ServingCompletion(ServingBase):
@@ -39,34 +31,16 @@ class ServingCompletion(ServingBase):
     async def create(
         self, request: CompletionRequest, ctx: RequestContext
     ) -> CompletionResponse | SSEStream:
-        served = self.served
-        model_name = served.resolve_name(request.model)
-        info = served.info()
+        model_name = self.model_name(request.model)
         prompts = await self._tokenize(request)
-        defaults = served.sampling_defaults()
-        params = []
-        for i, prompt in enumerate(prompts):
-            param_name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-            served.check_prompt_len(len(prompt.token_ids), param_name)
-            params.append(
-                request.to_sampling_params(
-                    max_model_len=info.max_model_len,
-                    prompt_len=len(prompt.token_ids),
-                    vocab_size=served.vocab_size(),
-                    defaults=defaults,
-                )
-            )
-        n = request.n
-        sequences = self.new_sequences(len(prompts) * n, self.sequence_options(request))
         run = await self.start_run(
             ctx,
-            client_request_id=request.request_id,
             model_name=model_name,
-            prompts=[p.token_ids for p in prompts],
-            logged_prompts=[p.text or p.token_ids for p in prompts],
-            params=params,
-            sequences=sequences,
-            n=n,
+            prompts=prompts,
+            build_params=request.to_sampling_params,
+            options=self.sequence_options(request),
+            client_request_id=request.request_id,
+            n=request.n,
             priority=request.priority,
         )
         echoes = [self._echo_text(request, p) for p in prompts]
@@ -75,21 +49,22 @@ class ServingCompletion(ServingBase):
             return self._stream(run, request, echoes, prompt_ids)
         return await self._respond(run, request, echoes, prompt_ids)
 
-    async def _tokenize(self, request: CompletionRequest) -> list[_PromptInput]:
+    async def _tokenize(self, request: CompletionRequest) -> list[PromptInput]:
+        prompts = request.prompts()
         out = []
-        for i, prompt in enumerate(request.prompts()):
+        for i, prompt in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             if isinstance(prompt, str):
                 ids = await self.served.encode(
                     prompt, add_special_tokens=request.add_special_tokens
                 )
-                out.append(_PromptInput(prompt, ids))
+                out.append(PromptInput(ids, param, prompt))
             else:
-                param = "prompt" if isinstance(request.prompt[0], int) else f"prompt[{i}]"
                 self.served.check_token_ids(prompt, param)
-                out.append(_PromptInput(None, prompt))
+                out.append(PromptInput(prompt, param))
         return out
 
-    def _echo_text(self, request: CompletionRequest, prompt: _PromptInput) -> str:
+    def _echo_text(self, request: CompletionRequest, prompt: PromptInput) -> str:
         if not request.echo:
             return ""
         if prompt.text is not None:

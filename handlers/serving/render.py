@@ -1,16 +1,15 @@
-"""Chat messages to prompt text: one path for /v1/chat/completions and /tokenize."""
+"""Chat messages to prompt text: one path for /v1/chat/completions and /tokenize, with
+the template `handlers/serving/chat_template.py` chose."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
 
 from engine.tokenizer import ChatTemplateError
 from handlers.errors import BadRequestError
-from handlers.protocol.chat import ChatMessageParam, ChatToolParam
+from handlers.serving.chat_template import ChatTemplateChoice, ChatTemplateRequest
 from handlers.serving.served_model import ServedModel
-from handlers.serving.tool_parsers import detect_tool_format
 from handlers.serving.tool_render import hermes_messages, needs_hermes_rendering
 
 logger = logging.getLogger(__name__)
@@ -33,64 +32,37 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
-class ChatTemplateRequest(Protocol):
-    """The fields a request renders through the chat template with: the chat request
-    and the /tokenize chat request both have them, so both render the same way."""
-
-    messages: list[ChatMessageParam]
-    add_generation_prompt: bool
-    continue_final_message: bool
-    chat_template: str | None
-    chat_template_kwargs: dict[str, Any] | None
-    tools: list[ChatToolParam] | None
-
-
-def tool_format(served: ServedModel, request: ChatTemplateRequest) -> str:
-    """The tool-call format for this request: --tool-call-parser, else from the template."""
-    if served.config.tool_call_parser:
-        return served.config.tool_call_parser
-    template = request.chat_template or served.config.chat_template
-    return detect_tool_format(template or served.tokenizer().chat_template)[0]
-
-
 async def render_chat(
     served: ServedModel,
     request: ChatTemplateRequest,
+    template: ChatTemplateChoice,
     *,
     documents: list[dict[str, str]] | None = None,
 ) -> str:
-    """The prompt text (special tokens included as text); 400 when it cannot render.
+    """The prompt text (special tokens included as text) rendered with the request's
+    chosen `template` (`choose_chat_template`); 400 when it cannot render.
 
     A template sent with the request (--trust-request-chat-template) renders in a thread,
     so even within its time and size limits it never stalls this worker's event loop."""
-    if request.chat_template is not None or (request.chat_template_kwargs or {}).get(
-        "chat_template"
-    ):
-        return await asyncio.to_thread(_render_chat, served, request, documents)
-    return _render_chat(served, request, documents)
+    if template.from_request:
+        return await asyncio.to_thread(_render_chat, served, request, template, documents)
+    return _render_chat(served, request, template, documents)
 
 
 def _render_chat(
     served: ServedModel,
     request: ChatTemplateRequest,
+    template: ChatTemplateChoice,
     documents: list[dict[str, str]] | None,
 ) -> str:
-    kwargs = dict(request.chat_template_kwargs or {})
-    requested_template = request.chat_template or kwargs.pop("chat_template", None)
-    if requested_template is not None and not served.config.trust_request_chat_template:
-        raise BadRequestError(
-            "chat_template: a chat template was passed with the request, but the server "
-            "does not trust request chat templates (--trust-request-chat-template).",
-            param="chat_template",
-        )
-    if not isinstance(requested_template, (str, type(None))):
-        raise BadRequestError("chat_template: must be a string", param="chat_template")
-    kwargs = {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
-    template = requested_template or served.config.chat_template
+    kwargs = {
+        k: v
+        for k, v in (request.chat_template_kwargs or {}).items()
+        if k not in _RESERVED_TEMPLATE_KWARGS
+    }
     tokenizer = served.tokenizer()
     tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
-    _, template_knows_tools = detect_tool_format(template or tokenizer.chat_template)
-    if not template_knows_tools and needs_hermes_rendering(request.messages, request.tools):
+    if not template.renders_tools and needs_hermes_rendering(request.messages, request.tools):
         messages = hermes_messages(request.messages, request.tools)
         tools = None
     else:
@@ -100,7 +72,7 @@ def _render_chat(
             messages,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            chat_template=template,
+            chat_template=template.source,
             tools=tools,
             documents=documents,
             **kwargs,

@@ -19,7 +19,6 @@ from engine.config import ModelInfo
 from engine.tokenizer import Tokenizer
 from handlers.config import ServerConfig
 from handlers.errors import BadRequestError, NotFoundError, ServiceUnavailableError
-from handlers.protocol.base import RequestLimits
 from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS, check_in_vocabulary
 from handlers.serving.logprobs import TokenTexts
 
@@ -40,11 +39,7 @@ class ServedModel:
         self._tokenizer = tokenizer
         self._token_texts: TokenTexts | None = None
         self._defaults: dict[str, Any] | None = None
-        self.limits = RequestLimits(
-            max_n=config.max_n,
-            max_logprobs=config.max_logprobs,
-            max_stop_strings=config.max_stop_strings,
-        )
+        self.limits = config.request_limits()
 
     # -- names ------------------------------------------------------------------------
     @property

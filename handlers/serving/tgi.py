@@ -7,11 +7,8 @@ from collections.abc import AsyncGenerator
 
 import orjson
 
-from engine.sampling_params import SamplingParams
 from handlers.errors import ServingError
-from handlers.protocol.sampling import numerically_safe, resolve_max_tokens
 from handlers.protocol.tgi import (
-    DEFAULT_MAX_NEW_TOKENS,
     TGIDetails,
     TGIRequest,
     TGIResponse,
@@ -20,7 +17,7 @@ from handlers.protocol.tgi import (
     TGIStreamResponse,
     TGIToken,
 )
-from handlers.serving.base import Run, ServingBase
+from handlers.serving.base import PromptInput, Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceOptions
 from handlers.serving.context import RequestContext
 from handlers.serving.sse import SSEPayload, SSEStream, encode_chunk
@@ -41,49 +38,15 @@ class ServingTGI(ServingBase):
     id_prefix = "tgi"
 
     async def generate(self, request: TGIRequest, ctx: RequestContext) -> TGIResponses | SSEStream:
-        served = self.served
-        model_name = served.config.default_model_name
-        info = served.info()
-        prompt_ids = await served.encode(request.inputs, add_special_tokens=True)
-        served.check_prompt_len(len(prompt_ids), "inputs")
-        p = request.parameters
-        max_tokens = resolve_max_tokens(
-            p.max_new_tokens,
-            param="parameters.max_new_tokens",
-            prompt_len=len(prompt_ids),
-            max_model_len=info.max_model_len,
-            default=DEFAULT_MAX_NEW_TOKENS,
-        )
-        want_logprobs = request.stream or p.details
-        temperature, top_p, repetition_penalty = numerically_safe(
-            (p.temperature or 1.0) if p.is_sampling else 0.0,
-            p.top_p or 1.0,
-            p.repetition_penalty or 1.0,
-        )
-        params = SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=p.top_k or -1,
-            seed=p.seed,
-            max_tokens=max_tokens,
-            repetition_penalty=repetition_penalty,
-            frequency_penalty=p.frequency_penalty or 0.0,
-            logprobs=0 if want_logprobs else None,
-            structured=p.grammar.spec() if p.grammar is not None else None,
-        )
-        # NOTE: TGI keeps the stop sequence in the generated text.
-        options = ChoiceOptions(
-            stop=p.stop,
-            include_stop_str_in_output=True,
-            stop_token_ids=frozenset(info.eos_token_ids),
-        )
+        model_name = self.model_name(None)  # TGI bodies name no model
+        prompt_ids = await self.served.encode(request.inputs, add_special_tokens=True)
         run = await self.start_run(
             ctx,
             model_name=model_name,
-            prompts=[prompt_ids],
-            logged_prompts=[request.inputs],
-            params=[params],
-            sequences=self.new_sequences(1, options),
+            prompts=[PromptInput(prompt_ids, "inputs", request.inputs)],
+            build_params=request.to_sampling_params,
+            # NOTE: TGI keeps the stop sequence in the generated text.
+            options=ChoiceOptions(stop=request.parameters.stop, include_stop_str_in_output=True),
         )
         if request.stream:
             return self._stream(run, request)

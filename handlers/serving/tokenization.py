@@ -9,6 +9,7 @@ from handlers.protocol.tokenize import (
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
+from handlers.serving.chat_template import choose_chat_template
 from handlers.serving.render import render_chat
 from handlers.serving.served_model import ServedModel
 
@@ -24,7 +25,7 @@ class ServingTokenization:
         served.resolve_name(request.model)
         info = served.info()
         if isinstance(request, TokenizeChatRequest):
-            text = await render_chat(served, request)
+            text = await render_chat(served, request, choose_chat_template(served, request))
         else:
             text = request.prompt
         tokens = await served.encode(text, add_special_tokens=request.add_special_tokens)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from container import cli, gunicorn_app, sagemaker_serve
-from container.flags import env_name, finish_many, parse_bool, parse_bytes
+from container.flags import Bounded, env_name, finish_many, parse_bool, parse_bytes
 from container.sagemaker_serve import sagemaker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +53,13 @@ VLLM_FLAGS = [
     "--device",
     "--kv-cache-memory",
     "--quantization",
+    "--max-logprobs",
+    "--cpu-isa",
+    "--cache-dir",
+    "--engine-heartbeat-timeout",
+    "--max-n",
+    "--max-stop-strings",
+    "--max-request-body-bytes",
 ]
 """vLLM's flag names where the concept is the same, plus ours (docs/api.md)."""
 
@@ -96,10 +103,11 @@ def _sample(action: argparse.Action) -> tuple[str, Any]:
         return str(choice), choice
     if action.type is parse_bytes:
         return "3MiB", 3 << 20
-    if action.type is int:
+    kind = action.type.kind if isinstance(action.type, Bounded) else action.type
+    if kind is int:
         value = (action.default or 0) + 7
         return str(value), value
-    if action.type is float:
+    if kind is float:
         value = (action.default or 0.0) + 2.5
         return str(value), value
     return "/some/value", "/some/value"
@@ -116,7 +124,8 @@ def test_every_serve_flag_reads_its_environment_variable(monkeypatch: pytest.Mon
     expected: dict[str, Any] = {}
     for action in options:
         flag = action.option_strings[0]
-        assert f"[env {env_name(flag)}" in action.help, f"{flag}'s help names no variable"
+        if action.help != argparse.SUPPRESS:  # a hidden test hook still reads its variable
+            assert f"[env {env_name(flag)}" in action.help, f"{flag}'s help names no variable"
         raw, value = _sample(action)
         monkeypatch.setenv(env_name(flag), raw)
         expected[action.dest] = value
@@ -467,8 +476,9 @@ def test_serve_arguments_come_after_the_environment(monkeypatch: pytest.MonkeyPa
 class _FakeSupervisor:
     died = False
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], runtime_dir: str) -> None:
         self.env = env
+        self.runtime_dir = runtime_dir
 
     def stop(self) -> None:
         pass
@@ -488,7 +498,7 @@ def _gunicorn_options(monkeypatch: pytest.MonkeyPatch, run: Any) -> dict[str, An
     monkeypatch.setattr(gunicorn_app, "HearthApplication", FakeApplication)
     monkeypatch.setattr(gunicorn_app, "EngineSupervisor", _FakeSupervisor)
     # run_serve exports its settings into os.environ: have them restored afterwards.
-    for key in ("PROMETHEUS_MULTIPROC_DIR", "HEARTH_RUNTIME_DIR", "HEARTH_SERVER_CONFIG"):
+    for key in ("PROMETHEUS_MULTIPROC_DIR", "HEARTH_SERVER_CONFIG"):
         monkeypatch.setenv(key, "")
     assert run() == 0
     return captured

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from container import cli, settings
-from container.flags import env_name, finish_many, parse_bytes
+from container.flags import Bounded, env_name, finish_many, parse_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,9 +51,10 @@ def _sample(action: argparse.Action) -> str:
         return str(next(c for c in reversed(list(action.choices)) if c != action.default))
     if action.type is parse_bytes:
         return "4GiB"  # a size with a unit: what the old Lambda reader crashed on
-    if action.type is int:
+    kind = action.type.kind if isinstance(action.type, Bounded) else action.type
+    if kind is int:
         return str((action.default or 0) + 7)
-    if action.type is float:
+    if kind is float:
         return str((action.default or 0.0) + 2.5)
     return "/some/value"
 

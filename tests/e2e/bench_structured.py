@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -47,7 +48,7 @@ def bench_compile() -> None:
     from engine.structured.manager import StructuredOutputManager
     from tests.e2e.structured_schemas import SCHEMAS
 
-    model_dir = resolve_model_dir(None)
+    model_dir = resolve_model_dir(None, os.environ.get("HEARTH_CACHE_DIR") or None)
     manager = StructuredOutputManager(model_dir, 49152, [2])
     manager.compile(StructuredOutputSpec(kind="json_object"))  # loads the vocabulary
     cold: list[float] = []

@@ -72,3 +72,33 @@ def test_prefix_caching_off_never_hits() -> None:
     a.num_computed_tokens = 9
     bm.commit(a)
     assert bm.find_cached_prefix(_req("b", list(range(9)))) == []
+
+
+def test_a_prefix_shared_by_three_stays_in_use_until_the_last_one_frees_it() -> None:
+    """Each sequence that shares a cached block adds one reference: freeing two of three
+    sharers must leave the block in use (not in the free list, where the next allocation
+    would hand it out and overwrite the third sequence's KV)."""
+    bm = BlockManager(num_blocks=12, block_size=4)
+    prefix = list(range(100, 108))  # two full blocks
+    sharers = [_req(name, [*prefix, tail]) for name, tail in (("a", 1), ("b", 2), ("c", 3))]
+    first = sharers[0]
+    assert bm.allocate(first, first.num_tokens)
+    first.num_computed_tokens = first.num_tokens
+    bm.commit(first)
+    for request in sharers[1:]:
+        cached = bm.find_cached_prefix(request)
+        assert cached == first.block_ids[:2]
+        assert bm.allocate(request, request.num_tokens - 8, cached)
+    shared = set(first.block_ids[:2])
+    assert bm.num_used_blocks == 2 + 3  # the prefix once, one tail block each
+
+    last = sharers[2]
+    for request in sharers[:2]:
+        bm.free(request)
+    assert bm.num_used_blocks == len(last.block_ids) == 3
+    newcomer = _req("d", list(range(500, 500 + 4 * bm.num_free_blocks)))
+    assert bm.allocate(newcomer, newcomer.num_tokens)  # takes every free block ...
+    assert shared.isdisjoint(newcomer.block_ids)  # ... but none the third still reads
+    bm.free(last)
+    bm.free(newcomer)
+    assert bm.num_used_blocks == 0

@@ -89,6 +89,19 @@ async def test_outputs_merge_on_put_and_keep_their_order() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_merged_output_still_says_it_ended_on_the_stop_token() -> None:
+    """The worker hides the stop token's text on this word: outputs merged while the
+    consumer was busy must keep it (the last merged token is the stop token)."""
+    client = RecordingClient()
+    collector = await admitted(client, "a")
+    client._dispatch(OutputBatch([out("a", [5])]))
+    client._dispatch(OutputBatch([out("a", [2], "stop", finished_on_stop_token=True)]))
+    [merged] = await collector.get()
+    assert merged.new_token_ids == [5, 2]
+    assert merged.finish_reason == "stop" and merged.finished_on_stop_token
+
+
+@pytest.mark.anyio
 async def test_get_times_out_empty_and_wakes_on_put() -> None:
     client = RecordingClient()
     collector = await admitted(client, "a")

@@ -192,6 +192,31 @@ def test_max_tokens_cuts_a_constrained_output(core, tok) -> None:
     assert _text(tok, result["tokens"]).startswith("{")
 
 
+def test_a_token_the_grammar_rejects_ends_the_request_with_stop(core, tok, monkeypatch) -> None:
+    """The sampler masks with the grammar, so a sampled token it then rejects means the
+    mask and the matcher disagree: the request must end there with 'stop', not run on
+    with a matcher that no longer follows the output."""
+    from engine.structured.grammar import GrammarState
+
+    rejected: list[int] = []
+
+    def reject(self: GrammarState, token_id: int) -> bool:
+        rejected.append(token_id)
+        return False
+
+    monkeypatch.setattr(GrammarState, "accept", reject)
+    msg = AddRequest(
+        request_id="rejected",
+        prompt_token_ids=_prompt(tok, "Describe a person as JSON."),
+        params=SamplingParams(
+            temperature=0.0, max_tokens=6, structured=_spec("json", json.dumps(PERSON))
+        ),
+    )
+    result = _drive(core, [msg])["rejected"]
+    assert result["finish"] == "stop"
+    assert result["tokens"] == rejected[:1] and len(rejected) == 1
+
+
 @pytest.mark.parametrize(
     ("kind", "value", "needle"),
     [

@@ -5,7 +5,8 @@ output collectors, dispatch and aborts are the production code, and the fake ans
 `AddRequest` with an `Admission` and pushes `OutputBatch`es through `_dispatch` as the
 IPC reader does. It emulates the engine's token-level rules:
 EOS and `stop_token_ids` stop a sequence (after `min_tokens`, unless `ignore_eos`),
-`max_tokens` ends it with 'length'. Each test scripts the tokens a request produces;
+`max_tokens` ends it with 'length'; like the engine, it says when the last token is the
+stop token (`finished_on_stop_token`). Each test scripts the tokens a request produces;
 the fake records admissions and aborts, can refuse admission, fail mid-stream, or
 die, and reports which requests are still live (never aborted nor finished).
 """
@@ -175,6 +176,7 @@ class FakeEngine(EngineClient):
             new: list[int] = []
             finish: str | None = None
             stop_reason: int | None = None
+            on_stop_token = False
             if script.fail_at_step == step:
                 finish = "error"
             elif params.max_tokens == 0:
@@ -193,6 +195,7 @@ class FakeEngine(EngineClient):
                 if token in stop_ids and len(generated) > params.min_tokens:
                     finish = "stop"
                     stop_reason = token if token in params.stop_token_ids else None
+                    on_stop_token = True
                 elif len(generated) >= params.max_tokens:
                     finish = "length"
             output = RequestOutput(
@@ -201,6 +204,7 @@ class FakeEngine(EngineClient):
                 new_logprobs=_logprobs(new, params.logprobs),
                 finish_reason=finish,
                 stop_reason=stop_reason,
+                finished_on_stop_token=on_stop_token,
                 num_prompt_tokens=len(request.prompt_token_ids) if first else 0,
                 num_cached_tokens=script.num_cached_tokens if first else 0,
                 error="scripted failure" if finish == "error" else None,

@@ -517,3 +517,26 @@ def test_unknown_fields_are_ignored(client) -> None:
         CHAT, json=chat(some_vendor_extra={"x": 1}, reasoning_effort="low")
     )
     assert result.status_code == 200
+
+
+def _vocabulary_edge_bodies(token_id: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(path, field, body) naming `token_id` in every place a request can name a token."""
+    return [
+        (CHAT, "stop_token_ids", chat(stop_token_ids=[token_id])),
+        (CHAT, "logit_bias", chat(logit_bias={str(token_id): 1.0})),
+        (COMPLETIONS, "prompt", {"prompt": [1, token_id], "max_tokens": 2}),
+        (COMPLETIONS, "prompt[1]", {"prompt": [[1], [token_id]], "max_tokens": 2}),
+    ]
+
+
+def test_a_token_id_equal_to_the_vocabulary_size_is_refused(client, engine) -> None:
+    """Ids run from 0 to vocab_size - 1: the first id past the end is the off-by-one a
+    `<=` in the vocabulary check would let through (the engine would index out of its
+    embedding), so it is tried exactly, next to the last valid id."""
+    vocab_size = engine.info.vocab_size
+    for path, field, body in _vocabulary_edge_bodies(vocab_size):
+        error = assert_openai_error(client.simulate_post(path, json=body), 400, field)
+        assert str(vocab_size) in error["message"]
+    assert engine.added == []
+    for path, _, body in _vocabulary_edge_bodies(vocab_size - 1):
+        assert client.simulate_post(path, json=body).status_code == 200, body

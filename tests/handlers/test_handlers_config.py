@@ -58,3 +58,29 @@ def test_config_is_immutable() -> None:
     config = ServerConfig(served_model_names=["a"])
     with pytest.raises(AttributeError):
         config.max_n = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, "n"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c"]}, "stop"),
+        ("/invocations", {"inputs": "hi", "parameters": {"stop": ["a", "b", "c"]}}, None),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 3}, "logprobs"),
+    ],
+)
+def test_the_configured_limits_bound_every_api(make_client, path, body, param) -> None:
+    """--max-n, --max-stop-strings and --max-logprobs reach request validation (TGI's
+    stop list included); the same bodies pass under the defaults."""
+    tight = make_client(max_n=2, max_stop_strings=2, max_logprobs=2)
+    result = tight.simulate_post(path, json=body)
+    assert result.status_code == 400, result.text
+    if param is not None:
+        assert result.json["error"]["param"] == param
+    assert make_client().simulate_post(path, json=body).status_code == 200
+
+
+@pytest.mark.parametrize("field", ["max_n", "max_stop_strings", "max_request_body_bytes"])
+def test_a_limit_below_its_minimum_is_refused_naming_it(field: str) -> None:
+    with pytest.raises(ValueError, match=f"ServerConfig.{field} must be at least 1"):
+        ServerConfig(**{field: 0})

@@ -21,7 +21,10 @@ KEY = "sk-test-123"
 
 @pytest.fixture
 def secured(make_client) -> falcon.testing.TestClient:
-    return make_client(api_key_digests=ServerConfig.with_api_keys([KEY, "other"]).api_key_digests)
+    return make_client(
+        api_key_digests=ServerConfig.with_api_keys([KEY, "other"]).api_key_digests,
+        enable_server_load_tracking=True,  # so /load exists and must be locked too
+    )
 
 
 @pytest.mark.parametrize(
@@ -37,6 +40,7 @@ def secured(make_client) -> falcon.testing.TestClient:
         ("POST", "/invocations"),
         ("POST", "/tokenize"),
         ("POST", "/detokenize"),
+        ("GET", "/load"),
         ("GET", "/no/such/route"),
     ],
 )

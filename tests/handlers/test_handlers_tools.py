@@ -7,7 +7,7 @@ import json
 
 import pytest
 from fake_engine import FakeEngine, Script
-from handlers_testing import EOS_ID, call_asgi, encode
+from handlers_testing import CHAT_TEMPLATE, EOS_ID, call_asgi, encode
 
 from engine.config import ModelInfo
 
@@ -319,3 +319,77 @@ async def test_streamed_named_tool_sends_name_first_then_arguments(client, engin
     assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {
         "city": "Oslo"
     }
+
+
+async def test_two_streamed_calls_get_indices_zero_and_one(client, engine, tokenizer):
+    """Clients join streamed tool-call deltas by `index`: two calls must arrive as 0 and
+    1, each with its own id and name, or the SDK merges them into one broken call."""
+    text = (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    _script(engine, tokenizer, text)
+    body = {"messages": MESSAGES, "tools": [WEATHER, TIME], "stream": True}
+    streamed = await call_asgi(client.app, CHAT, body)
+    opened = [
+        (d["index"], d["function"]["name"])
+        for event in streamed.events
+        if isinstance(event, dict) and event.get("choices")
+        for d in event["choices"][0]["delta"].get("tool_calls") or []
+        if d.get("id")
+    ]
+    assert opened == [(0, "get_weather"), (1, "get_time")]
+    _, calls, finish = _rebuild(streamed.events)
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Rome"}),
+        ("get_time", {}),
+    ]
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+MISTRAL_STYLE_TEMPLATE = CHAT_TEMPLATE + "{# calls come back as [TOOL_CALLS] [...] #}"
+THINKING_TEMPLATE = CHAT_TEMPLATE + "{# the answer starts with <think> #}"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_template_sent_in_chat_template_kwargs_sets_the_tool_format(
+    make_client, engine, tokenizer, stream
+):
+    """The template a request renders with also decides how its output is parsed: one
+    sent as chat_template_kwargs["chat_template"] is a Mistral-style one here, so a
+    `[TOOL_CALLS]` answer is a tool call (it was parsed as Hermes, i.e. plain text)."""
+    client = make_client(trust_request_chat_template=True)
+    _script(
+        engine, tokenizer, '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    )
+    body = {
+        "messages": MESSAGES,
+        "tools": [WEATHER],
+        "chat_template_kwargs": {"chat_template": MISTRAL_STYLE_TEMPLATE},
+        "stream": stream,
+    }
+    result = await call_asgi(client.app, CHAT, body)
+    assert result.status == 200, result.body
+    if stream:
+        _, calls, finish = _rebuild(result.events)
+        names = [(c["name"], json.loads(c["arguments"])) for c in calls]
+    else:
+        choice = result.json["choices"][0]
+        finish = choice["finish_reason"]
+        names = [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in choice["message"]["tool_calls"]
+        ]
+    assert finish == "tool_calls"
+    assert names == [("get_weather", {"city": "Oslo"})]
+
+
+async def test_a_template_sent_in_chat_template_kwargs_sets_the_reasoning_split(
+    make_client, engine, tokenizer
+):
+    client = make_client(trust_request_chat_template=True)
+    _script(engine, tokenizer, "<think>cold up north</think>Take a coat.")
+    body = {"messages": MESSAGES, "chat_template_kwargs": {"chat_template": THINKING_TEMPLATE}}
+    message = (await call_asgi(client.app, CHAT, body)).json["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("cold up north", "Take a coat.")
