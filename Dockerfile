@@ -73,11 +73,11 @@ RUN pip install --no-cache-dir --no-deps . \
 # Dequantize the embedded default model once at build time (about 15 s), so a cold
 # start on SageMaker or Lambda loads plain safetensors instead of converting the GGUF.
 ENV HEARTH_CACHE_DIR=/opt/hearth/models \
-    HEARTH_KERNEL_CACHE=/opt/hearth/kernels
-# The CPU fast path's C kernels are compiled here too, both ISA variants (the host picks
+    HEARTH_KERNEL_CACHE_DIR=/opt/hearth/kernels
+# The CPU fast path's C kernels are compiled here too, every ISA variant (the host picks
 # one at start-up), so no container ever compiles at start.
 RUN python -c "from container.settings import prepare_model; print(prepare_model())" \
-    && python -m kernels.cpu.build --variant avx2 --variant avx512
+    && python -m kernels.cpu.build --cache-dir /opt/hearth/kernels --variant avx2 --variant avx512 --variant avx512_vnni --variant amx
 
 WORKDIR /opt/hearth
 

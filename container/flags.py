@@ -12,7 +12,14 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine.config import CPU_ISAS, EngineConfig
+from engine.config import (
+    CPU_ISAS,
+    DTYPES,
+    KERNELS,
+    QUANTIZATIONS,
+    SCHEDULING_POLICIES,
+    EngineConfig,
+)
 from handlers.config import ServerConfig
 
 _SERVER_DEFAULTS = ServerConfig()
@@ -298,23 +305,24 @@ def add_serve_flags(
         str,
         "auto",
         "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=DTYPES,
     )
     eng.value(
         "--quantization",
         str,
         "auto",
-        "Weights: gguf (compute from a GGUF's own Q4_1/Q8_0 blocks with float32 accumulation, "
-        "CPU), none (dense weights of --dtype); auto = gguf for a GGUF model on CPU unless "
-        "--dtype float32 asks for the exact mode",
-        choices=["auto", "gguf", "none"],
+        "Weights: gguf (a GGUF's own Q4_1/Q8_0 blocks times int8 activations, integer dot "
+        "products on AMX / AVX512-VNNI / AVX2; CPU), gguf-f32 (the same blocks with float32 "
+        "activations), none (dense weights of --dtype); auto = gguf for a GGUF model on CPU "
+        "unless --dtype float32 asks for the exact mode",
+        choices=QUANTIZATIONS,
     )
     eng.value(
         "--kernels",
         str.lower,
         "auto",
         "Kernel backend: auto (Triton on GPU, torch reference on CPU), torch or triton",
-        choices=["auto", "torch", "triton"],
+        choices=KERNELS,
     )
     eng.value(
         "--max-model-len", int, None, "Context length (prompt + output); default: the model's"
@@ -354,7 +362,7 @@ def add_serve_flags(
         str,
         "fcfs",
         "fcfs or priority (lower value runs first)",
-        choices=["fcfs", "priority"],
+        choices=SCHEDULING_POLICIES,
     )
     eng.value("--num-threads", int, None, "torch threads of the engine (CPU; default all cores)")
     eng.value(
@@ -371,6 +379,13 @@ def add_serve_flags(
         None,
         "Where converted GGUF models are cached (default ~/.cache/hearth/models, or "
         "$TMPDIR/hearth-models-<uid> when the home directory is read-only)",
+    )
+    eng.value(
+        "--kernel-cache-dir",
+        str,
+        None,
+        "Where the compiled CPU kernels are cached (default ~/.cache/hearth/kernels; must be "
+        "owned by this user and not writable by others)",
     )
     eng.value(
         "--test-fault-file",

@@ -91,6 +91,7 @@ def serve_configs(
         log_level=args.log_level,
         cpu_isa=args.cpu_isa,
         cache_dir=args.cache_dir,
+        kernel_cache_dir=args.kernel_cache_dir,
         test_fault_file=args.test_fault_file,
     )
     served = args.served_model_name or (

@@ -33,7 +33,7 @@ from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
 from engine.model_resolver import gguf_source
 from kernels.cpu import ops, q8_ops
-from kernels.cpu.build import host_isa
+from kernels.cpu.build import host_isa, select_variant, set_cache_dir
 from kernels.registry import backend_for_device, select_backend
 
 logger = logging.getLogger("hearth.engine")
@@ -69,6 +69,9 @@ def choose_backends(
     """Resolve ``config.quantization`` for the loaded `model`, give its linear layers their
     methods and select the kernel backend. Raises ValueError when ``gguf`` was asked for
     and cannot run (so the user learns it at start, not from slower answers)."""
+    set_cache_dir(config.kernel_cache_dir)
+    if device.type == "cpu" and host_isa().supported:
+        select_variant(config.cpu_isa)  # before any library loads
     asked = config.quantization
     if asked not in MODES:
         raise ValueError(f"unknown --quantization {asked!r}: use auto, gguf or none")

@@ -31,6 +31,8 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
 def _at_least(flag: str, value: float | None, low: float) -> None:
     if value is not None and value < low:
         raise ValueError(f"{flag} must be at least {low:g}, not {value!r}")
+
+
 ENV_VAR = "HEARTH_ENGINE_CONFIG"
 """The transport of the whole EngineConfig from the CLI to the engine core process
 (docs/architecture.md, "Configuration"): one JSON variable written by `to_env`, not a
@@ -88,6 +90,8 @@ class EngineConfig:
     cache_dir: str | None = None
     """Where converted GGUFs are cached (--cache-dir); None: the resolver's default. The
     engine resolves the model itself only when the caller did not (Lambda)."""
+    kernel_cache_dir: str | None = None
+    """Where the compiled CPU kernels are cached (--kernel-cache-dir); None: the default."""
     test_fault_file: str | None = None
     """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
     fails, so the reliability tests can fail one step of a real server."""
@@ -109,6 +113,7 @@ class EngineConfig:
         _choice("--kernels", self.kernels.strip().lower(), KERNELS)
         _choice("--scheduling-policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("--log-level", self.log_level.lower(), LOG_LEVELS)
+        _choice("--cpu-isa", self.cpu_isa, CPU_ISAS)
         if not _DEVICE.fullmatch(self.device):
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         for flag, value in (

@@ -9,7 +9,7 @@ about a second, never on a request path.
 Variants, lowest to highest: ``avx2`` (AVX2 + FMA + F16C, x86-64-v3), ``avx512``
 (x86-64-v4: AVX-512 F/BW/DQ/VL, 32 vector registers), ``avx512_vnni`` (that + VNNI int8
 dot products + BF16) and ``amx`` (that + AMX-INT8/BF16 tiles). The host runs the highest
-one it has; a lower one can be forced (`host_isa(forced=...)`, `$HEARTH_CPU_VARIANT`) so
+one it has; a lower one can be forced (`select_variant`, from ``--cpu-isa``) so
 each is testable on a higher host. Every variant compiles on any x86 host (`python -m
 kernels.cpu.build --variant amx` works on an AVX2 machine); it only runs where the CPU has
 the ISA. Hosts without AVX2 use the torch path; `host_isa()` says what the host has and
@@ -99,11 +99,41 @@ def _cpuinfo() -> tuple[str, set[str]]:
 def host_isa(forced: str | None = None) -> HostISA:
     """What the host has and the variant it runs: the highest it supports, or `forced`.
 
-    `forced` must be a variant the host supports (ValueError otherwise). Without it,
-    ``$HEARTH_CPU_VARIANT`` may name a supported variant (a diagnostic downgrade); an
-    unknown or unsupported value there is ignored.
+    `forced` must be a variant the host supports (ValueError otherwise). Without it, the
+    variant `select_variant` chose (``--cpu-isa``) runs, else the highest.
     """
-    return _host_isa(forced, None if forced else os.environ.get("HEARTH_CPU_VARIANT"))
+    return _host_isa(forced, None if forced else _selection.variant)
+
+
+@dataclass
+class _Selection:
+    """What the engine chose at start-up (``--cpu-isa``, ``--kernel-cache-dir``): the
+    settings are read by container/settings.py and handed here, never read here."""
+
+    variant: str | None = None
+    cache_dir: Path | None = None
+
+
+_selection = _Selection()
+
+
+def select_variant(name: str) -> HostISA:
+    """Make `name` (``auto`` or a variant the host supports) the default of `host_isa()`;
+    raises ValueError naming ``--cpu-isa`` for one the host lacks."""
+    if name == "auto":
+        _selection.variant = None
+        return host_isa()
+    try:
+        isa = host_isa(name)
+    except ValueError as exc:
+        raise ValueError(f"--cpu-isa {name}: {exc}") from exc
+    _selection.variant = name
+    return isa
+
+
+def set_cache_dir(path: str | Path | None) -> None:
+    """Where compiled libraries are cached (``--kernel-cache-dir``; None: the default)."""
+    _selection.cache_dir = Path(path) if path else None
 
 
 @functools.cache
@@ -127,9 +157,8 @@ def _host_isa(forced: str | None, env: str | None) -> HostISA:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("HEARTH_KERNEL_CACHE")
-    if root:
-        return Path(root)
+    if _selection.cache_dir is not None:
+        return _selection.cache_dir
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hearth" / "kernels"
 
 
@@ -176,7 +205,7 @@ def _check_trusted(out: Path) -> None:
         if path.exists() and not is_trusted(path):
             raise UntrustedCacheError(
                 f"refusing to use {path}: not owned by this user or writable by others; "
-                "set HEARTH_KERNEL_CACHE to a private directory"
+                "set --kernel-cache-dir (HEARTH_KERNEL_CACHE_DIR) to a private directory"
             )
 
 
@@ -233,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         help="variant(s) to build (default: the one this host runs; any variant compiles on any x86 "
         "host, e.g. an image build may ask for all)",
     )
+    parser.add_argument(
+        "--cache-dir", help="where to cache the libraries (default: ~/.cache/hearth/kernels)"
+    )
     args = parser.parse_args(argv)
+    set_cache_dir(args.cache_dir)
     isa = host_isa()
     print(f"host: {isa.describe()}")
     variants = args.variant or ([isa.variant] if isa.variant else [])

@@ -354,7 +354,9 @@ def test_sharded_checkpoint_loads_every_shard(tmp_path: Path) -> None:
     model, _ = load_model(str(tmp_path / "sharded"), torch.float32, torch.device("cpu"), rec)
     assert len(rec.lines) == 1 and "loaded LlamaForCausalLM" in rec.lines[0]
     assert torch.equal(model.lm_head.weight, hf.lm_head.weight)
-    assert torch.equal(model.model.layers[2].mlp.down_proj.weight, hf.model.layers[2].mlp.down_proj.weight)
+    assert torch.equal(
+        model.model.layers[2].mlp.down_proj.weight, hf.model.layers[2].mlp.down_proj.weight
+    )
     assert torch.equal(model.model.norm, hf.model.norm.weight)
 
 

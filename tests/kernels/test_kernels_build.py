@@ -30,21 +30,26 @@ def test_forcing_a_variant_the_host_lacks_is_refused() -> None:
         build.host_isa(missing[0])
 
 
-def test_env_downgrade_is_honoured_only_when_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_selected_downgrade_is_honoured_only_when_supported() -> None:
     isa = build.host_isa()
     if not isa.supported:
         pytest.skip("no AVX2 on this host")
-    monkeypatch.setenv("HEARTH_CPU_VARIANT", "avx2")
-    assert build.host_isa().variant == "avx2"
-    monkeypatch.setenv("HEARTH_CPU_VARIANT", "bogus")
-    assert build.host_isa().variant == isa.supported[-1]
+    try:
+        assert build.select_variant("avx2").variant == "avx2"
+        assert build.host_isa().variant == "avx2"
+        with pytest.raises(ValueError, match="--cpu-isa bogus"):
+            build.select_variant("bogus")
+        assert build.select_variant("auto").variant == isa.supported[-1]
+    finally:
+        build.select_variant("auto")
 
 
 def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int) -> Path:
     cache = tmp_path / "cache"
     cache.mkdir()
     cache.chmod(mode)
-    monkeypatch.setenv("HEARTH_KERNEL_CACHE", str(cache))
+    build.set_cache_dir(cache)
+    monkeypatch.setattr(build._selection, "cache_dir", cache)  # restored after the test
     return cache
 
 
@@ -56,7 +61,7 @@ def test_a_cache_dir_others_can_write_is_not_trusted(
     planted = build.library_path("avx2")
     planted.write_bytes(b"not a library")
     planted.chmod(0o644)
-    with pytest.raises(build.UntrustedCacheError, match="HEARTH_KERNEL_CACHE"):
+    with pytest.raises(build.UntrustedCacheError, match="HEARTH_KERNEL_CACHE_DIR"):
         build.build("avx2")
 
 
