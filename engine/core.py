@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention import PagedAttentionBackend
+from engine.attention import CpuAttentionBackend, PagedAttentionBackend
 from engine.backends import choose_backends
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelInfo
@@ -86,6 +86,12 @@ class EngineCore:
             self.eos_token_ids,
             attention,
         )
+        if (
+            isinstance(attention, CpuAttentionBackend)
+            and not config.enforce_eager
+            and attention.capture_program(self.model, block_size) is not None
+        ):
+            say(f"CPU step program: {attention.num_program_ops} kernel calls per step, one C call")
         if isinstance(attention, PagedAttentionBackend):
             self.runner.cuda_graphs = attention.capture_graphs(
                 self.model, block_size, max_len, config.max_num_seqs, self.device,

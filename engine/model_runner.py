@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import prompt_logprobs
-from engine.attention import AttentionBackend
+from engine.attention import AttentionBackend, CpuAttentionBackend
 from engine.cuda_graphs import CudaGraphRunner
 from engine.layers.attention import bind_attention
 from engine.messages import TokenLogprob
@@ -108,11 +108,12 @@ class ModelRunner:
                 for s in ordered
             ]
             meta = self.attention.build_metadata(spans, slots, self.block_size, dev)
-            hidden = self.model(
-                torch.tensor(input_ids, dtype=torch.long, device=dev),
-                torch.tensor(positions, dtype=torch.long, device=dev),
-                meta,
-            )
+            ids_t = torch.tensor(input_ids, dtype=torch.long, device=dev)
+            positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
+            if isinstance(self.attention, CpuAttentionBackend) and self.attention.program:
+                hidden = self.attention.run_program(ids_t, positions_t, meta)
+            else:
+                hidden = self.model(ids_t, positions_t, meta)
         # Prompt logprobs: scored from this step's hidden rows, chunk by chunk.
         scored = prompt_logprobs.score_step(self.model, hidden, ordered)
         if not sampled:

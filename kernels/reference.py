@@ -38,6 +38,14 @@ __all__ = [
 ]
 
 
+# ----------------------------------------------------------------------------- embedding
+
+
+def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows of the token embedding table (``F.embedding``)."""
+    return F.embedding(input_ids, weight)  # [T, H]
+
+
 # ----------------------------------------------------------------------------- norms
 
 

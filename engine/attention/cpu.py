@@ -4,17 +4,27 @@ It attends token by token over each token's own sequence (decodes and prefill ch
 take the same path), reading the paged cache in place, so its metadata carries the
 per-token fields. Every output depends only on the token's own sequence: results do not
 change with batch size, chunking or thread count.
+
+Like the paged backend's CUDA graphs, this backend owns the replay of whole steps: when
+every op of the model's forward runs a C kernel, `capture_program` records that forward
+once (kernels/cpu/capture.py) and `run` replays it with one C call per step
+(kernels/cpu/program.py); otherwise the forward runs eagerly.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from engine.attention.base import AttentionBackend
-from kernels.cpu import ops
-from kernels.metadata import AttentionMetadata
+from kernels.cpu import capture, ops
+from kernels.cpu.program import StepProgram
+from kernels.metadata import AttentionMetadata, SeqSpan
+
+logger = logging.getLogger("hearth.engine")
 
 if TYPE_CHECKING:
     from engine.layers.attention import Attention
@@ -26,6 +36,60 @@ class CpuAttentionBackend(AttentionBackend):
 
     def __init__(self) -> None:
         self.scratch = ops.AttentionScratch()
+        self.program: StepProgram | None = None
+
+    def capture_program(self, model: nn.Module, block_size: int) -> StepProgram | None:
+        """Record `model`'s forward (bound to its caches) as a step program; None, with
+        the reason logged, when some op of it is not a C kernel."""
+        t = 3  # any count works: every op must cover all of the step's rows
+        cpu = torch.device("cpu")
+        meta = self.build_metadata([SeqSpan(0, t, [0])], list(range(t)), block_size, cpu)
+        ids = torch.zeros(t, dtype=torch.long)
+        positions = torch.arange(t, dtype=torch.long)
+        assert meta.seq_block_tables is not None and meta.token_seq is not None
+        assert meta.token_ctx is not None
+        persistent = [*model.parameters(), *model.buffers()]
+        for module in model.modules():
+            packed = getattr(module, "packed", None)
+            persistent += [getattr(packed, "data", None), getattr(packed, "bias", None)]
+            persistent += list(getattr(module, "kv_cache", None) or ())
+        inputs = {
+            "input_ids": ids,
+            "positions": positions,
+            "slot_mapping": meta.slot_mapping,
+            "block_tables": meta.seq_block_tables,
+            "token_seq": meta.token_seq,
+            "token_ctx": meta.token_ctx,
+        }
+        recorder = capture.Recorder(
+            t,
+            capture.persistent_ranges(p for p in persistent if isinstance(p, torch.Tensor)),
+            {name: tensor.data_ptr() for name, tensor in inputs.items()},
+        )
+        try:
+            with torch.inference_mode(), capture.recording(recorder):
+                result = model(ids, positions, meta)
+            self.program = StepProgram(recorder, result)
+        except capture.CaptureError as exc:
+            logger.warning("CPU step program not captured (%s): the forward runs op by op", exc)
+            self.program = None
+        return self.program
+
+    @property
+    def num_program_ops(self) -> int:
+        return self.program.num_ops if self.program is not None else 0
+
+    def run_program(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The captured forward for this step (`capture_program` must have succeeded)."""
+        assert self.program is not None
+        assert meta.seq_block_tables is not None and meta.token_seq is not None
+        assert meta.token_ctx is not None
+        return self.program.run(
+            input_ids, positions, meta.slot_mapping, meta.seq_block_tables, meta.token_seq,
+            meta.token_ctx, meta.max_ctx, meta.block_size, self.scratch,
+        )  # fmt: skip
 
     @staticmethod
     def supported(head_dim: int, dtype: torch.dtype, device: torch.device) -> str | None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+import kernels
+from engine.layers.kernel_ops import KernelOps
 from engine.layers.linear import Linear, Shard, empty_parameter
 
 
@@ -13,9 +14,10 @@ class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
         self.weight = empty_parameter((vocab_size, hidden_size), dtype, device)
+        self.ops: KernelOps = kernels
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)  # [T, H]
+        return self.ops.embedding(input_ids, self.weight)  # [T, H]
 
 
 def lm_head(

@@ -18,6 +18,8 @@ from torch import nn
 class KernelOps(Protocol):
     """What `kernels` and `kernels.cpu.ops` both provide (see ``kernels.reference``)."""
 
+    def embedding(self, input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
 
     def fused_add_rms_norm(

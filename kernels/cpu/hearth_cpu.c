@@ -571,3 +571,110 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
 }
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }
+
+/* ------------------------------------------------------------------ embedding */
+
+/* out[r] = table[ids[r]] for T rows of width h. */
+void hearth_embedding(const int64_t *ids, int64_t t, const float *table, int64_t h, float *out) {
+    for (int64_t r = 0; r < t; r++) memcpy(out + r * h, table + ids[r] * h, (size_t)h * sizeof(float));
+}
+
+/* ------------------------------------------------------------------ step programs */
+/*
+ * A step program is the model's own forward, recorded once from the same kernel calls the
+ * eager path makes (kernels/cpu/program.py), replayed here with one call per step: the
+ * per-op trip through Python (module call, wrapper checks, tensor allocation, ctypes)
+ * costs more than the kernels themselves at one or a few tokens. Nothing here knows the
+ * architecture: it runs a list of kernel calls whose row count is the step's token
+ * count. An operand is a persistent pointer (weights, caches, tables) or a column offset
+ * into one of the step's row buffers (`bufs[slot] + row * width + off`).
+ */
+enum {
+    OP_EMBED = 1,
+    OP_RMS_NORM,
+    OP_ADD_RMS_NORM,
+    OP_LINEAR_F32,
+    OP_LINEAR_Q8A,
+    OP_ROPE,
+    OP_KV_WRITE,
+    OP_ATTENTION,
+    OP_SILU_MUL,
+};
+
+typedef struct {
+    int32_t code;
+    int32_t kind;       /* linear: 0 = Q4_1, 1 = Q8_0 */
+    int64_t slot[4];    /* operand buffer slots; -1: the operand is ptr[j] */
+    int64_t off[4];     /* float offset of the operand inside its buffer's row */
+    int64_t ld[4];      /* row stride of the operand (floats) */
+    const void *ptr[4]; /* persistent operands */
+    int64_t i[4];       /* sizes: see each op */
+    float f[2];         /* eps, scale */
+} hearth_op;
+
+typedef struct {
+    int64_t t;
+    float *const *bufs;
+    const int64_t *ids, *positions, *slots;
+    const int32_t *tables, *seq, *ctx;
+    int64_t max_blocks, block_size;
+    float *att_scratch;
+    int64_t att_per_thread;
+    uint8_t *q8_scratch;
+    int64_t amx_min_t;
+} hearth_step;
+
+void hearth_q8a_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
+                     int64_t n, const float *bias, float *out, int64_t ldo, uint8_t *scratch,
+                     int64_t amx_min_t);
+
+static inline float *operand(const hearth_op *op, const hearth_step *st, int j) {
+    if (op->slot[j] < 0) return (float *)op->ptr[j];
+    return st->bufs[op->slot[j]] + op->off[j];
+}
+
+void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *st) {
+    const int64_t t = st->t;
+    for (int64_t n = 0; n < n_ops; n++) {
+        const hearth_op *op = ops + n;
+        float *a = operand(op, st, 0), *b = operand(op, st, 1), *c = operand(op, st, 2);
+        float *d = operand(op, st, 3);
+        switch (op->code) {
+        case OP_EMBED: /* table = a (persistent), out = c; i0 = width */
+            hearth_embedding(st->ids, t, a, op->i[0], c);
+            break;
+        case OP_RMS_NORM: /* x = a, w = b, out = c; i0 = width */
+            hearth_rms_norm(a, b, c, t, op->i[0], op->f[0]);
+            break;
+        case OP_ADD_RMS_NORM: /* x = a, residual = b, w = c */
+            hearth_add_rms_norm(a, b, c, t, op->i[0], op->f[0]);
+            break;
+        case OP_LINEAR_F32: /* x = a, w = b, bias = d, out = c; i0 = k, i1 = n */
+            if (op->kind == 0)
+                hearth_q4_1_gemm(a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c, op->ld[2]);
+            else
+                hearth_q8_0_gemm(a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c, op->ld[2]);
+            break;
+        case OP_LINEAR_Q8A:
+            hearth_q8a_gemm(op->kind, a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c,
+                            op->ld[2], st->q8_scratch, st->amx_min_t);
+            break;
+        case OP_ROPE: /* x = a; i0 = heads, i1 = head_dim; cos_sin = b */
+            hearth_rope(a, t, op->ld[0], op->i[0], op->i[1], st->positions, b);
+            break;
+        case OP_KV_WRITE: /* k = a, v = b, k_cache = c, v_cache = d; i0 = width */
+            hearth_kv_write(a, op->ld[0], b, op->ld[1], t, op->i[0], c, d, st->slots);
+            break;
+        case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..2 = nh, nkv, hd */
+            hearth_paged_attention(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], b, c, st->block_size,
+                                   st->tables, st->max_blocks, st->seq, st->ctx, op->f[1], d,
+                                   st->att_scratch, st->att_per_thread);
+            break;
+        case OP_SILU_MUL: /* gate_up = a, out = c; i0 = inter */
+            hearth_silu_mul(a, c, t, op->i[0]);
+            break;
+        default:
+            break;
+        }
+    }
+}

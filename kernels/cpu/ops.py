@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels.cpu import capture
 from kernels.cpu.build import build, host_isa
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -35,6 +36,8 @@ _SIGNATURES: dict[str, list[type]] = {
         *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64],
     ],
     "hearth_num_threads": [],
+    "hearth_embedding": [_ptr, _i64, _ptr, _i64, _ptr],
+    "hearth_run_program": [_ptr, _i64, _ptr],
     "hearth_attention_scratch_floats": [_i64],
 }
 
@@ -152,12 +155,24 @@ def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> P
     return PackedWeight(kind, n, k, out, bias)
 
 
+_KINDS = {"q4_1": 0, "q8_0": 1}
+
+
 def linear(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)``: ``[T, k]`` float32 (rows may be strided) -> ``[T, n]``."""
     _check(x, "x")
     if x.dim() != 2 or x.shape[1] != weight.k or x.stride(1) != 1:
         raise ValueError(f"x must be [T, {weight.k}] with unit column stride, got {tuple(x.shape)}")
     t = x.shape[0]
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        out = rec.new(weight.n) if out is None else out
+        rec.emit(
+            capture.OP_LINEAR_F32, [x, weight.data, out, weight.bias], (weight.k, weight.n),
+            kind=_KINDS[weight.kind],
+        )  # fmt: skip
+        return out
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
     fn = library().hearth_q4_1_gemm if weight.kind == "q4_1" else library().hearth_q8_0_gemm
@@ -181,6 +196,12 @@ def linear(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = Non
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check(x, "x")
     x = x.contiguous()
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(x.shape[0])
+        out = rec.new(x.shape[1])
+        rec.emit(capture.OP_RMS_NORM, [x, weight, out, None], (x.shape[1],), (eps,))
+        return out
     out = torch.empty_like(x)
     library().hearth_rms_norm(_p(x), _p(weight), _p(out), x.shape[0], x.shape[1], eps)
     return out
@@ -194,6 +215,11 @@ def add_rms_norm_(
     _check(residual, "residual")
     if not (x.is_contiguous() and residual.is_contiguous()):
         raise ValueError("add_rms_norm_ needs contiguous x and residual")
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(x.shape[0])
+        rec.emit(capture.OP_ADD_RMS_NORM, [x, residual, weight, None], (x.shape[1],), (eps,))
+        return
     library().hearth_add_rms_norm(_p(x), _p(residual), _p(weight), x.shape[0], x.shape[1], eps)
 
 
@@ -201,6 +227,12 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
     _check(gate_up, "gate_up")
     gate_up = gate_up.contiguous()
     t, two_i = gate_up.shape
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        out = rec.new(two_i // 2) if out is None else out
+        rec.emit(capture.OP_SILU_MUL, [gate_up, None, out, None], (two_i // 2,))
+        return out
     if out is None:
         out = torch.empty((t, two_i // 2), dtype=torch.float32)
     library().hearth_silu_mul(_p(gate_up), _p(out), t, two_i // 2)
@@ -222,6 +254,12 @@ def _rope_(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
     t, heads, hd = x.shape
     if x.stride(2) != 1 or (heads > 1 and x.stride(1) != hd) or cos_sin_cache.shape[-1] != hd:
         raise ValueError("rotary needs [T, heads, head_dim] rows with packed heads, full rotary")
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        rec.step_input("positions", positions)
+        rec.emit(capture.OP_ROPE, [x, cos_sin_cache, None, None], (heads, hd))
+        return
     library().hearth_rope(_p(x), t, x.stride(0), heads, hd, _p(positions), _p(cos_sin_cache))
 
 
@@ -253,6 +291,12 @@ def write_kv_cache(
         raise ValueError("write_kv_cache needs [T, kv_heads, head_dim] rows with packed heads")
     if slot_mapping.dtype != torch.int64 or not k_cache.is_contiguous():
         raise ValueError("slots must be int64 and the caches contiguous")
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        rec.step_input("slot_mapping", slot_mapping)
+        rec.emit(capture.OP_KV_WRITE, [key, value, k_cache, v_cache], (nkv * hd,))
+        return
     library().hearth_kv_write(
         _p(key), key.stride(0), _p(value), value.stride(0), t, nkv * hd,
         _p(k_cache), _p(v_cache), _p(slot_mapping),
@@ -301,6 +345,21 @@ def paged_attention(
     if head_dim % 32:
         raise ValueError("the CPU attention kernel needs head_dim % 32 == 0")
     t = q.shape[0]
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        for name, tensor in (
+            ("block_tables", block_tables),
+            ("token_seq", token_seq),
+            ("token_ctx", token_ctx),
+        ):
+            rec.step_input(name, tensor)
+        out = rec.new(num_heads * head_dim) if out is None else out
+        rec.emit(
+            capture.OP_ATTENTION, [q, k_cache, v_cache, out], (num_heads, num_kv_heads, head_dim),
+            (0.0, scale),
+        )  # fmt: skip
+        return out
     if out is None:
         out = torch.empty((t, num_heads * head_dim), dtype=torch.float32)
     buf = scratch.get(max_ctx)
@@ -323,4 +382,22 @@ def paged_attention(
         _p(buf),
         scratch.per_thread,
     )
+    return out
+
+
+def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.embedding`` of float32 rows (the C gather, so a step program can record it)."""
+    _check(weight, "weight")
+    if input_ids.dtype != torch.int64 or not weight.is_contiguous():
+        raise ValueError("embedding needs int64 ids and a contiguous table")
+    t, h = input_ids.shape[0], weight.shape[1]
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        rec.step_input("input_ids", input_ids)
+        out = rec.new(h)
+        rec.emit(capture.OP_EMBED, [weight, None, out, None], (h,))
+        return out
+    out = torch.empty((t, h), dtype=torch.float32)
+    library().hearth_embedding(_p(input_ids), t, _p(weight), h, _p(out))
     return out

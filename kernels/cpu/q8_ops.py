@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.cpu import ops
+from kernels.cpu import capture, ops
 from kernels.cpu.build import host_isa
 
 logger = logging.getLogger("hearth.engine")
@@ -183,6 +183,15 @@ def linear_q8act(
     if x.dim() != 2 or x.shape[1] != weight.k or x.stride(1) != 1:
         raise ValueError(f"x must be [T, {weight.k}] with unit column stride, got {tuple(x.shape)}")
     t = x.shape[0]
+    rec = capture.active()
+    if rec is not None and variant is None and amx_min_t == AMX_AUTO:
+        rec.rows(t)
+        out = rec.new(weight.n) if out is None else out
+        rec.emit(
+            capture.OP_LINEAR_Q8A, [x, weight.data, out, weight.bias], (weight.k, weight.n),
+            kind=KINDS[weight.kind],
+        )  # fmt: skip
+        return out
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
     elif out.dtype != torch.float32 or out.shape != (t, weight.n) or out.stride(1) != 1:

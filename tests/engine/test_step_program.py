@@ -1,0 +1,87 @@
+"""The CPU step program: the model's own forward recorded once and replayed by one C call
+per step must give bitwise what the eager op-by-op forward gives, for decodes, prefill
+chunks and mixed steps of any token count, and must refuse to capture a forward that
+computes anything outside the C kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+
+pytestmark = [pytest.mark.slow]
+ops = pytest.importorskip("kernels.cpu.ops")
+if not ops.available():
+    pytest.skip("host has no AVX2: the fast path does not run here", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", params=["gguf", "gguf-f32"])
+def core(request, model_smollm2_dir: str):
+    from engine.core import EngineCore
+
+    config = EngineConfig(
+        model=model_smollm2_dir, max_model_len=512, max_num_seqs=8, quantization=request.param
+    )
+    return EngineCore(config)
+
+
+def _hidden(core, spans_and_ids, program: bool) -> torch.Tensor:
+    from kernels.metadata import SeqSpan
+
+    backend = core.runner.attention
+    bs = core.runner.block_size
+    spans, ids, positions, slots = [], [], [], []
+    for start, tokens, blocks in spans_and_ids:
+        spans.append(SeqSpan(start, len(tokens), blocks))
+        ids += tokens
+        for p in range(start, start + len(tokens)):
+            positions.append(p)
+            slots.append(blocks[p // bs] * bs + p % bs)
+    meta = backend.build_metadata(spans, slots, bs, torch.device("cpu"))
+    ids_t, pos_t = torch.tensor(ids), torch.tensor(positions)
+    with torch.inference_mode():
+        if program:
+            return backend.run_program(ids_t, pos_t, meta).clone()
+        return core.model(ids_t, pos_t, meta).clone()
+
+
+def test_the_program_replays_the_eager_forward_bitwise(core) -> None:
+    backend = core.runner.attention
+    assert backend.program is not None, "the fast path's forward was not captured"
+    # 1 embedding + 11 kernels per layer (norm, qkv, 2 rotary, KV write, attention, o_proj,
+    # norm, gate_up, silu, down) + the final norm.
+    assert backend.num_program_ops == 1 + 11 * core.model.num_layers + 1
+    gen = torch.Generator().manual_seed(3)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(10, 40000, (n,), generator=gen).tolist()
+
+    steps = [
+        [(0, toks(37), [1, 2, 3])],  # one prefill chunk
+        [(37, toks(1), [1, 2, 3]), (0, toks(20), [5, 6])],  # a decode and a new chunk
+        [(38, toks(1), [1, 2, 3]), (20, toks(1), [5, 6]), (0, toks(5), [9])],
+    ]
+    for step in steps:
+        # The same cache state for both runs: each step writes the same slots.
+        eager = _hidden(core, step, program=False)
+        replayed = _hidden(core, step, program=True)
+        assert torch.equal(eager, replayed)
+        assert eager.shape == (sum(len(t) for _, t, _ in step), core.model.hidden_size)
+
+
+def test_a_forward_with_a_torch_op_between_kernels_is_not_captured(core, monkeypatch) -> None:
+    """A layer that computes with torch between C kernels cannot be replayed: capture
+    refuses (and the engine then runs eagerly) instead of recording a stale pointer."""
+    from engine.layers.activation import SiluAndMul
+
+    def torch_silu(self, gate_up):
+        return torch.nn.functional.silu(gate_up[:, : gate_up.shape[1] // 2]).contiguous()
+
+    monkeypatch.setattr(SiluAndMul, "forward", torch_silu)
+    backend = core.runner.attention
+    saved = backend.program
+    try:
+        assert backend.capture_program(core.model, core.runner.block_size) is None
+    finally:
+        backend.program = saved
