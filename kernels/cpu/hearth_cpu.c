@@ -463,6 +463,21 @@ ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
     return _mm256_loadu_ps((const float *)base + idx);
 }
 
+/* Prefetch `rows` rows of `elems` elements from element `first`, rows `stride` elements
+ * apart: a cache's blocks lie anywhere in memory, so the hardware prefetchers cannot see
+ * the next one coming; asking for it a block ahead keeps the loads from waiting on DRAM.
+ * No arithmetic depends on it. */
+#ifndef ATT_PF_BLOCKS
+#define ATT_PF_BLOCKS 1
+#endif
+ATT_INLINE void prefetch_rows(const void *base, const int kind, int64_t first, int64_t rows, int64_t stride,
+                              int64_t elems) {
+    const int64_t esz = kind == KV_F16 ? 2 : 4;
+    const char *p = (const char *)base + first * esz;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t x = 0; x < elems * esz; x += 64) _mm_prefetch(p + r * stride * esz + x, _MM_HINT_T0);
+}
+
 /* The 8 lanes of each of a0..a3 summed in one fixed tree ((0+1)+(2+3)) + ((4+5)+(6+7)). */
 ATT_INLINE __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -498,6 +513,11 @@ ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t
     for (int64_t b = 0; b < nblk; b++, i0 += block_size) {
         const int64_t kb = koff + (int64_t)table[b] * block_size * kv_stride;
         const int64_t m = (n - i0) < block_size ? (n - i0) : block_size;
+        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
+            const int64_t left = n - (i0 + ATT_PF_BLOCKS * block_size);
+            prefetch_rows(k_cache, kind, koff + (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride,
+                          left < block_size ? left : block_size, kv_stride, hd);
+        }
         for (int64_t j = 0; j < m; j += 4) {
             int64_t kp[4];
             for (int x = 0; x < 4; x++) kp[x] = kb + ((j + x) < m ? (j + x) : (m - 1)) * kv_stride;
@@ -541,6 +561,11 @@ ATT_INLINE void values_32(const int U, const int kind, const float *const *p, co
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t vb = (int64_t)table[b] * block_size * kv_stride + off;
         const int64_t m = (n - i) < block_size ? (n - i) : block_size;
+        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
+            const int64_t left = n - (i + ATT_PF_BLOCKS * block_size);
+            prefetch_rows(v_cache, kind, (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride + off,
+                          left < block_size ? left : block_size, kv_stride, 32);
+        }
         for (int64_t j = 0; j < m; j++, i++) {
             const int64_t v = vb + j * kv_stride;
             const __m256 x0 = kv_load8(v_cache, v, kind), x1 = kv_load8(v_cache, v + 8, kind);
