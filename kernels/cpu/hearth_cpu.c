@@ -12,6 +12,9 @@
  *    exactly as gguf-py's dequantizer does (Q4_1: d*q + m, Q8_0: d*q, float32, two
  *    roundings), and products are accumulated in float32: the same function as the
  *    dequantized float32 model, up to the order of the sums.
+ *  - Attention reads a float32 or a float16 KV cache (`hearth_paged_attention[_f16]`): a
+ *    float16 cache holds each value rounded once to nearest-even (saturating at +-65504),
+ *    widened exactly on load; scores, softmax and value sums are float32 in either case.
  *  - Every result of a token depends only on that token (and, for attention, on its own
  *    sequence's cache): no kernel splits a sum differently by batch size, chunking or
  *    thread count. A request's output therefore never changes with load.
@@ -463,13 +466,22 @@ ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
     return _mm256_loadu_ps((const float *)base + idx);
 }
 
-/* Prefetch `rows` rows of `elems` elements from element `first`, rows `stride` elements
- * apart: a cache's blocks lie anywhere in memory, so the hardware prefetchers cannot see
- * the next one coming; asking for it a block ahead keeps the loads from waiting on DRAM.
- * No arithmetic depends on it. */
+/* Tunables (-D for A/B builds; neither changes a result): query vectors scored per pass
+ * over 4 keys (1..3; 3 = a SmolLM2 kv head's whole group, each key loaded once), and how
+ * many blocks ahead the loops prefetch (0: none). */
+#ifndef ATT_SCORE_U
+#define ATT_SCORE_U 3
+#endif
+#if ATT_SCORE_U < 1 || ATT_SCORE_U > 3
+#error "ATT_SCORE_U must be 1, 2 or 3"
+#endif
 #ifndef ATT_PF_BLOCKS
 #define ATT_PF_BLOCKS 1
 #endif
+
+/* Prefetch `rows` rows of `elems` elements from element `first`, rows `stride` elements
+ * apart: a cache's blocks lie anywhere in memory, so the hardware prefetchers cannot see
+ * the next one coming; asking for it a block ahead keeps the loads from waiting on DRAM. */
 ATT_INLINE void prefetch_rows(const void *base, const int kind, int64_t first, int64_t rows, int64_t stride,
                               int64_t elems) {
     const int64_t esz = kind == KV_F16 ? 2 : 4;
@@ -484,14 +496,16 @@ ATT_INLINE __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* dst[u][0..3] = scale * <q_u, k_x> for U (1 or 2) vectors and 4 keys (rows kc + kp[x]). */
+/* dst[u][0..3] = scale * <q_u, k_x> for U (1 to 3) vectors and 4 keys (rows kc + kp[x]).
+ * Each (vector, key) is its own accumulator: how vectors are grouped into calls changes
+ * how often a key is loaded, never a result. */
 ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv, const void *kc,
                              const int64_t *kp, int64_t hd, __m128 vscale, float *const *dst, int64_t at) {
-    __m256 acc[2][4];
+    __m256 acc[3][4];
     for (int u = 0; u < U; u++)
         for (int x = 0; x < 4; x++) acc[u][x] = _mm256_setzero_ps();
     for (int64_t c = 0; c < hd; c += 8) {
-        __m256 qc[2];
+        __m256 qc[3];
         for (int u = 0; u < U; u++) qc[u] = _mm256_loadu_ps(qv[u] + c);
         for (int x = 0; x < 4; x++) {
             const __m256 kx = kv_load8(kc, kp[x] + c, kind);
@@ -522,6 +536,8 @@ ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t
             int64_t kp[4];
             for (int x = 0; x < 4; x++) kp[x] = kb + ((j + x) < m ? (j + x) : (m - 1)) * kv_stride;
             int64_t u = 0;
+            for (; u + ATT_SCORE_U <= nv; u += ATT_SCORE_U)
+                scores_4keys(ATT_SCORE_U, kind, qv + u, k_cache, kp, hd, vscale, dst + u, i0 + j);
             for (; u + 2 <= nv; u += 2) scores_4keys(2, kind, qv + u, k_cache, kp, hd, vscale, dst + u, i0 + j);
             if (u < nv) scores_4keys(1, kind, qv + u, k_cache, kp, hd, vscale, dst + u, i0 + j);
         }
