@@ -16,6 +16,7 @@ from engine.config import (
     CPU_ISAS,
     DTYPES,
     KERNELS,
+    KV_CACHE_DTYPES,
     QUANTIZATIONS,
     SCHEDULING_POLICIES,
     EngineConfig,
@@ -342,6 +343,14 @@ def add_serve_flags(
         parse_bytes,
         None,
         "Bytes of KV cache on CPU, e.g. 8GiB (default: up to 4 GiB, committed as it fills)",
+    )
+    eng.value(
+        "--kv-cache-dtype",
+        str,
+        "auto",
+        "KV cache element type: auto (float16 on the CPU fast path, else the model dtype), "
+        "float32 or float16 (the CPU fast path only)",
+        choices=KV_CACHE_DTYPES,
     )
     eng.value("--gpu-memory-utilization", float, 0.9, "Fraction of GPU memory hearth may use")
     eng.switch(

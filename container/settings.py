@@ -80,6 +80,7 @@ def serve_configs(
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         seed=args.seed,

@@ -48,6 +48,8 @@ class Backends:
     description: str
     """One line for the start-up log and /version."""
     attention: AttentionBackend
+    kv_dtype: torch.dtype
+    """Element type of the KV cache the runner allocates."""
 
 
 def _exact(dtype: torch.dtype, device: torch.device, kernels: str) -> Backends:
@@ -55,7 +57,7 @@ def _exact(dtype: torch.dtype, device: torch.device, kernels: str) -> Backends:
     name = backend_for_device(device)  # triton on CUDA under --kernels auto
     weights = str(dtype).removeprefix("torch.")
     description = f"dense {weights} weights, {name} kernels ({device.type})"
-    return Backends("none", description, PagedAttentionBackend(dtype))
+    return Backends("none", description, PagedAttentionBackend(dtype), dtype)
 
 
 def choose_backends(
@@ -76,7 +78,7 @@ def choose_backends(
     if asked not in MODES:
         raise ValueError(f"unknown --quantization {asked!r}: use auto, gguf or none")
     if asked == "none" or (asked == "auto" and config.dtype != "auto"):
-        return _exact(dtype, device, config.kernels)
+        return _exact_checked(config, dtype, device)
     path = gguf_source(model_dir)
     why_not = CpuAttentionBackend.supported(model.head_dim, dtype, device)
     if path is None:
@@ -84,7 +86,7 @@ def choose_backends(
     if why_not is not None:
         if asked.startswith("gguf"):
             raise ValueError(f"--quantization {asked} cannot run: {why_not}")
-        return _exact(dtype, device, config.kernels)
+        return _exact_checked(config, dtype, device)
     assert path is not None
     int8 = asked != "gguf-f32"
     method_cls = GGUFInt8LinearMethod if int8 else GGUFBlockLinearMethod
@@ -92,7 +94,7 @@ def choose_backends(
     if not kinds:
         if asked.startswith("gguf"):
             raise ValueError(f"--quantization {asked}: no Q4_1/Q8_0 tensor of {path.name} fits")
-        return _exact(dtype, device, config.kernels)
+        return _exact_checked(config, dtype, device)
     use_kernel_ops(model, ops)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     nbytes = sum(
@@ -100,12 +102,27 @@ def choose_backends(
     )
     isa = host_isa()
     activations = f"int8 activations ({q8_ops.integer_path()})" if int8 else "float32 activations"
+    kv_dtype = torch.float32 if config.kv_cache_dtype == "float32" else torch.float16
     description = (
         f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) x {activations}, "
+        f"{str(kv_dtype).removeprefix('torch.')} KV cache, "
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
     say(f"fast CPU path: {description}")
-    return Backends("gguf" if int8 else "gguf-f32", description, CpuAttentionBackend())
+    quantization = "gguf" if int8 else "gguf-f32"
+    return Backends(quantization, description, CpuAttentionBackend(), kv_dtype)
+
+
+def _exact_checked(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> Backends:
+    """The exact mode, whose KV cache is the model dtype (the torch and Triton kernels
+    read nothing else)."""
+    asked = config.kv_cache_dtype
+    if asked != "auto" and asked != str(dtype).removeprefix("torch."):
+        raise ValueError(
+            f"--kv-cache-dtype {asked} needs the CPU fast path (--quantization gguf); the "
+            f"exact mode keeps the KV cache in the model dtype ({dtype})"
+        )
+    return _exact(dtype, device, config.kernels)
 
 
 def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[str, int]:

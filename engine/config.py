@@ -18,6 +18,7 @@ import msgspec
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "gguf", "gguf-f32", "none")
 KERNELS = ("auto", "torch", "triton")
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -69,6 +70,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None
     """Bytes of KV cache on CPU (default: 4 GiB or what max_num_seqs * max_model_len needs, the smaller; RAM is committed as blocks fill)."""
+    kv_cache_dtype: str = "auto"
+    """auto | float32 | float16 (--kv-cache-dtype): auto is float16 on the CPU fast path
+    (its C attention reads half the bytes), else the model dtype."""
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     """GPU: no CUDA graphs; every step runs eagerly (see engine/cuda_graphs.py)."""
@@ -114,6 +118,7 @@ class EngineConfig:
         _choice("--scheduling-policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("--log-level", self.log_level.lower(), LOG_LEVELS)
         _choice("--cpu-isa", self.cpu_isa, CPU_ISAS)
+        _choice("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if not _DEVICE.fullmatch(self.device):
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         for flag, value in (

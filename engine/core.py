@@ -81,7 +81,7 @@ class EngineCore:
             self.model,
             num_blocks,
             block_size,
-            self.dtype,
+            self.backends.kv_dtype,
             self.device,
             self.eos_token_ids,
             attention,
@@ -128,7 +128,7 @@ class EngineCore:
         cfg = self.config
         if cfg.num_kv_blocks:
             return cfg.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(self.model, block_size, self.dtype)
+        per_block = kv_cache_bytes_per_block(self.model, block_size, self.backends.kv_dtype)
         if self.device.type == "cuda":
             peak = profile_peak_step_bytes(
                 self.model,

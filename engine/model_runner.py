@@ -63,7 +63,7 @@ class ModelRunner:
         model: torch.nn.Module,
         num_blocks: int,
         block_size: int,
-        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
         device: torch.device,
         eos_token_ids: list[int],
         attention: AttentionBackend,
@@ -76,7 +76,7 @@ class ModelRunner:
         # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self._kv = zeros_on_touch(
             (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim),
-            dtype,
+            kv_dtype,
             device,
         )
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(model.num_layers)]

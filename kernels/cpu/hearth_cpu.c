@@ -12,6 +12,9 @@
  *    exactly as gguf-py's dequantizer does (Q4_1: d*q + m, Q8_0: d*q, float32, two
  *    roundings), and products are accumulated in float32: the same function as the
  *    dequantized float32 model, up to the order of the sums.
+ *  - Attention reads a float32 or a float16 KV cache (`hearth_paged_attention[_f16]`): a
+ *    float16 cache holds each value rounded once to nearest-even (saturating at +-65504),
+ *    widened exactly on load; scores, softmax and value sums are float32 in either case.
  *  - Every result of a token depends only on that token (and, for attention, on its own
  *    sequence's cache): no kernel splits a sum differently by batch size, chunking or
  *    thread count. A request's output therefore never changes with load.
@@ -385,6 +388,39 @@ void hearth_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, i
     }
 }
 
+/*
+ * The same into float16 caches (IEEE binary16, as torch.float16): each float is rounded to
+ * nearest-even by F16C, as `tensor.half()` rounds. Values beyond float16's range saturate
+ * to +-65504 (the largest finite float16) instead of becoming inf as `.half()` makes them,
+ * so one outlier key cannot turn every score of its head into inf/NaN; +-inf saturates the
+ * same way and NaN stays NaN. Everything inside the range is exactly `.half()`.
+ */
+#define F16_MAX 65504.0f
+
+static inline void f16_row(const float *src, uint16_t *dst, int64_t width) {
+    const __m256 hi = _mm256_set1_ps(F16_MAX), lo = _mm256_set1_ps(-F16_MAX);
+    int64_t i = 0;
+    for (; i + 8 <= width; i += 8) {
+        /* min/max return their second operand when one is NaN: NaN goes through. */
+        const __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(src + i)));
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < width; i++) {
+        const float x = src[i] > F16_MAX ? F16_MAX : src[i] < -F16_MAX ? -F16_MAX : src[i];
+        dst[i] = (uint16_t)_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+void hearth_kv_write_f16(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t t, int64_t width,
+                         uint16_t *k_cache, uint16_t *v_cache, const int64_t *slots) {
+    for (int64_t r = 0; r < t; r++) {
+        const int64_t slot = slots[r];
+        if (slot < 0) continue;
+        f16_row(k + r * ldk, k_cache + slot * width, width);
+        f16_row(v + r * ldv, v_cache + slot * width, width);
+    }
+}
+
 /* ------------------------------------------------------------------ paged attention */
 /*
  * Token r belongs to sequence seq[r] (a row of block_tables) and attends to that
@@ -413,46 +449,97 @@ int64_t hearth_attention_scratch_floats(int64_t max_ctx) {
     return (int64_t)ATT_MAXV * (max_ctx + ATT_PAD);
 }
 
+/*
+ * The cache holds float32 (KV_F32) or float16 (KV_F16) elements; every helper below takes
+ * the kind as a compile-time constant and only its loads differ: a float16 row is widened
+ * to float32 by F16C on load (exact), and the scores, softmax and value sums are the same
+ * float32 arithmetic in the same order for both kinds. So the float16 path on a cache of
+ * float16 values gives bitwise what the float32 path gives on the same values in float32.
+ * Positions into a cache are element indices (`base` + index), whatever the kind.
+ */
+#define KV_F32 0
+#define KV_F16 1
+
+ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
+    if (kind == KV_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx)));
+    return _mm256_loadu_ps((const float *)base + idx);
+}
+
+/* Tunables (-D for A/B builds; neither changes a result): query vectors scored per pass
+ * over 4 keys (1..3; 3 = a SmolLM2 kv head's whole group, each key loaded once), and how
+ * many blocks ahead the loops prefetch (0: none). */
+#ifndef ATT_SCORE_U
+#define ATT_SCORE_U 3
+#endif
+#if ATT_SCORE_U < 1 || ATT_SCORE_U > 3
+#error "ATT_SCORE_U must be 1, 2 or 3"
+#endif
+#ifndef ATT_PF_BLOCKS
+#define ATT_PF_BLOCKS 1
+#endif
+
+/* Prefetch `rows` rows of `elems` elements from element `first`, rows `stride` elements
+ * apart: a cache's blocks lie anywhere in memory, so the hardware prefetchers cannot see
+ * the next one coming; asking for it a block ahead keeps the loads from waiting on DRAM. */
+ATT_INLINE void prefetch_rows(const void *base, const int kind, int64_t first, int64_t rows, int64_t stride,
+                              int64_t elems) {
+    const int64_t esz = kind == KV_F16 ? 2 : 4;
+    const char *p = (const char *)base + first * esz;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t x = 0; x < elems * esz; x += 64) _mm_prefetch(p + r * stride * esz + x, _MM_HINT_T0);
+}
+
 /* The 8 lanes of each of a0..a3 summed in one fixed tree ((0+1)+(2+3)) + ((4+5)+(6+7)). */
 ATT_INLINE __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* dst[u][0..3] = scale * <q_u, k_x> for U (1 or 2) vectors and 4 keys. */
-ATT_INLINE void scores_4keys(const int U, const float *const *qv, const float *const *kp, int64_t hd,
-                             __m128 vscale, float *const *dst, int64_t at) {
-    __m256 acc[2][4];
+/* dst[u][0..3] = scale * <q_u, k_x> for U (1 to 3) vectors and 4 keys (rows kc + kp[x]).
+ * Each (vector, key) is its own accumulator: how vectors are grouped into calls changes
+ * how often a key is loaded, never a result. */
+ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv, const void *kc,
+                             const int64_t *kp, int64_t hd, __m128 vscale, float *const *dst, int64_t at) {
+    __m256 acc[3][4];
     for (int u = 0; u < U; u++)
         for (int x = 0; x < 4; x++) acc[u][x] = _mm256_setzero_ps();
     for (int64_t c = 0; c < hd; c += 8) {
-        __m256 qc[2];
+        __m256 qc[3];
         for (int u = 0; u < U; u++) qc[u] = _mm256_loadu_ps(qv[u] + c);
         for (int x = 0; x < 4; x++) {
-            const __m256 kc = _mm256_loadu_ps(kp[x] + c);
-            for (int u = 0; u < U; u++) acc[u][x] = _mm256_fmadd_ps(qc[u], kc, acc[u][x]);
+            const __m256 kx = kv_load8(kc, kp[x] + c, kind);
+            for (int u = 0; u < U; u++) acc[u][x] = _mm256_fmadd_ps(qc[u], kx, acc[u][x]);
         }
     }
     for (int u = 0; u < U; u++)
         _mm_storeu_ps(dst[u] + at, _mm_mul_ps(reduce4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]), vscale));
 }
 
-/* Scores of nv vectors over keys 0 .. n-1 (rows may get up to 3 more, overwritten or unused). */
-static void attention_scores(const float *const *qv, int64_t nv, const float *k_cache, const int32_t *table,
-                             int64_t n, int64_t block_size, int64_t kv_stride, int64_t hd, float scale,
-                             float *const *dst) {
+/* Scores of nv vectors over keys 0 .. n-1 (rows may get up to 3 more, overwritten or unused).
+ * k_cache + koff is the kv head's first element of slot 0. */
+ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t nv, const void *k_cache,
+                                 int64_t koff, const int32_t *table, int64_t n, int64_t block_size,
+                                 int64_t kv_stride, int64_t hd, float scale, float *const *dst) {
     const __m128 vscale = _mm_set1_ps(scale);
     const int64_t nblk = (n + block_size - 1) / block_size;
     int64_t i0 = 0;
     for (int64_t b = 0; b < nblk; b++, i0 += block_size) {
-        const float *kb = k_cache + (int64_t)table[b] * block_size * kv_stride;
+        const int64_t kb = koff + (int64_t)table[b] * block_size * kv_stride;
         const int64_t m = (n - i0) < block_size ? (n - i0) : block_size;
+        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
+            const int64_t left = n - (i0 + ATT_PF_BLOCKS * block_size);
+            prefetch_rows(k_cache, kind, koff + (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride,
+                          left < block_size ? left : block_size, kv_stride, hd);
+        }
         for (int64_t j = 0; j < m; j += 4) {
-            const float *kp[4];
+            int64_t kp[4];
             for (int x = 0; x < 4; x++) kp[x] = kb + ((j + x) < m ? (j + x) : (m - 1)) * kv_stride;
             int64_t u = 0;
-            for (; u + 2 <= nv; u += 2) scores_4keys(2, qv + u, kp, hd, vscale, dst + u, i0 + j);
-            if (u < nv) scores_4keys(1, qv + u, kp, hd, vscale, dst + u, i0 + j);
+            for (; u + ATT_SCORE_U <= nv; u += ATT_SCORE_U)
+                scores_4keys(ATT_SCORE_U, kind, qv + u, k_cache, kp, hd, vscale, dst + u, i0 + j);
+            for (; u + 2 <= nv; u += 2) scores_4keys(2, kind, qv + u, k_cache, kp, hd, vscale, dst + u, i0 + j);
+            if (u < nv) scores_4keys(1, kind, qv + u, k_cache, kp, hd, vscale, dst + u, i0 + j);
         }
     }
 }
@@ -479,21 +566,26 @@ static float softmax_row(float *p, int64_t n, int64_t upto) {
 }
 
 /* o_u[0 .. 32) = inv_u * sum_i p_u[i] v_i[off ..] for U (1..3) vectors, keys in position order. */
-ATT_INLINE void values_32(const int U, const float *const *p, const float *v_cache, const int32_t *table,
-                          int64_t n, int64_t block_size, int64_t kv_stride, int64_t off, const float *inv,
-                          float *const *o, int64_t d0) {
+ATT_INLINE void values_32(const int U, const int kind, const float *const *p, const void *v_cache,
+                          const int32_t *table, int64_t n, int64_t block_size, int64_t kv_stride, int64_t off,
+                          const float *inv, float *const *o, int64_t d0) {
     __m256 a[3][4];
     for (int u = 0; u < U; u++)
         for (int c = 0; c < 4; c++) a[u][c] = _mm256_setzero_ps();
     const int64_t nblk = (n + block_size - 1) / block_size;
     int64_t i = 0;
     for (int64_t b = 0; b < nblk; b++) {
-        const float *vb = v_cache + (int64_t)table[b] * block_size * kv_stride + off;
+        const int64_t vb = (int64_t)table[b] * block_size * kv_stride + off;
         const int64_t m = (n - i) < block_size ? (n - i) : block_size;
+        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
+            const int64_t left = n - (i + ATT_PF_BLOCKS * block_size);
+            prefetch_rows(v_cache, kind, (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride + off,
+                          left < block_size ? left : block_size, kv_stride, 32);
+        }
         for (int64_t j = 0; j < m; j++, i++) {
-            const float *v = vb + j * kv_stride;
-            const __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8);
-            const __m256 x2 = _mm256_loadu_ps(v + 16), x3 = _mm256_loadu_ps(v + 24);
+            const int64_t v = vb + j * kv_stride;
+            const __m256 x0 = kv_load8(v_cache, v, kind), x1 = kv_load8(v_cache, v + 8, kind);
+            const __m256 x2 = kv_load8(v_cache, v + 16, kind), x3 = kv_load8(v_cache, v + 24, kind);
             for (int u = 0; u < U; u++) {
                 const __m256 w = _mm256_broadcast_ss(p[u] + i);
                 a[u][0] = _mm256_fmadd_ps(w, x0, a[u][0]);
@@ -509,31 +601,28 @@ ATT_INLINE void values_32(const int U, const float *const *p, const float *v_cac
     }
 }
 
-static void attention_values(const float *const *p, int64_t nv, const float *v_cache, const int32_t *table,
-                             int64_t n, int64_t block_size, int64_t kv_stride, int64_t off, int64_t hd,
-                             const float *inv, float *const *o) {
+ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t nv, const void *v_cache,
+                                 const int32_t *table, int64_t n, int64_t block_size, int64_t kv_stride,
+                                 int64_t off, int64_t hd, const float *inv, float *const *o) {
     for (int64_t d0 = 0; d0 < hd; d0 += 32) {
         int64_t u = 0;
         for (; u + 3 <= nv; u += 3)
-            values_32(3, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(3, kind, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
         if (nv - u == 2)
-            values_32(2, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(2, kind, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
         else if (nv - u == 1)
-            values_32(1, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(1, kind, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
     }
 }
 
-void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
-                            const float *k_cache, const float *v_cache, int64_t block_size,
-                            const int32_t *block_tables, int64_t max_blocks, const int32_t *seq,
-                            const int32_t *ctx, float scale, float *out, float *scratch,
-                            int64_t scratch_per_thread) {
-    const int64_t group = nh / nkv;
-    const int64_t kv_stride = nkv * hd; /* floats between consecutive slots */
-    const int64_t tile_tokens = group >= ATT_MAXV ? 1 : ATT_MAXV / group;
-    const int64_t row = scratch_per_thread / ATT_MAXV; /* floats per score row */
+/* The tiles of a call: tiles[i] .. tiles[i+1]-1 are tile i's tokens; returns their count
+ * (tiles has t + 1 entries, NULL if it could not be allocated). */
+static int64_t attention_tiles(const int32_t *seq, const int32_t *ctx, int64_t t, int64_t tile_tokens,
+                               int64_t **tiles_out) {
     int64_t *tiles = (int64_t *)malloc((size_t)(t + 1) * sizeof(int64_t));
     int64_t num_tiles = 0;
+    *tiles_out = tiles;
+    if (!tiles) return 0;
     for (int64_t r = 0; r < t;) {
         int64_t e = r + 1;
         while (e < t && e - r < tile_tokens && seq[e] == seq[r] && ctx[e] == ctx[e - 1] + 1) e++;
@@ -541,34 +630,62 @@ void hearth_paged_attention(const float *q, int64_t t, int64_t ldq, int64_t nh, 
         r = e;
     }
     tiles[num_tiles] = t;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2)
-    for (int64_t it = 0; it < num_tiles; it++) {
-        for (int64_t kvh = 0; kvh < nkv; kvh++) {
-            float *rows = scratch + (int64_t)omp_get_thread_num() * scratch_per_thread;
-            const int64_t r0 = tiles[it], num_vecs = (tiles[it + 1] - r0) * group;
-            const int32_t *table = block_tables + (int64_t)seq[r0] * max_blocks;
-            for (int64_t v0 = 0; v0 < num_vecs; v0 += ATT_MAXV) {
-                const int64_t nv = (num_vecs - v0) < ATT_MAXV ? (num_vecs - v0) : ATT_MAXV;
-                const float *qv[ATT_MAXV];
-                float *ov[ATT_MAXV], *pv[ATT_MAXV], inv[ATT_MAXV];
-                int64_t len[ATT_MAXV], n = 0;
-                for (int64_t u = 0; u < nv; u++) {
-                    const int64_t r = r0 + (v0 + u) / group, h = kvh * group + (v0 + u) % group;
-                    qv[u] = q + r * ldq + h * hd;
-                    ov[u] = out + r * nh * hd + h * hd;
-                    pv[u] = rows + u * row;
-                    len[u] = ctx[r];
-                    n = len[u] > n ? len[u] : n;
-                }
-                attention_scores(qv, nv, k_cache + kvh * hd, table, n, block_size, kv_stride, hd, scale, pv);
-                for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], len[u], n);
-                attention_values((const float *const *)pv, nv, v_cache, table, n, block_size, kv_stride,
-                                 kvh * hd, hd, inv, ov);
-            }
-        }
-    }
-    free(tiles);
+    return num_tiles;
 }
+
+/* One work item: tile `it`'s query vectors of the heads that share kv head kvh. */
+ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const int64_t *tiles, const float *q,
+                               int64_t ldq, int64_t nh, int64_t hd, int64_t group, int64_t kv_stride,
+                               const void *k_cache, const void *v_cache, int64_t block_size,
+                               const int32_t *block_tables, int64_t max_blocks, const int32_t *seq,
+                               const int32_t *ctx, float scale, float *out, float *rows, int64_t row) {
+    const int64_t r0 = tiles[it], num_vecs = (tiles[it + 1] - r0) * group;
+    const int32_t *table = block_tables + (int64_t)seq[r0] * max_blocks;
+    for (int64_t v0 = 0; v0 < num_vecs; v0 += ATT_MAXV) {
+        const int64_t nv = (num_vecs - v0) < ATT_MAXV ? (num_vecs - v0) : ATT_MAXV;
+        const float *qv[ATT_MAXV];
+        float *ov[ATT_MAXV], *pv[ATT_MAXV], inv[ATT_MAXV];
+        int64_t len[ATT_MAXV], n = 0;
+        for (int64_t u = 0; u < nv; u++) {
+            const int64_t r = r0 + (v0 + u) / group, h = kvh * group + (v0 + u) % group;
+            qv[u] = q + r * ldq + h * hd;
+            ov[u] = out + r * nh * hd + h * hd;
+            pv[u] = rows + u * row;
+            len[u] = ctx[r];
+            n = len[u] > n ? len[u] : n;
+        }
+        attention_scores(kind, qv, nv, k_cache, kvh * hd, table, n, block_size, kv_stride, hd, scale, pv);
+        for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], len[u], n);
+        attention_values(kind, (const float *const *)pv, nv, v_cache, table, n, block_size, kv_stride, kvh * hd,
+                         hd, inv, ov);
+    }
+}
+
+/* The two entry points differ only in the cache's element type (the kind is a constant in
+ * each, so each gets its own inlined loops). k_cache / v_cache: float32 or float16 (as
+ * uint16 bits) [blocks*bs, nkv, hd]; q, out and the arithmetic are float32 in both. */
+#define PAGED_ATTENTION_FN(NAME, KIND, ELEM)                                                                  \
+    void NAME(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,                \
+              const ELEM *k_cache, const ELEM *v_cache, int64_t block_size, const int32_t *block_tables,  \
+              int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,        \
+              float *scratch, int64_t scratch_per_thread) {                                               \
+        const int64_t group = nh / nkv;                                                                   \
+        const int64_t kv_stride = nkv * hd; /* elements between consecutive slots */                     \
+        const int64_t tile_tokens = group >= ATT_MAXV ? 1 : ATT_MAXV / group;                             \
+        const int64_t row = scratch_per_thread / ATT_MAXV; /* floats per score row */                    \
+        int64_t *tiles;                                                                                   \
+        const int64_t num_tiles = attention_tiles(seq, ctx, t, tile_tokens, &tiles);                      \
+        _Pragma("omp parallel for schedule(dynamic, 1) collapse(2)")                                      \
+        for (int64_t it = 0; it < num_tiles; it++)                                                        \
+            for (int64_t kvh = 0; kvh < nkv; kvh++)                                                       \
+                attention_item(KIND, it, kvh, tiles, q, ldq, nh, hd, group, kv_stride, k_cache, v_cache,  \
+                               block_size, block_tables, max_blocks, seq, ctx, scale, out,                \
+                               scratch + (int64_t)omp_get_thread_num() * scratch_per_thread, row);        \
+        free(tiles);                                                                                      \
+    }
+
+PAGED_ATTENTION_FN(hearth_paged_attention, KV_F32, float)
+PAGED_ATTENTION_FN(hearth_paged_attention_f16, KV_F16, uint16_t)
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }
 
@@ -662,13 +779,23 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
         case OP_ROPE: /* x = a; i0 = heads, i1 = head_dim; cos_sin = b */
             hearth_rope(a, t, op->ld[0], op->i[0], op->i[1], st->positions, b);
             break;
-        case OP_KV_WRITE: /* k = a, v = b, k_cache = c, v_cache = d; i0 = width */
-            hearth_kv_write(a, op->ld[0], b, op->ld[1], t, op->i[0], c, d, st->slots);
+        case OP_KV_WRITE: /* k = a, v = b, k_cache = c, v_cache = d; i0 = width; kind 1: fp16 */
+            if (op->kind == 1)
+                hearth_kv_write_f16(a, op->ld[0], b, op->ld[1], t, op->i[0], (uint16_t *)c,
+                                    (uint16_t *)d, st->slots);
+            else
+                hearth_kv_write(a, op->ld[0], b, op->ld[1], t, op->i[0], c, d, st->slots);
             break;
         case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..2 = nh, nkv, hd */
-            hearth_paged_attention(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], b, c, st->block_size,
-                                   st->tables, st->max_blocks, st->seq, st->ctx, op->f[1], d,
-                                   st->att_scratch, st->att_per_thread);
+            if (op->kind == 1)
+                hearth_paged_attention_f16(a, t, op->ld[0], op->i[0], op->i[1], op->i[2],
+                                           (const uint16_t *)b, (const uint16_t *)c, st->block_size,
+                                           st->tables, st->max_blocks, st->seq, st->ctx, op->f[1], d,
+                                           st->att_scratch, st->att_per_thread);
+            else
+                hearth_paged_attention(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], b, c,
+                                       st->block_size, st->tables, st->max_blocks, st->seq, st->ctx,
+                                       op->f[1], d, st->att_scratch, st->att_per_thread);
             break;
         case OP_SILU_MUL: /* gate_up = a, out = c; i0 = inter */
             hearth_silu_mul(a, c, t, op->i[0]);

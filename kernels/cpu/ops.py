@@ -275,6 +275,35 @@ def rotary_embedding(
     return query, key
 
 
+_KV_DTYPES = (torch.float32, torch.float16)
+"""Element types of the paged KV cache the C kernels read: float32, or float16 (half the
+bytes per step; scores, softmax and value sums are float32 either way)."""
+
+_KV16_SIGNATURES: dict[str, list[type]] = {
+    "hearth_kv_write_f16": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
+    "hearth_paged_attention_f16": _SIGNATURES["hearth_paged_attention"],
+}
+
+
+@functools.cache
+def _kv16_fn(name: str, lib: ctypes.CDLL) -> ctypes._CFuncPtr:
+    fn = getattr(lib, name)
+    fn.argtypes = _KV16_SIGNATURES[name]
+    fn.restype = None
+    return fn
+
+
+def _kv_cache_dtype(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.dtype:
+    if k_cache.dtype not in _KV_DTYPES or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"the KV caches must both be float32 or both float16, got {k_cache.dtype} and "
+            f"{v_cache.dtype}"
+        )
+    if k_cache.device.type != "cpu" or v_cache.device.type != "cpu":
+        raise ValueError("the KV caches must be CPU tensors")
+    return k_cache.dtype
+
+
 def write_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -283,7 +312,11 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """`kernels.reference.write_kv_cache` for float32 rows of packed heads (strided rows,
-    e.g. views of the fused qkv, are read in place); slots < 0 are skipped."""
+    e.g. views of the fused qkv, are read in place); slots < 0 are skipped.
+
+    The caches are float32 (copied as is) or float16: then each value is stored as
+    ``value.half()`` stores it, except that values beyond float16's range (and +-inf)
+    saturate to +-65504 instead of becoming inf; NaN stays NaN."""
     _check(key, "key")
     _check(value, "value")
     t, nkv, hd = key.shape
@@ -291,13 +324,34 @@ def write_kv_cache(
         raise ValueError("write_kv_cache needs [T, kv_heads, head_dim] rows with packed heads")
     if slot_mapping.dtype != torch.int64 or not k_cache.is_contiguous():
         raise ValueError("slots must be int64 and the caches contiguous")
+    f16 = _kv_cache_dtype(k_cache, v_cache) == torch.float16
     rec = capture.active()
     if rec is not None:
         rec.rows(t)
         rec.step_input("slot_mapping", slot_mapping)
-        rec.emit(capture.OP_KV_WRITE, [key, value, k_cache, v_cache], (nkv * hd,))
+        rec.emit(capture.OP_KV_WRITE, [key, value, k_cache, v_cache], (nkv * hd,), kind=int(f16))
+        return
+    if f16:
+        _write_kv_cache_f16(key, value, k_cache, v_cache, slot_mapping)
         return
     library().hearth_kv_write(
+        _p(key), key.stride(0), _p(value), value.stride(0), t, nkv * hd,
+        _p(k_cache), _p(v_cache), _p(slot_mapping),
+    )  # fmt: skip
+
+
+def _write_kv_cache_f16(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    # checked by write_kv_cache, but for v_cache's layout
+    if not v_cache.is_contiguous():
+        raise ValueError("slots must be int64 and the caches contiguous")
+    t, nkv, hd = key.shape
+    _kv16_fn("hearth_kv_write_f16", library())(
         _p(key), key.stride(0), _p(value), value.stride(0), t, nkv * hd,
         _p(k_cache), _p(v_cache), _p(slot_mapping),
     )  # fmt: skip
@@ -340,6 +394,8 @@ def paged_attention(
     ``q``: ``[T, >= nh*hd]`` rows (unit column stride; the fused qkv works as is);
     ``block_tables [S, max_blocks]`` int32; ``token_seq [T]`` (row of block_tables) and
     ``token_ctx [T]`` (keys seen = position + 1) int32. Returns ``[T, nh*hd]``.
+    The caches are float32 or float16 (both the same); the result is float32 either way,
+    computed in float32 from the cache's values.
     """
     _check(q, "q")
     if head_dim % 32:
@@ -355,14 +411,20 @@ def paged_attention(
         ):
             rec.step_input(name, tensor)
         out = rec.new(num_heads * head_dim) if out is None else out
+        f16 = _kv_cache_dtype(k_cache, v_cache) == torch.float16
         rec.emit(
             capture.OP_ATTENTION, [q, k_cache, v_cache, out], (num_heads, num_kv_heads, head_dim),
-            (0.0, scale),
+            (0.0, scale), kind=int(f16),
         )  # fmt: skip
         return out
     if out is None:
         out = torch.empty((t, num_heads * head_dim), dtype=torch.float32)
     buf = scratch.get(max_ctx)
+    if _kv_cache_dtype(k_cache, v_cache) == torch.float16:
+        return _paged_attention_f16(
+            q, num_heads, num_kv_heads, head_dim, k_cache, v_cache, block_tables, token_seq,
+            token_ctx, scale, scratch, buf, out,
+        )  # fmt: skip
     library().hearth_paged_attention(
         _p(q),
         t,
@@ -400,4 +462,27 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return out
     out = torch.empty((t, h), dtype=torch.float32)
     library().hearth_embedding(_p(input_ids), t, _p(weight), h, _p(out))
+    return out
+
+
+def _paged_attention_f16(
+    q: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,
+    token_ctx: torch.Tensor,
+    scale: float,
+    scratch: AttentionScratch,
+    buf: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    _kv16_fn("hearth_paged_attention_f16", library())(
+        _p(q), q.shape[0], q.stride(0), num_heads, num_kv_heads, head_dim,
+        _p(k_cache), _p(v_cache), k_cache.shape[1], _p(block_tables), block_tables.shape[1],
+        _p(token_seq), _p(token_ctx), scale, _p(out), _p(buf), scratch.per_thread,
+    )  # fmt: skip
     return out

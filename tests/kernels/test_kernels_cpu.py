@@ -5,6 +5,10 @@ matmul: the kernel rebuilds each weight exactly as gguf-py does, so the only dif
 allowed is float32 accumulation error, bounded by ``K * eps * sum|x_k w_k|``. Attention is
 checked against the float64 dense oracle of ``tests.kernels.cases``. Batch invariance (a token's
 result never depends on what else is in the call) is checked bit for bit.
+
+A float16 KV cache is checked the same way against the oracle computed from the
+float16-rounded K/V (so the bound is the float32 accumulation bound, not fp16's rounding),
+bit for bit against the float32 path on the same values, and for batch invariance.
 """
 
 from __future__ import annotations
@@ -194,17 +198,218 @@ def test_paged_attention_matches_dense_oracle(bs: int, nh: int, nkv: int, hd: in
     torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
 
 
-def test_paged_attention_is_batch_invariant() -> None:
-    """A sequence's tokens get bitwise the same output alone and inside a larger step."""
-    nh, nkv, hd = 4, 2, 64
+@pytest.fixture
+def threads():
+    """``threads(n)`` sets the OpenMP thread count the kernels see; restored after the test."""
+    saved = torch.get_num_threads()
+
+    def set_threads(n: int) -> None:
+        torch.set_num_threads(n)
+        assert ops.library().hearth_num_threads() == n
+
+    yield set_threads
+    torch.set_num_threads(saved)
+
+
+def _as_kv_dtype(kc: torch.Tensor, vc: torch.Tensor, dtype: torch.dtype):
+    return kc.to(dtype), vc.to(dtype)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize(("nh", "nkv"), [(4, 2), (9, 3)], ids=["gqa2", "smollm2"])
+def test_paged_attention_is_batch_invariant(
+    kv_dtype: torch.dtype, nh: int, nkv: int, threads
+) -> None:
+    """A sequence's tokens get bitwise the same output alone and inside a larger step, in
+    any tile, with one thread or two; for float32 and float16 caches."""
+    hd = 64
     seqs = [(30, 1), (25, 10), (50, 1)]
     _, query, _, _, kc, vc, tables, tseq, tctx = _attention_inputs(seqs, nh, nkv, hd, 16)
+    kc, vc = _as_kv_dtype(kc, vc, kv_dtype)
     scratch = ops.AttentionScratch()
     q2 = query.reshape(len(tseq), -1)
+    threads(2)
     full = ops.paged_attention(q2, nh, nkv, hd, kc, vc, tables, tseq, tctx, 50, 0.125, scratch)
-    # The prefill chunk alone, and cut where the kernel's 4-token tiles would not start.
-    for rows in (slice(0, 1), slice(1, 11), slice(11, 12), slice(3, 11), slice(2, 7)):
-        alone = ops.paged_attention(
-            q2[rows], nh, nkv, hd, kc, vc, tables, tseq[rows], tctx[rows], 50, 0.125, scratch
-        )
-        assert torch.equal(alone, full[rows])
+    for n in (1, 2):
+        threads(n)
+        again = ops.paged_attention(q2, nh, nkv, hd, kc, vc, tables, tseq, tctx, 50, 0.125, scratch)
+        assert torch.equal(again, full)
+        # The prefill chunk alone, and cut where the kernel's 4-token tiles would not start.
+        for rows in (slice(0, 1), slice(1, 11), slice(11, 12), slice(3, 11), slice(2, 7)):
+            alone = ops.paged_attention(
+                q2[rows], nh, nkv, hd, kc, vc, tables, tseq[rows], tctx[rows], 50, 0.125, scratch
+            )
+            assert torch.equal(alone, full[rows])
+
+
+# ----------------------------------------------------------------------------- float16 KV
+
+_ATTENTION_SHAPES = pytest.mark.parametrize(
+    ("bs", "nh", "nkv", "hd"),
+    [(4, 9, 3, 64), (16, 9, 3, 64), (16, 16, 1, 32), (8, 4, 4, 96)],
+    ids=["gqa3-bs4", "gqa3-bs16", "mqa16-hd32", "mha-hd96"],
+)
+_MIXED_STEP = [(1, 1), (37, 1), (70, 1), (20, 20), (45, 13)]  # decodes, a prompt, a chunk
+
+
+def _attend(query, nh, nkv, hd, kc, vc, tables, tseq, tctx) -> torch.Tensor:
+    q2 = query.reshape(len(tseq), -1)
+    return ops.paged_attention(
+        q2, nh, nkv, hd, kc, vc, tables, tseq, tctx, int(tctx.max()), 1 / math.sqrt(hd),
+        ops.AttentionScratch(),
+    )  # fmt: skip
+
+
+@_ATTENTION_SHAPES
+def test_paged_attention_f16_matches_dense_oracle(bs: int, nh: int, nkv: int, hd: int) -> None:
+    """float16 caches against the float64 oracle of the float16-rounded K/V, within the
+    float32 path's own bound: storing K/V in float16 is the only rounding it adds."""
+    step, query, keys, values, kc, vc, tables, tseq, tctx = _attention_inputs(
+        _MIXED_STEP, nh, nkv, hd, bs
+    )
+    kc16, vc16 = _as_kv_dtype(kc, vc, torch.float16)
+    out = _attend(query, nh, nkv, hd, kc16, vc16, tables, tseq, tctx)
+    assert out.dtype == torch.float32
+    keys16 = [k.half().float() for k in keys]
+    values16 = [v.half().float() for v in values]
+    expected = naive_attention(step, query, keys16, values16, 1 / math.sqrt(hd))
+    torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
+
+
+@_ATTENTION_SHAPES
+def test_paged_attention_f16_is_the_f32_path_on_the_same_values(
+    bs: int, nh: int, nkv: int, hd: int, threads
+) -> None:
+    """A float16 cache gives bitwise what a float32 cache holding the same (float16-exact)
+    values gives: only the loads differ, the arithmetic is the float32 path's."""
+    _, query, _, _, kc, vc, tables, tseq, tctx = _attention_inputs(_MIXED_STEP, nh, nkv, hd, bs)
+    kc16, vc16 = _as_kv_dtype(kc, vc, torch.float16)
+    for n in (1, 2):
+        threads(n)
+        got = _attend(query, nh, nkv, hd, kc16, vc16, tables, tseq, tctx)
+        same = _attend(query, nh, nkv, hd, kc16.float(), vc16.float(), tables, tseq, tctx)
+        assert torch.equal(got, same)
+
+
+def _fused_kv(t: int, nh: int, nkv: int, hd: int, gen: torch.Generator, scale: float = 1.0):
+    """k and v as strided [T, nkv, hd] views of fused qkv rows, as the model hands them over."""
+    qkv = torch.randn(t, (nh + 2 * nkv) * hd, generator=gen) * scale
+    k = qkv[:, nh * hd : (nh + nkv) * hd].view(t, nkv, hd)
+    v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
+    return qkv, k, v
+
+
+_SENTINEL = 0x7C01  # a NaN float16 bit pattern that no write produces
+
+
+@pytest.mark.parametrize(("nkv", "hd"), [(3, 64), (1, 12)], ids=["smollm2", "scalar-tail"])
+def test_kv_write_f16_holds_half(nkv: int, hd: int) -> None:
+    """After a write, each written slot holds exactly ``k.half()`` / ``v.half()`` bit for bit
+    (round to nearest even, subnormals, -0.0 included); slots < 0 and untouched slots are
+    left as they were. Width 12 runs the scalar tail after one 8-wide vector."""
+    gen = torch.Generator().manual_seed(11)
+    nh, bs, blocks, t = 3, 4, 8, 6
+    qkv, k, v = _fused_kv(t, nh, nkv, hd, gen, scale=300.0)
+    special = torch.tensor(
+        [0.0, -0.0, 1e-5, -3e-7, 6e-8, 2.9e-8, 1.0 + 2**-11, 1.0 + 3 * 2**-11, 65504.0, -65504.0,
+         65519.0, 2049.0, 1 / 3, -2.5e-3, 4097.0, 6.1e-5],
+    )  # fmt: skip
+    flat_k = qkv[0, nh * hd : (nh + nkv) * hd]
+    flat_k[: min(len(special), nkv * hd)] = special[: nkv * hd]
+    slots = torch.tensor([5, -1, 0, 31, -7, 12], dtype=torch.int64)
+    kc = torch.full((blocks, bs, nkv, hd), 0.0, dtype=torch.float16)
+    kc.view(torch.int16).fill_(_SENTINEL)
+    vc = kc.clone()
+    ops.write_kv_cache(k, v, kc, vc, slots)
+    kbits, vbits = kc.view(-1, nkv, hd).view(torch.int16), vc.view(-1, nkv, hd).view(torch.int16)
+    written = torch.zeros(blocks * bs, dtype=torch.bool)
+    for r, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        written[slot] = True
+        assert torch.equal(kbits[slot], k[r].half().view(torch.int16))
+        assert torch.equal(vbits[slot], v[r].half().view(torch.int16))
+    assert bool((kbits[~written] == _SENTINEL).all() and (vbits[~written] == _SENTINEL).all())
+
+
+@pytest.mark.parametrize("width", [8, 12], ids=["vector", "scalar-tail"])
+def test_kv_write_f16_saturates_beyond_range(width: int) -> None:
+    """Out of float16's range, the write saturates to +-65504 (``.half()`` would give inf),
+    +-inf too; NaN stays NaN. Values that round to 65504 anyway are ``.half()``'s."""
+    big = [65519.0, 65520.0, 7e4, 1e30, math.inf, -65520.0, -1e30, -math.inf, math.nan, 3.0]
+    want = [65504.0, 65504.0, 65504.0, 65504.0, 65504.0, -65504.0, -65504.0, -65504.0]
+    want += [math.nan, 3.0]
+    k = torch.zeros(len(big), 1, width)
+    v = torch.zeros(len(big), 1, width)
+    k[:, 0, width - 1] = torch.tensor(big)  # the last lane: vector (width 8) or scalar tail
+    v[:, 0, 0] = torch.tensor(big)
+    kc = torch.zeros(len(big), 1, 1, width, dtype=torch.float16)
+    vc = torch.zeros_like(kc)
+    ops.write_kv_cache(k, v, kc, vc, torch.arange(len(big)))
+    expect = torch.tensor(want, dtype=torch.float16)
+    torch.testing.assert_close(kc[:, 0, 0, width - 1], expect, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(vc[:, 0, 0, 0], expect, rtol=0, atol=0, equal_nan=True)
+    assert bool((kc[:, 0, 0, : width - 1] == 0).all())
+    # The saturated cache still attends to finite outputs (an inf key would give NaN).
+    kc_all = torch.full((1, 16, 1, 32), 65504.0, dtype=torch.float16)
+    kc_all[0, 3] = -65504.0
+    vc_all = torch.ones_like(kc_all)
+    out = ops.paged_attention(
+        torch.ones(1, 32), 1, 1, 32, kc_all, vc_all, torch.zeros(1, 1, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32), torch.tensor([16], dtype=torch.int32), 16, 0.125,
+        ops.AttentionScratch(),
+    )  # fmt: skip
+    assert bool(torch.isfinite(out).all())
+
+
+def test_kv_write_then_f16_attention_matches_oracle() -> None:
+    """End to end as the engine runs a step: the kernel's own write into float16 caches,
+    then attention over them, against the oracle of the rounded K/V."""
+    gen = torch.Generator().manual_seed(3)
+    nh, nkv, hd, bs = 9, 3, 64, 16
+    seqs = [(40, 1), (23, 23)]
+    step = make_step(seqs, bs, 16, generator=gen)
+    t = len(step.positions)
+    qkv, k, v = _fused_kv(t, nh, nkv, hd, gen)
+    kc = torch.zeros(16, bs, nkv, hd, dtype=torch.float16)
+    vc = torch.zeros_like(kc)
+    # The decode's earlier 39 keys are already cached; this step writes its new ones.
+    keys = [torch.randn(40, nkv, hd, generator=gen), None]
+    values = [torch.randn(40, nkv, hd, generator=gen), None]
+    keys[0][39], values[0][39] = k[0], v[0]
+    keys[1], values[1] = k[1:].clone(), v[1:].clone()
+    scatter_dense_kv(
+        step, [keys[0][:39].half(), keys[1][:0].half()], [values[0][:39].half(), values[1][:0].half()],
+        kc, vc,
+    )  # fmt: skip
+    ops.write_kv_cache(k, v, kc, vc, step.meta.slot_mapping.to(torch.int64))
+    tables = torch.zeros(2, max(len(x) for x in step.block_tables), dtype=torch.int32)
+    for i, row in enumerate(step.block_tables):
+        tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    tseq = torch.tensor([0] + [1] * 23, dtype=torch.int32)
+    tctx = (step.positions + 1).to(torch.int32)
+    query = qkv[:, : nh * hd].reshape(t, nh, hd)
+    out = _attend(query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
+    expected = naive_attention(
+        step, query, [x.half().float() for x in keys], [x.half().float() for x in values],
+        1 / math.sqrt(hd),
+    )  # fmt: skip
+    torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
+
+
+def test_kv_cache_dtypes_refused() -> None:
+    k = torch.randn(2, 1, 32)
+    slots = torch.tensor([0, 1])
+    f16 = torch.zeros(1, 2, 1, 32, dtype=torch.float16)
+    for kc, vc in (
+        (f16, torch.zeros(1, 2, 1, 32)),  # mixed
+        (f16.bfloat16(), f16.bfloat16()),  # not a kind the kernels read
+    ):
+        with pytest.raises(ValueError, match="float32 or both float16"):
+            ops.write_kv_cache(k, k, kc, vc, slots)
+        with pytest.raises(ValueError, match="float32 or both float16"):
+            ops.paged_attention(
+                k[:1, 0], 1, 1, 32, kc, vc, torch.zeros(1, 1, dtype=torch.int32),
+                torch.zeros(1, dtype=torch.int32), torch.tensor([2], dtype=torch.int32), 2, 1.0,
+                ops.AttentionScratch(),
+            )  # fmt: skip

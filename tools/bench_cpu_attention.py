@@ -1,0 +1,135 @@
+"""Benchmark the C decode attention with a float32 vs a float16 KV cache.
+
+usage: python tools/bench_cpu_attention.py [--batch 1 16 64] [--ctx 128 512 2048]
+                                           [--threads 1 2] [--repeat 7] [--cold-mb 256]
+
+One call is one layer of a decode step of SmolLM2-135M's shape (9 query heads on 3 kv
+heads of head_dim 64, block size 16): B sequences, each decoding one token over `ctx`
+keys, block tables drawn from a shuffled pool as after the engine has run a while. Prints
+per (B, ctx, threads) the time per call of each cache dtype (minimum and median over
+--repeat rounds, the dtypes' rounds alternating; quote minimums on a shared host), the effective GB/s of KV read
+(B * ctx * 2 * nkv * hd * element bytes / time) and the float16 speed-up. Each round calls
+every one of several cache copies totalling >= --cold-mb of KV once, so the cache is read
+from memory as in a real step (whose 30 layers' KV and weights do not stay in cache);
+--cold-mb 0 measures a cache-hot single copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels.cpu import build, ops
+
+NH, NKV, HD, BS = 9, 3, 64, 16
+DTYPES = (torch.float32, torch.float16)
+
+
+def _case(batch: int, ctx: int, dtype: torch.dtype, copies: int, gen: torch.Generator):
+    blocks_per_seq = -(-ctx // BS)
+    num_blocks = batch * blocks_per_seq
+    tables = torch.randperm(num_blocks, generator=gen).to(torch.int32).view(batch, blocks_per_seq)
+    caches = []
+    for _ in range(copies):
+        kc = torch.randn(num_blocks, BS, NKV, HD, generator=gen).to(dtype)
+        vc = torch.randn(num_blocks, BS, NKV, HD, generator=gen).to(dtype)
+        caches.append((kc, vc))
+    q = torch.randn(batch, NH * HD, generator=gen)
+    seq = torch.arange(batch, dtype=torch.int32)
+    tctx = torch.full((batch,), ctx, dtype=torch.int32)
+    return q, caches, tables, seq, tctx
+
+
+def _timer(batch: int, ctx: int, dtype: torch.dtype, args, gen: torch.Generator):
+    """A function that times one round of calls (seconds per call) of this case."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_copy = batch * ctx * 2 * NKV * HD * elem
+    copies = max(1, math.ceil(args.cold_mb * 1e6 / per_copy)) if args.cold_mb > 0 else 1
+    q, caches, tables, seq, tctx = _case(batch, ctx, dtype, copies, gen)
+    scratch = ops.AttentionScratch()
+    out = torch.empty(batch, NH * HD)
+    scale = 1 / math.sqrt(HD)
+    calls = max(len(caches), 3)
+
+    def call(kc: torch.Tensor, vc: torch.Tensor) -> None:
+        ops.paged_attention(q, NH, NKV, HD, kc, vc, tables, seq, tctx, ctx, scale, scratch, out)
+
+    def one_round() -> float:
+        t0 = time.perf_counter()
+        for i in range(calls):
+            call(*caches[i % len(caches)])
+        return (time.perf_counter() - t0) / calls
+
+    for kc, vc in caches[:2]:  # warm-up: scratch, page faults of the output
+        call(kc, vc)
+    return one_round
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/bench_cpu_attention.py", description=__doc__)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--ctx", type=int, nargs="+", default=[128, 512, 2048])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--cold-mb", type=float, default=256.0)
+    args = parser.parse_args(argv)
+    if not ops.available():
+        print("no C kernels on this host (no AVX2)", file=sys.stderr)
+        return 1
+    host = build.host_isa()
+    try:
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        load = "?"
+    print(f"host: {host.describe()}; load average {load}")
+    print(
+        f"shape: {NH} heads / {NKV} kv heads x {HD}, block {BS}; one call = one layer's decode "
+        f"attention; KV copies >= {args.cold_mb:g} MB per round; {args.repeat} rounds"
+    )
+    print()
+    print(
+        "| B | ctx | thr | KV MB f32 | f32 us (min / med) | f32 GB/s | f16 us (min / med) | f16 GB/s | f16 speed-up |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    saved = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for batch in args.batch:
+                for ctx in args.ctx:
+                    cells, mins = [], []
+                    timers = [_timer(batch, ctx, dtype, args, gen) for dtype in DTYPES]
+                    # Rounds of the two dtypes alternate, so host load drifts hit both alike.
+                    times = [[fn() for fn in timers] for _ in range(args.repeat)]
+                    for i, dtype in enumerate(DTYPES):
+                        rounds = [row[i] for row in times]
+                        elem = torch.empty((), dtype=dtype).element_size()
+                        nbytes = batch * ctx * 2 * NKV * HD * elem
+                        best = min(rounds)
+                        mins.append(best)
+                        cells.append(
+                            f"{best * 1e6:.0f} / {statistics.median(rounds) * 1e6:.0f} | "
+                            f"{nbytes / best / 1e9:.1f}"
+                        )
+                    mb32 = batch * ctx * 2 * NKV * HD * 4 / 1e6
+                    print(
+                        f"| {batch} | {ctx} | {threads} | {mb32:.1f} | {cells[0]} | {cells[1]} | "
+                        f"{mins[0] / mins[1]:.2f}x |",
+                        flush=True,
+                    )
+    finally:
+        torch.set_num_threads(saved)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
