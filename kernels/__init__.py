@@ -71,9 +71,7 @@ def _dispatched(torch_op: _Op, triton_module: str, triton_name: str, arg: int = 
 embedding = reference.embedding
 """No Triton version: a gather is one torch op on any device."""
 rms_norm = _dispatched(reference.rms_norm, "kernels.triton.rms_norm", "rms_norm_triton")
-fused_add_embedding = reference.embedding
-"""No Triton version: a gather is one torch op on any device."""
-rms_norm = _dispatched(
+fused_add_rms_norm = _dispatched(
     reference.fused_add_rms_norm, "kernels.triton.rms_norm", "fused_add_rms_norm_triton"
 )
 rotary_embedding = _dispatched(

@@ -114,10 +114,16 @@ def measure(
     windows = [
         ids[i : i + window] for i in range(0, len(ids) - 1, window) if len(ids[i : i + window]) > 1
     ]
-    cores = {
-        m: EngineCore(EngineConfig(model=model, quantization=m, num_kv_blocks=window // 16 + 2))
-        for m in modes
-    }
+    cores = {}
+    for m in modes:  # "gguf" or "gguf/float32": --quantization [/ --kv-cache-dtype]
+        quantization, _, kv = m.partition("/")
+        config = EngineConfig(
+            model=model,
+            quantization=quantization,
+            kv_cache_dtype=kv or "auto",
+            num_kv_blocks=window // 16 + 2,
+        )
+        cores[m] = EngineCore(config)
     stats = {m: [0.0, 0, 0.0] for m in modes}  # kl sum, top1 hits, nll sum
     nll_exact = 0.0
     count = 0
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         action="append",
         default=None,
-        help="--quantization value(s) to check (default: gguf)",
+        help="--quantization value(s) to check, optionally /KV_CACHE_DTYPE, e.g. gguf/float32 "
+        "(default: gguf, with its default float16 KV cache)",
     )
     parser.add_argument("--tokens", type=int, default=20_000)
     parser.add_argument("--window", type=int, default=512)
