@@ -19,7 +19,6 @@ import ctypes
 import functools
 import logging
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -92,24 +91,13 @@ def integer_path(variant: str | None = None) -> str:
     return "amx" if status == 1 else f"avx512-vnni (amx refused: errno {-status})"
 
 
-@dataclass(frozen=True, slots=True)
-class Q8ActWeight:
+class Q8ActWeight(ops.PackedWeight):
     """An [n, k] weight in the q8-activation kernels' packed layout (see hearth_q8.c).
 
     The layout is the same for every variant, so one packed weight serves them all.
     """
 
-    kind: str
-    """``q4_1`` | ``q8_0``"""
-    n: int
-    k: int
-    data: torch.Tensor
-    """uint8, packed."""
-    bias: torch.Tensor | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
+    __slots__ = ()
 
 
 def pack_q8act(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> Q8ActWeight:
