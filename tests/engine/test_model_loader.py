@@ -357,7 +357,7 @@ def test_sharded_checkpoint_loads_every_shard(tmp_path: Path) -> None:
     assert torch.equal(
         model.model.layers[2].mlp.down_proj.weight, hf.model.layers[2].mlp.down_proj.weight
     )
-    assert torch.equal(model.model.norm, hf.model.norm.weight)
+    assert torch.equal(model.model.norm.weight, hf.model.norm.weight)
 
 
 def test_load_rejects_incomplete_or_foreign_checkpoints(tmp_path: Path) -> None:
