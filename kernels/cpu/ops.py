@@ -368,8 +368,11 @@ class AttentionScratch:
     def get(self, max_ctx: int) -> torch.Tensor:
         threads = library().hearth_num_threads()
         need = library().hearth_attention_scratch_floats(max(max_ctx, 1))
-        if need > self.per_thread or self._buf.numel() < need * threads:
+        if need > self.per_thread:
             self.per_thread = max(need, 2 * self.per_thread)
+        # Sized by the threads of the calling thread's OpenMP team: a step run from
+        # another Python thread (the engine loop) may have more than the first caller.
+        if self._buf.numel() < self.per_thread * threads:
             self._buf = torch.empty(self.per_thread * threads, dtype=torch.float32)
         return self._buf
 

@@ -413,3 +413,32 @@ def test_kv_cache_dtypes_refused() -> None:
                 torch.zeros(1, dtype=torch.int32), torch.tensor([2], dtype=torch.int32), 2, 1.0,
                 ops.AttentionScratch(),
             )  # fmt: skip
+
+
+def test_attention_scratch_covers_every_thread_of_the_calling_team() -> None:
+    """The scratch grows for the OpenMP team of whichever Python thread calls: the engine
+    loop's thread may run more OpenMP threads than the thread that sized it first (an
+    overflow here corrupted the heap in the structured-output tests)."""
+    import threading
+
+    scratch = ops.AttentionScratch()
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scratch.get(1000)
+        small = scratch.per_thread
+        scratch.get(10)  # a shorter context keeps the grown rows
+        assert scratch.per_thread == small
+        seen: dict[str, int] = {}
+
+        def other_thread() -> None:  # a fresh thread: OpenMP's default team size
+            buf = scratch.get(10)
+            seen["threads"] = ops.library().hearth_num_threads()
+            seen["floats"] = buf.numel()
+
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        assert seen["floats"] >= scratch.per_thread * seen["threads"]
+    finally:
+        torch.set_num_threads(saved)
