@@ -70,6 +70,8 @@ class GrammarCompiler:
         # would only hold second copies.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self.vocab_size = vocab_size
+        self.tokenizer_info = info
+        """What a grammar compiled elsewhere (the compile child) is deserialized against."""
 
     def compile(self, spec: StructuredOutputSpec) -> xgr.CompiledGrammar:
         c = self._compiler

@@ -1,0 +1,177 @@
+"""Grammar compiles in a child process that can be killed.
+
+xgrammar has no way to stop a compile once started, and some schemas within every size
+cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of three
+properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
+a child process: when its request is aborted or its time is up, the child is killed
+(SIGKILL) and the next compile starts a fresh one. The child compiles at a lower
+priority (nice 10), so a long compile takes CPU from the engine and the API workers
+only when they leave it idle. It sends the compiled grammar back serialized (xgrammar's JSON);
+the engine deserializes it against its own tokenizer info.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine.sampling_params import StructuredOutputSpec
+from engine.structured.grammar import GrammarError
+
+CHILD_NICENESS = 10
+POLL_S = 0.05
+"""How often a waiting compile looks at its cancel flag and deadline."""
+
+
+class CompileCancelled(Exception):
+    """The request went away (aborted, timed out) while its grammar compiled."""
+
+
+class CompileTimeout(GrammarError):
+    """The compile ran past its deadline; the child was killed."""
+
+
+def _child_main(
+    conn: Connection, model_dir: str, vocab_size: int, eos: list[int], restarted: bool
+) -> None:
+    # A first start loads at normal priority (as the in-engine compiler did); a restart
+    # after a kill loads niced, so aborting compiles over and over costs only idle CPU.
+    if restarted:
+        _nice()
+    from engine.structured.grammar import GrammarCompiler
+
+    compiler = GrammarCompiler(model_dir, vocab_size, eos)
+    if not restarted:
+        _nice()
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):  # the engine is gone
+            return
+        kind, value, any_whitespace, separators = request
+        spec = StructuredOutputSpec(
+            kind=kind, value=value, any_whitespace=any_whitespace, separators=separators
+        )
+        try:
+            answer: tuple[str, str] = ("ok", compiler.compile(spec).serialize_json())
+        except GrammarError as exc:
+            answer = ("invalid", str(exc))
+        except Exception as exc:  # a library bug: reported, the child serves on
+            answer = ("failed", f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(answer)
+        except (EOFError, OSError):
+            return
+
+
+def _nice() -> None:
+    with contextlib.suppress(OSError):
+        os.nice(CHILD_NICENESS)
+
+
+class CompileProcess:
+    """One compile slot: a child process, started on first use and after each kill.
+    Used by one thread at a time (the manager hands slots out)."""
+
+    def __init__(self, model_dir: str | Path, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._args = (str(model_dir), vocab_size, list(eos_token_ids))
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self.num_started = 0
+        self.num_killed = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            return
+        self.close()
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(
+            target=_child_main,
+            args=(child, *self._args, self.num_killed > 0),
+            name="hearth-grammar",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self.num_started += 1
+
+    def compile(
+        self, spec: StructuredOutputSpec, deadline: float, cancelled: threading.Event
+    ) -> str:
+        """The serialized compiled grammar. Raises GrammarError (refused, or past
+        `deadline`: CompileTimeout) or CompileCancelled; kills the child in both last cases."""
+        self.start()
+        assert self._conn is not None and self._proc is not None
+        self._conn.send((spec.kind, spec.value, spec.any_whitespace, spec.separators))
+        while True:
+            if cancelled.is_set():
+                self.kill()
+                raise CompileCancelled()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise CompileTimeout("compiling the constraint ran out of time")
+            try:
+                if self._conn.poll(min(left, POLL_S)):
+                    status, payload = self._conn.recv()
+                    break
+            except (EOFError, OSError):
+                self.kill()
+                raise GrammarError(
+                    "the grammar compiler stopped (the constraint crashed it)"
+                ) from None
+            if not self._proc.is_alive():
+                self.kill()
+                raise GrammarError("the grammar compiler stopped (the constraint crashed it)")
+        if status == "ok":
+            return payload
+        if status == "invalid":
+            raise GrammarError(payload)
+        raise RuntimeError(payload)
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self.num_killed += 1
+        self.close()
+
+    def close(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(Exception):
+                self._proc.join(timeout=5)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def shutdown(self) -> None:
+        """Stop the child (it exits when its pipe closes; killed if it is compiling)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            self._proc.join(timeout=0.5)
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(timeout=5)
+            self._proc = None
+
+
+def deserialize(serialized: str, tokenizer_info: Any) -> Any:
+    import xgrammar as xgr
+
+    return xgr.CompiledGrammar.deserialize_json(serialized, tokenizer_info)
