@@ -48,7 +48,9 @@ class ServingChat(ServingBase):
         model_name = served.resolve_name(request.model)
         info = served.info()
         prompt_text = await render_chat(served, request, documents=request.documents)
-        prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
+        prompt_ids = await served.encode(
+            prompt_text, add_special_tokens=request.add_special_tokens, param="messages"
+        )
         served.check_prompt_len(len(prompt_ids), "messages")
         params = request.to_sampling_params(
             max_model_len=info.max_model_len,

@@ -77,10 +77,12 @@ class ServingCompletion(ServingBase):
 
     async def _tokenize(self, request: CompletionRequest) -> list[_PromptInput]:
         out = []
-        for i, prompt in enumerate(request.prompts()):
+        prompts = request.prompts()
+        for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
+                param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
                 ids = await self.served.encode(
-                    prompt, add_special_tokens=request.add_special_tokens
+                    prompt, add_special_tokens=request.add_special_tokens, param=param
                 )
                 out.append(_PromptInput(prompt, ids))
             else:

@@ -44,7 +44,7 @@ class ServingTGI(ServingBase):
         served = self.served
         model_name = served.config.default_model_name
         info = served.info()
-        prompt_ids = await served.encode(request.inputs, add_special_tokens=True)
+        prompt_ids = await served.encode(request.inputs, add_special_tokens=True, param="inputs")
         served.check_prompt_len(len(prompt_ids), "inputs")
         p = request.parameters
         max_tokens = resolve_max_tokens(

@@ -74,3 +74,66 @@ def test_a_schema_text_over_the_size_cap_is_refused_before_parsing(client, engin
         client.simulate_post(CHAT, json={"messages": USER, "guided_json": text}), 400, "guided_json"
     )
     assert "larger than" in error["message"]
+
+
+# -- item 2: prompts too long to fit, tokenizing off the event loop ----------------------
+LONG_TEXT_ROUTES = [
+    (COMPLETIONS, lambda t: {"prompt": t}, "prompt"),
+    (COMPLETIONS, lambda t: {"prompt": ["hi", t]}, "prompt[1]"),
+    (CHAT, lambda t: {"messages": [{"role": "user", "content": t}]}, "messages"),
+    ("/invocations", lambda t: {"inputs": t}, "inputs"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), LONG_TEXT_ROUTES)
+def test_a_text_too_long_to_fit_is_refused_before_it_is_tokenized(
+    client, engine, tokenizer, monkeypatch, path, body, param
+) -> None:
+    """The "too long" 400 came only after the whole text was tokenized (a 6 MB prompt:
+    ~5 s of one worker). No token stands for more than `max_token_bytes` characters,
+    so a longer text than max_model_len times that is refused at once."""
+    limit = engine.info.max_model_len * tokenizer.max_token_bytes
+    seen: list[int] = []
+    real = type(tokenizer).encode_releasing_gil
+
+    def spy(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        seen.append(len(text))
+        return real(self, text, add_special_tokens)
+
+    monkeypatch.setattr(type(tokenizer), "encode_releasing_gil", spy)
+    monkeypatch.setattr(type(tokenizer), "encode", spy)
+    error = assert_openai_error(
+        client.simulate_post(path, json=body("a" * (limit + 1))), 400, param
+    )
+    assert "maximum context length" in error["message"]
+    assert all(n <= limit for n in seen), seen  # never tokenized
+    assert engine.added == []
+
+
+def test_long_texts_are_tokenized_on_a_thread_that_releases_the_gil(
+    client, engine, tokenizer, monkeypatch
+) -> None:
+    """`asyncio.to_thread(tokenizer.encode)` did not help: `encode` holds the GIL, so
+    the loop froze anyway; `encode_batch` releases it."""
+    import threading
+
+    main = threading.get_ident()
+    calls: list[tuple[str, bool]] = []
+    real = type(tokenizer).encode_releasing_gil
+
+    def spy(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        calls.append(("releasing", threading.get_ident() != main))
+        return real(self, text, add_special_tokens)
+
+    monkeypatch.setattr(type(tokenizer), "encode_releasing_gil", spy)
+    text = "word " * 8000  # 40,000 characters: over the threading threshold, still fits
+    result = client.simulate_post("/tokenize", json={"prompt": text})
+    assert result.status_code == 200, result.text
+    assert calls == [("releasing", True)]
+    assert result.json["tokens"] == tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("text", ["", "hello world", "héllo 🌍 " * 300, "<|im_start|>x\n" * 50])
+def test_encoding_that_releases_the_gil_gives_the_same_ids(tokenizer, text: str) -> None:
+    for special in (True, False):
+        assert tokenizer.encode_releasing_gil(text, special) == tokenizer.encode(text, special)
