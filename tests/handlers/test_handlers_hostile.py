@@ -137,3 +137,43 @@ def test_long_texts_are_tokenized_on_a_thread_that_releases_the_gil(
 def test_encoding_that_releases_the_gil_gives_the_same_ids(tokenizer, text: str) -> None:
     for special in (True, False):
         assert tokenizer.encode_releasing_gil(text, special) == tokenizer.encode(text, special)
+
+
+# -- item 3: message and content-part counts ---------------------------------------------
+@pytest.mark.parametrize("path", [CHAT, "/tokenize", "/invocations"])
+def test_message_count_is_capped_before_validation(client, engine, path, monkeypatch) -> None:
+    """200,000 messages (6 MB) cost ~1.1 s of validation and ~0.8 s of rendering on the
+    event loop before the 4 M-character cap refused them."""
+    from handlers.protocol import chat
+
+    validated: list[int] = []
+    real = chat.ChatMessageParam._check_role_fields
+
+    def counting(self):
+        validated.append(1)
+        return real(self)
+
+    monkeypatch.setattr(chat.ChatMessageParam, "_check_role_fields", counting)
+    body = {"messages": [{"role": "user", "content": "x"}] * (chat.MAX_MESSAGES + 1)}
+    error = assert_openai_error(client.simulate_post(path, json=body), 400, "messages")
+    assert str(chat.MAX_MESSAGES) in error["message"]
+    assert validated == []  # refused on the raw list
+    assert engine.added == []
+    ok = {"messages": [{"role": "user", "content": "x"}] * 8}
+    assert client.simulate_post(path, json=ok).status_code == 200
+
+
+@pytest.mark.parametrize("key", ["content", "tool_calls"])
+def test_content_parts_are_capped_over_all_messages(client, engine, key) -> None:
+    from handlers.protocol.chat import MAX_CONTENT_PARTS
+
+    if key == "content":
+        message = {"role": "user", "content": [{"type": "text", "text": "x"}] * 100}
+    else:
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call] * 100}
+    count = MAX_CONTENT_PARTS // 100 + 1
+    body = {"messages": [message] * count + USER}
+    error = assert_openai_error(client.simulate_post(CHAT, json=body), 400, "messages")
+    assert str(MAX_CONTENT_PARTS) in error["message"]
+    assert engine.added == []
