@@ -8,6 +8,7 @@ with uvicorn workers around one engine core process.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import shutil
@@ -74,6 +75,9 @@ def run_serve(args: argparse.Namespace) -> int:
     engine_env[ENV_ENGINE_CONFIG] = config_to_env(engine_config)
 
     bind = f"unix:{args.uds}" if args.uds else f"{_host(args.host)}:{args.port}"
+    warning = open_bind_warning(args.host, args.uds, bool(server_config.api_key_digests))
+    if warning:
+        logger.warning("%s", warning)
     options = {
         "bind": [bind],
         "workers": args.workers,
@@ -107,6 +111,26 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         return 3
     return code
+
+
+def open_bind_warning(host: str, uds: str | None, has_key: bool) -> str | None:
+    """The warning for a server anyone on the network can use: a non-loopback address
+    and no API key (SageMaker binds 0.0.0.0 behind its own auth: a warning, not an error)."""
+    if uds or has_key or _is_loopback(host):
+        return None
+    return (
+        f"serving on {host} with no API key: anyone who can reach this address can use "
+        "the model (set --api-key or HEARTH_API_KEY unless a proxy in front authenticates)"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _host(host: str) -> str:
