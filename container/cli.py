@@ -88,6 +88,9 @@ def run_serve(args: argparse.Namespace) -> int:
         "control_socket_disable": True,
         "loglevel": args.log_level,
         "proc_name": "hearth",
+        # gunicorn binds a --uds socket under this umask (its default, 0, made it 0777:
+        # every local user could reach the API); 0660: the server's user and group.
+        "umask": UDS_UMASK,
     }
     if args.ssl_keyfile or args.ssl_certfile:
         options.update(keyfile=args.ssl_keyfile, certfile=args.ssl_certfile)
@@ -111,6 +114,10 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         return 3
     return code
+
+
+UDS_UMASK = 0o117
+"""A `--uds` socket is created 0660."""
 
 
 def open_bind_warning(host: str, uds: str | None, has_key: bool) -> str | None:
