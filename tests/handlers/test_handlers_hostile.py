@@ -177,3 +177,41 @@ def test_content_parts_are_capped_over_all_messages(client, engine, key) -> None
     error = assert_openai_error(client.simulate_post(CHAT, json=body), 400, "messages")
     assert str(MAX_CONTENT_PARTS) in error["message"]
     assert engine.added == []
+
+
+# -- item 7: loops whose body checks nothing ---------------------------------------------
+LOOP_TEMPLATES = {
+    "nested-literal": "{% set s = 'x' * 1000000 %}{% for a in s %}{% for b in s %}"
+    "{% endfor %}{% endfor %}",
+    "triple-list": "{% set l = [0] * 100000 %}{% for a in l %}{% for b in l %}{% for c in l %}"
+    "{% endfor %}{% endfor %}{% endfor %}",
+    "loop-var": "{% set s = 'y' * 1000000 %}{% for a in s %}{% for b in s %}{% if loop.last %}"
+    "{% endif %}{% endfor %}{% endfor %}",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(LOOP_TEMPLATES))
+def test_a_loop_over_a_literal_stops_at_the_render_limit(tokenizer, name: str) -> None:
+    """The 2 s budget was checked on calls, lookups, arithmetic and output, not on loop
+    iterations: 10^12 empty iterations would hold a thread and the GIL for hours. Without
+    the per-iteration check this test runs into its pytest timeout."""
+    from engine.tokenizer import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="longer than"):
+        tokenizer.apply_chat_template(USER, chat_template=LOOP_TEMPLATES[name])
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{% for m in messages %}{{ loop.index }}:{{ m.content }}{% endfor %}", "1:Hello"),
+        ("{% for m in nothing %}x{% else %}empty{% endfor %}", "empty"),
+        ("{% for k, v in {'a': 1}.items() %}{{ k }}{{ v }}{% endfor %}", "a1"),
+        ("{% for m in messages if m.role == 'user' %}{{ m.role }}{% endfor %}", "user"),
+        ("{% for m in messages recursive %}{{ m.role }}{% endfor %}", "user"),
+        ("{% for m in messages %}{% if loop.first %}{{ loop.length }}{% endif %}{% endfor %}", "1"),
+    ],
+)
+def test_loops_still_render(tokenizer, template: str, expected: str) -> None:
+    assert tokenizer.apply_chat_template(USER, chat_template=template) == expected
