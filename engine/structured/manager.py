@@ -170,6 +170,13 @@ class StructuredOutputManager:
         info = self._get_compiler().tokenizer_info  # for deserializing; built once
         slot = self._slots.get()  # never waits: one slot per pool thread
         try:
+            slot.start()
+        except Exception:  # a platform without child processes: compile on the thread
+            self._slots.put(slot)
+            logger.exception("cannot start a grammar compile process; compiling in-process")
+            self.isolate = False
+            return self._get_compiler().compile(spec)
+        try:
             serialized = slot.compile(spec, deadline, cancelled)
         finally:
             self._slots.put(slot)
