@@ -13,8 +13,11 @@ the engine deserializes it against its own tokenizer info.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
+import json
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -81,7 +84,7 @@ class CompileProcess:
 
     def __init__(self, model_dir: str | Path, vocab_size: int, eos_token_ids: list[int]) -> None:
         self._args = (str(model_dir), vocab_size, list(eos_token_ids))
-        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self.num_started = 0
         self.num_killed = 0
@@ -91,20 +94,24 @@ class CompileProcess:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        """Start the child unless it runs. A plain `python -m` of this module, not a
+        multiprocessing spawn, which would re-import the engine's main module (torch
+        and all) in every child."""
+        if self._proc is not None and self._proc.poll() is None:
             return
         self.close()
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(
-            target=_child_main,
-            args=(child, *self._args, self.num_killed > 0),
-            name="hearth-grammar",
-            daemon=True,
-        )
-        proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
+        parent, child = socket.socketpair()
+        model_dir, vocab_size, eos = self._args
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        argv = [sys.executable, "-m", "engine.structured.isolated", str(child.fileno())]
+        argv += [model_dir, str(vocab_size), json.dumps(eos), "1" if self.num_killed else "0"]
+        try:
+            proc = subprocess.Popen(argv, pass_fds=[child.fileno()], env=env, close_fds=True)
+        finally:
+            child.close()
+        self._proc, self._conn = proc, Connection(parent.detach())
         self.num_started += 1
 
     def compile(
@@ -132,7 +139,7 @@ class CompileProcess:
                 raise GrammarError(
                     "the grammar compiler stopped (the constraint crashed it)"
                 ) from None
-            if not self._proc.is_alive():
+            if self._proc.poll() is not None:
                 self.kill()
                 raise GrammarError("the grammar compiler stopped (the constraint crashed it)")
         if status == "ok":
@@ -142,32 +149,34 @@ class CompileProcess:
         raise RuntimeError(payload)
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self.num_killed += 1
         self.close()
 
     def close(self) -> None:
-        if self._proc is not None:
-            with contextlib.suppress(Exception):
-                self._proc.join(timeout=5)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join(timeout=5)
-        if self._conn is not None:
-            self._conn.close()
-        self._proc = self._conn = None
-
-    def shutdown(self) -> None:
-        """Stop the child (it exits when its pipe closes; killed if it is compiling)."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
         if self._proc is not None:
-            self._proc.join(timeout=0.5)
-            if self._proc.is_alive():
+            try:
+                self._proc.wait(timeout=5)  # it exits when its socket closes
+            except subprocess.TimeoutExpired:
                 self._proc.kill()
-            self._proc.join(timeout=5)
+                self._proc.wait()
+            self._proc = None
+
+    def shutdown(self) -> None:
+        """Stop the child (it exits when its socket closes; killed if it is compiling)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
             self._proc = None
 
 
@@ -175,3 +184,8 @@ def deserialize(serialized: str, tokenizer_info: Any) -> Any:
     import xgrammar as xgr
 
     return xgr.CompiledGrammar.deserialize_json(serialized, tokenizer_info)
+
+
+if __name__ == "__main__":
+    _fd, _model_dir, _vocab, _eos, _restarted = sys.argv[1:6]
+    _child_main(Connection(int(_fd)), _model_dir, int(_vocab), json.loads(_eos), _restarted == "1")

@@ -36,8 +36,10 @@ from engine.structured.isolated import (
 
 logger = logging.getLogger("hearth.engine")
 
-DEFAULT_COMPILE_TIMEOUT_S = 30.0
-"""Counted from submission: time queued behind other compiles counts."""
+DEFAULT_COMPILE_TIMEOUT_S = 25.0
+"""Counted from submission: time queued behind other compiles counts. Below the worker's
+admission timeout (`engine.client.ADMISSION_TIMEOUT_S`, 30 s), so a compile that runs
+out of time is the 400 naming its field, not a 503 "not admitted"."""
 DEFAULT_CACHE_SIZE = 512
 DEFAULT_MAX_PENDING = 64
 """Compiles waiting or running at once (cache hits do not count); one more is a 503."""
@@ -108,6 +110,15 @@ class StructuredOutputManager:
         ]
         for proc in self.processes:
             self._slots.put(proc)
+        if isolate:
+            # At once, not at the idle-time prewarm: a child costs the engine no GIL, and
+            # loading it (xgrammar, torch, the vocabulary: 3-7 s on two busy cores) by the
+            # first constrained request kept that request waiting.
+            try:
+                self.processes[0].start()
+            except Exception:
+                logger.exception("cannot start a grammar compile process; compiling in-process")
+                self.isolate = False
         self._pending: dict[str, PendingCompile] = {}
         self._num_misses_pending = 0
         self.num_cache_hits = 0
@@ -167,16 +178,16 @@ class StructuredOutputManager:
     def _compile_isolated(
         self, spec: StructuredOutputSpec, deadline: float, cancelled: threading.Event
     ) -> Any:
-        info = self._get_compiler().tokenizer_info  # for deserializing; built once
         slot = self._slots.get()  # never waits: one slot per pool thread
         try:
-            slot.start()
+            slot.start()  # first, so the child loads while the engine's compiler does
         except Exception:  # a platform without child processes: compile on the thread
             self._slots.put(slot)
             logger.exception("cannot start a grammar compile process; compiling in-process")
             self.isolate = False
             return self._get_compiler().compile(spec)
         try:
+            info = self._get_compiler().tokenizer_info  # for deserializing; built once
             serialized = slot.compile(spec, deadline, cancelled)
         finally:
             self._slots.put(slot)
@@ -184,12 +195,11 @@ class StructuredOutputManager:
 
     def prewarm(self) -> None:
         """Load the grammar library and the vocabulary into it in the background, and
-        start the compile children, so the first constrained request does not wait for
+        start a compile child, so the first constrained request does not wait for
         them (the engine loop calls this once, when idle; a repeat finds them built)."""
-        self._pool.submit(self._get_compiler)
         if self.isolate:
-            for proc in self.processes:
-                proc.start()
+            self.processes[0].start()  # the second starts when two compiles overlap
+        self._pool.submit(self._get_compiler)
 
     def submit(self, request_id: str, spec: StructuredOutputSpec, payload: Any) -> None:
         """Start compiling for a request; `ready()` hands it back once done. Raises

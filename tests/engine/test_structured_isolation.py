@@ -50,7 +50,8 @@ def _alive(pid: int | None) -> bool:
 def manager(model_smollm2_dir: str):
     m = StructuredOutputManager(model_smollm2_dir, 49152, [2], compile_timeout_s=600.0)
     m.prewarm()
-    _wait(lambda: all(p.pid is not None for p in m.processes), "children started")
+    for proc in m.processes:
+        proc.start()
     _wait(lambda: m._compiler is not None, "the engine's own compiler built")
     yield m
     m.shutdown()
