@@ -4,9 +4,10 @@ xgrammar has no way to stop a compile once started, and some schemas within ever
 cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of three
 properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
 a child process: when its request is aborted or its time is up, the child is killed
-(SIGKILL) and the next compile starts a fresh one. The child compiles at a lower
-priority (nice 10), so a long compile takes CPU from the engine and the API workers
-only when they leave it idle. It sends the compiled grammar back serialized (xgrammar's JSON);
+(SIGKILL) and the next compile starts a fresh one. A compile still running after half a
+second is demoted to nice 10, so a long compile takes CPU from the engine and the API
+workers only when they leave it idle, while ordinary ones (milliseconds) are not slowed
+on a busy host. It sends the compiled grammar back serialized (xgrammar's JSON);
 the engine deserializes it against its own tokenizer info.
 """
 
@@ -28,6 +29,8 @@ from engine.sampling_params import StructuredOutputSpec
 from engine.structured.grammar import GrammarError
 
 CHILD_NICENESS = 10
+NICE_AFTER_S = 0.5
+"""A compile still running after this is demoted to CHILD_NICENESS."""
 POLL_S = 0.05
 """How often a waiting compile looks at its cancel flag and deadline."""
 
@@ -44,14 +47,13 @@ def _child_main(
     conn: Connection, model_dir: str, vocab_size: int, eos: list[int], restarted: bool
 ) -> None:
     # A first start loads at normal priority (as the in-engine compiler did); a restart
-    # after a kill loads niced, so aborting compiles over and over costs only idle CPU.
+    # after a kill loads (and compiles) niced, so aborting compiles over and over costs
+    # only idle CPU.
     if restarted:
         _nice()
     from engine.structured.grammar import GrammarCompiler
 
     compiler = GrammarCompiler(model_dir, vocab_size, eos)
-    if not restarted:
-        _nice()
     while True:
         try:
             request = conn.recv()
@@ -61,16 +63,37 @@ def _child_main(
         spec = StructuredOutputSpec(
             kind=kind, value=value, any_whitespace=any_whitespace, separators=separators
         )
-        try:
-            answer: tuple[str, str] = ("ok", compiler.compile(spec).serialize_json())
-        except GrammarError as exc:
-            answer = ("invalid", str(exc))
-        except Exception as exc:  # a library bug: reported, the child serves on
-            answer = ("failed", f"{type(exc).__name__}: {exc}")
+        answer = _compile_demoting(compiler, spec)
         try:
             conn.send(answer)
         except (EOFError, OSError):
             return
+
+
+def _compile_demoting(compiler: Any, spec: StructuredOutputSpec) -> tuple[str, str]:
+    """Compile on a thread at normal priority; one still running after NICE_AFTER_S
+    (an ordinary schema takes milliseconds) is demoted to nice CHILD_NICENESS, so only
+    idle CPU goes to it (Linux gives each thread its own nice value)."""
+    answer: list[tuple[str, str]] = []
+    tid: list[int] = []
+
+    def run() -> None:
+        tid.append(threading.get_native_id())
+        try:
+            answer.append(("ok", compiler.compile(spec).serialize_json()))
+        except GrammarError as exc:
+            answer.append(("invalid", str(exc)))
+        except Exception as exc:  # a library bug: reported, the child serves on
+            answer.append(("failed", f"{type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=run, name="compile", daemon=True)
+    worker.start()
+    worker.join(NICE_AFTER_S)
+    if worker.is_alive() and tid:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid[0], CHILD_NICENESS)
+    worker.join()
+    return answer[0]
 
 
 def _nice() -> None:
