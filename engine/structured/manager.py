@@ -36,7 +36,7 @@ from engine.structured.isolated import (
 
 logger = logging.getLogger("hearth.engine")
 
-DEFAULT_COMPILE_TIMEOUT_S = 25.0
+DEFAULT_COMPILE_TIMEOUT_S = 28.0
 """Counted from submission: time queued behind other compiles counts. Below the worker's
 admission timeout (`engine.client.ADMISSION_TIMEOUT_S`, 30 s), so a compile that runs
 out of time is the 400 naming its field, not a 503 "not admitted"."""
@@ -112,10 +112,11 @@ class StructuredOutputManager:
             self._slots.put(proc)
         if isolate:
             # At once, not at the idle-time prewarm: a child costs the engine no GIL, and
-            # loading it (xgrammar, torch, the vocabulary: 3-7 s on two busy cores) by the
+            # loading one (xgrammar, torch, the vocabulary: 3-7 s on two busy cores) by the
             # first constrained request kept that request waiting.
             try:
-                self.processes[0].start()
+                for proc in self.processes:
+                    proc.start()
             except Exception:
                 logger.exception("cannot start a grammar compile process; compiling in-process")
                 self.isolate = False
@@ -198,7 +199,8 @@ class StructuredOutputManager:
         start a compile child, so the first constrained request does not wait for
         them (the engine loop calls this once, when idle; a repeat finds them built)."""
         if self.isolate:
-            self.processes[0].start()  # the second starts when two compiles overlap
+            for proc in self.processes:
+                proc.start()  # a no-op unless one was killed since
         self._pool.submit(self._get_compiler)
 
     def submit(self, request_id: str, spec: StructuredOutputSpec, payload: Any) -> None:
