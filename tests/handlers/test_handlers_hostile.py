@@ -82,6 +82,8 @@ LONG_TEXT_ROUTES = [
     (COMPLETIONS, lambda t: {"prompt": ["hi", t]}, "prompt[1]"),
     (CHAT, lambda t: {"messages": [{"role": "user", "content": t}]}, "messages"),
     ("/invocations", lambda t: {"inputs": t}, "inputs"),
+    ("/tokenize", lambda t: {"prompt": t}, "prompt"),
+    ("/tokenize", lambda t: {"messages": [{"role": "user", "content": t}]}, "messages"),
 ]
 
 
@@ -126,6 +128,9 @@ def test_long_texts_are_tokenized_on_a_thread_that_releases_the_gil(
         return real(self, text, add_special_tokens)
 
     monkeypatch.setattr(type(tokenizer), "encode_releasing_gil", spy)
+    import msgspec
+
+    engine.info = msgspec.structs.replace(engine.info, max_model_len=100_000)
     text = "word " * 8000  # 40,000 characters: over the threading threshold, still fits
     result = client.simulate_post("/tokenize", json={"prompt": text})
     assert result.status_code == 200, result.text
