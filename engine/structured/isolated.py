@@ -4,8 +4,8 @@ xgrammar has no way to stop a compile once started, and some schemas within ever
 cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of three
 properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
 a child process: when its request is aborted or its time is up, the child is killed
-(SIGKILL) and the next compile starts a fresh one. A compile still running after half a
-second is demoted to nice 10, so a long compile takes CPU from the engine and the API
+(SIGKILL) and the next compile starts a fresh one. A compile still running after 2 s
+is demoted to nice 10, so a long compile takes CPU from the engine and the API
 workers only when they leave it idle, while ordinary ones (milliseconds) are not slowed
 on a busy host. It sends the compiled grammar back serialized (xgrammar's JSON);
 the engine deserializes it against its own tokenizer info.
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from engine.sampling_params import StructuredOutputSpec
 from engine.structured.grammar import GrammarError
 
 CHILD_NICENESS = 10
-NICE_AFTER_S = 0.5
+NICE_AFTER_S = 2.0
 """A compile still running after this is demoted to CHILD_NICENESS."""
 POLL_S = 0.05
 """How often a waiting compile looks at its cancel flag and deadline."""
@@ -138,13 +139,19 @@ class CompileProcess:
         self.num_started += 1
 
     def compile(
-        self, spec: StructuredOutputSpec, deadline: float, cancelled: threading.Event
+        self,
+        spec: StructuredOutputSpec,
+        deadline: float,
+        cancelled: threading.Event,
+        meanwhile: Callable[[], Any] | None = None,
     ) -> str:
         """The serialized compiled grammar. Raises GrammarError (refused, or past
         `deadline`: CompileTimeout) or CompileCancelled; kills the child in both last cases."""
         self.start()
         assert self._conn is not None and self._proc is not None
         self._conn.send((spec.kind, spec.value, spec.any_whitespace, spec.separators))
+        if meanwhile is not None:  # work of the caller's that can overlap the compile
+            meanwhile()
         while True:
             if cancelled.is_set():
                 self.kill()

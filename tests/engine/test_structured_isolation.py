@@ -48,7 +48,9 @@ def _alive(pid: int | None) -> bool:
 
 @pytest.fixture
 def manager(model_smollm2_dir: str):
-    m = StructuredOutputManager(model_smollm2_dir, 49152, [2], compile_timeout_s=600.0)
+    m = StructuredOutputManager(
+        model_smollm2_dir, 49152, [2], compile_timeout_s=600.0, isolate=True
+    )
     m.prewarm()
     for proc in m.processes:
         proc.start()
