@@ -81,6 +81,15 @@ RUN python -c "from container.settings import prepare_model; print(prepare_model
 
 WORKDIR /opt/hearth
 
+# The server runs as an unprivileged user (uid 10001, group 0 as OpenShift-style runtimes
+# expect). Everything above was installed by root and is writable by nobody else, so any
+# uid can use it and the model cache stays trusted (owned by root, engine/model_resolver.py);
+# Lambda runs the image as its own non-root user with HOME=/tmp, which works the same.
+# Converting another GGUF needs a writable cache: -e HEARTH_CACHE_DIR=/tmp/hearth-models.
+RUN useradd --uid 10001 --gid 0 --create-home --home-dir /home/hearth \
+        --shell /usr/sbin/nologin hearth
+USER 10001
+
 LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true \
       org.opencontainers.image.title="hearth" \
       org.opencontainers.image.description="LLM inference server: OpenAI API, SageMaker and Lambda over one warm engine"

@@ -8,6 +8,7 @@ with uvicorn workers around one engine core process.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import shutil
@@ -73,6 +74,9 @@ def run_serve(args: argparse.Namespace) -> int:
     engine_env.update(engine_config.to_env())
 
     bind = f"unix:{args.uds}" if args.uds else f"{_host(args.host)}:{args.port}"
+    warning = open_bind_warning(args.host, args.uds, bool(server_config.api_key_digests))
+    if warning:
+        logger.warning("%s", warning)
     options = {
         "bind": [bind],
         "workers": args.workers,
@@ -83,6 +87,9 @@ def run_serve(args: argparse.Namespace) -> int:
         "control_socket_disable": True,
         "loglevel": args.log_level,
         "proc_name": "hearth",
+        # gunicorn binds a --uds socket under this umask (its default, 0, made it 0777:
+        # every local user could reach the API); 0660: the server's user and group.
+        "umask": UDS_UMASK,
     }
     if args.ssl_keyfile or args.ssl_certfile:
         options.update(keyfile=args.ssl_keyfile, certfile=args.ssl_certfile)
@@ -106,6 +113,30 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         return 3
     return code
+
+
+UDS_UMASK = 0o117
+"""A `--uds` socket is created 0660."""
+
+
+def open_bind_warning(host: str, uds: str | None, has_key: bool) -> str | None:
+    """The warning for a server anyone on the network can use: a non-loopback address
+    and no API key (SageMaker binds 0.0.0.0 behind its own auth: a warning, not an error)."""
+    if uds or has_key or _is_loopback(host):
+        return None
+    return (
+        f"serving on {host} with no API key: anyone who can reach this address can use "
+        "the model (set --api-key or HEARTH_API_KEY unless a proxy in front authenticates)"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _host(host: str) -> str:

@@ -103,6 +103,27 @@ def _convert(type: Callable[[str], Any], raw: str, flag: str, choices: Any = Non
     return value
 
 
+SECRET_LIST_FLAGS = frozenset({"--api-key"})
+"""List flags whose variable holds secrets: split on newlines only (a key may hold a
+comma: `abc,def` was two weaker keys), and set-but-empty is an error, not "no key" (a
+failed `$(aws secretsmanager ...)` silently turned auth off)."""
+
+
+def env_list(flag: str, raw: str | None, name: str) -> list[str]:
+    """The items of a list flag's variable (`name`: the variable, for the message)."""
+    if raw is None:
+        return []
+    if flag not in SECRET_LIST_FLAGS:
+        return [v for v in raw.split(",") if v]
+    items = [v.strip() for v in raw.splitlines() if v.strip()]
+    if not items:
+        raise SystemExit(
+            f"hearth: {name} is set but empty; refusing to start without the key it was "
+            "meant to hold (unset it to serve without a key)"
+        )
+    return items
+
+
 class FlagAdder:
     """Adds flags whose defaults come from HEARTH_<FLAG> in `environ` when set."""
 
@@ -150,13 +171,14 @@ class FlagAdder:
         """A list flag: `--flag a b` (vLLM style), or with repeat_only `--flag a --flag b`,
         for flags that come before the positional MODEL and must not swallow it."""
         raw = self.environ.get(env_name(flag))
-        default = [v for v in raw.split(",") if v] if raw else []
+        default = env_list(flag, raw, env_name(flag))
+        separated = "one per line" if flag in SECRET_LIST_FLAGS else "comma-separated"
         self.parser.add_argument(
             flag,
             nargs=None if repeat_only else "+",
             action="append" if repeat_only else "extend",
             default=None,
-            help=f"{help} [env {env_name(flag)}, comma-separated]",
+            help=f"{help} [env {env_name(flag)}, {separated}]",
             **kwargs,
         )
         self.parser.set_defaults(**{"_default_" + flag.lstrip("-").replace("-", "_"): default})

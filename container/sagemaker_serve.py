@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from container.flags import FALSE, TRUE, add_serve_flags
+from container.flags import FALSE, SECRET_LIST_FLAGS, TRUE, add_serve_flags, env_list
 
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 SAGEMAKER_SERVED_NAME = "model"
@@ -71,7 +71,10 @@ def _flag_args(key: str, value: str, flags: Mapping[str, argparse.Action]) -> li
             return ["--no-" + flag.removeprefix("--")]
         raise SystemExit(f"serve: {key}={value!r} is not a boolean (use true or false)")
     if action.nargs == "+" or isinstance(action, argparse._AppendAction):
-        items = [item.strip() for item in value.split(",") if item.strip()]
+        if flag in SECRET_LIST_FLAGS:
+            items = env_list(flag, value, key)
+        else:
+            items = [item.strip() for item in value.split(",") if item.strip()]
         if action.nargs == "+":
             return [flag, *items] if items else []
         return [f"{flag}={item}" for item in items]

@@ -17,6 +17,7 @@ from engine.core import EngineCore
 from engine.messages import (
     AbortRequest,
     AddRequest,
+    Admission,
     EngineMessage,
     Hello,
     OutputBatch,
@@ -24,6 +25,7 @@ from engine.messages import (
     WorkerMessage,
 )
 from engine.metrics import EngineMetrics, StatsLogger
+from engine.structured.manager import CompileQueueFull
 
 if TYPE_CHECKING:
     from engine.ipc import Heartbeat
@@ -53,7 +55,15 @@ def handle_message(
     core: EngineCore, transport: EngineTransport, client_id: bytes, message: EngineMessage
 ) -> None:
     if isinstance(message, AddRequest):
-        admission = core.add_request(message, client_id)
+        try:
+            admission = core.add_request(message, client_id)
+        except CompileQueueFull as exc:  # too many constraints compiling: a 503
+            admission = Admission(
+                request_id=message.request_id,
+                accepted=False,
+                error_kind="overloaded",
+                message=str(exc),
+            )
         if admission is not None:  # None: answered by poll_compiled once compiled
             transport.send(client_id, admission)
     elif isinstance(message, AbortRequest):

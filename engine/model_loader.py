@@ -23,12 +23,31 @@ if TYPE_CHECKING:
 __all__ = ["iter_safetensors", "load_model"]
 
 
+def _shard_path(model_dir: Path, name: object) -> Path:
+    """A shard named by the index, which must be a plain file name inside the model
+    directory: `../x` or `/abs/x` would read weights from elsewhere."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or name != Path(name).name
+        or name in (".", "..")
+        or "\\" in name
+    ):
+        raise ModelNotFoundError(
+            f"model.safetensors.index.json in {str(model_dir)!r} names a shard outside the "
+            f"model directory: {name!r} (shards must be file names in that directory)"
+        )
+    # NOTE: a shard that is a symlink is followed: Hugging Face cache snapshots link
+    # every file to ../../blobs.
+    return model_dir / name
+
+
 def _safetensors_files(model_dir: Path) -> list[Path]:
     """Shards to read: those named by `model.safetensors.index.json`, else every file."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
+        return [_shard_path(model_dir, name) for name in sorted(set(weight_map.values()))]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelNotFoundError(f"no *.safetensors weights in {str(model_dir)!r}")

@@ -178,6 +178,42 @@ def _same_policy(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
     )
 
 
+_POLICY_FIELDS = (
+    "PolicyType",
+    "TargetTrackingScalingPolicyConfiguration",
+    "StepScalingPolicyConfiguration",
+    "PredictiveScalingPolicyConfiguration",
+)
+
+
+def foreign_policies(aas: Any, endpoint: str, variant: str) -> list[dict[str, Any]]:
+    """The variant's scaling policies that hearth did not put (a user's own), as
+    `put_scaling_policy` arguments, so they can be put back after a deregistration."""
+    rid = resource_id(endpoint, variant)
+    ours = policy_name(endpoint, variant)
+    kept = []
+    for policy in _policies(aas, rid):
+        if policy["PolicyName"] == ours:
+            continue
+        kept.append(
+            {"PolicyName": policy["PolicyName"]}
+            | {k: policy[k] for k in _POLICY_FIELDS if k in policy}
+        )
+    return kept
+
+
+def restore_policies(
+    aas: Any, endpoint: str, variant: str, policies: list[dict[str, Any]]
+) -> list[Result]:
+    """Put back the policies `foreign_policies` read (the target must be registered)."""
+    rid = resource_id(endpoint, variant)
+    results = []
+    for policy in policies:
+        aas.put_scaling_policy(**_dimension(rid), **policy)
+        results.append(Result("scaling-policy", policy["PolicyName"], Status.CREATED, "restored"))
+    return results
+
+
 def _targets_of(aas: Any, endpoint: str) -> list[str]:
     prefix = f"endpoint/{endpoint}/variant/"
     ids: list[str] = []

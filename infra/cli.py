@@ -313,7 +313,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         "--serve-arg",
         action="append",
         metavar="ARG",
-        help="extra `hearth serve` argument in stream mode (repeatable)",
+        help="extra `hearth serve` argument, stream mode only (repeatable); in buffered "
+        "mode set HEARTH_* variables with --env",
     )
     p.add_argument("--ephemeral-storage", type=int, metavar="MB", help="/tmp size, 512-10240")
     p.add_argument("--architecture", choices=("x86_64", "arm64"), default="x86_64")

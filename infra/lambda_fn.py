@@ -95,12 +95,23 @@ class LambdaSpec:
             raise DeployError("Function URL auth must be AWS_IAM or NONE")
         if not self.role_arn.startswith("arn:"):
             raise DeployError(f"execution role must be an IAM role ARN: {self.role_arn!r}")
+        if self.serve_args and self.mode != "stream":
+            # Buffered mode runs the Mangum handler, not `hearth serve`: the arguments
+            # would be dropped, and an --api-key among them with them (a public URL
+            # with no key and no warning).
+            raise DeployError(
+                "--serve-arg applies to --mode stream only (buffered mode runs the Lambda "
+                "handler, not `hearth serve`); set flags as HEARTH_* variables with --env, "
+                "e.g. --env HEARTH_API_KEY=..."
+            )
 
     @property
     def has_api_key(self) -> bool:
         """Whether the server will demand a key (``HEARTH_API_KEY`` or ``--api-key``)."""
-        if self.environment.get("HEARTH_API_KEY"):
+        if self.environment.get("HEARTH_API_KEY", "").strip(","):
             return True
+        if self.mode != "stream":  # serve_args reach `hearth serve` in stream mode only
+            return False
         return any(a == "--api-key" or a.startswith("--api-key=") for a in self.serve_args)
 
     @property

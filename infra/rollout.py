@@ -191,11 +191,24 @@ def rollout(
     report, wait = options.report, options.wait
     variant = spec.variant.name
     restore: autoscaling.ScalingSpec | None = None
+    others: list[dict[str, Any]] = []
     if describe_endpoint(sm, spec.name) is not None:
         current = autoscaling.current_scaling(aas, spec.name, variant)
         if current is not None:
             now = running or read_spec(sm, spec.name)
             if remove_scaling or now.variant.instance_type != spec.variant.instance_type:
+                if not remove_scaling:
+                    # Deregistering the target deletes every policy on it, the user's
+                    # own too: they are read first and put back with hearth's.
+                    others = autoscaling.foreign_policies(aas, spec.name, variant)
+                    if others and not wait:
+                        names = ", ".join(p["PolicyName"] for p in others)
+                        raise DeployError(
+                            f"the variant has scaling policies hearth did not create ({names}); "
+                            "an instance-type change deregisters its scaling target, which "
+                            "deletes them: run without --no-wait so they are put back once "
+                            "the endpoint is InService"
+                        )
                 for result in autoscaling.remove_scaling(aas, spec.name, variant):
                     report(result)
                 restore = None if remove_scaling else current
@@ -214,6 +227,8 @@ def rollout(
         )
     elif wanted is not None:
         for result in autoscaling.ensure_scaling(aas, spec.name, variant, wanted):
+            report(result)
+        for result in autoscaling.restore_policies(aas, spec.name, variant, others):
             report(result)
 
 

@@ -16,11 +16,10 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from engine.sampling_params import StructuredOutputSpec
 
 if TYPE_CHECKING:
+    import torch
     import xgrammar as xgr
 
     from engine.request import Request
@@ -70,6 +69,8 @@ class GrammarCompiler:
         # would only hold second copies.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self.vocab_size = vocab_size
+        self.tokenizer_info = info
+        """What a grammar compiled elsewhere (the compile child) is deserialized against."""
 
     def compile(self, spec: StructuredOutputSpec) -> xgr.CompiledGrammar:
         c = self._compiler
@@ -131,6 +132,8 @@ def apply_grammar_masks(logits: torch.Tensor, requests: list[Request]) -> torch.
     rows = [i for i, r in enumerate(requests) if r.grammar is not None]
     if not rows:
         return logits
+    import torch  # here, not at the top: the compile child (isolated.py) never needs it
+
     xgr = _xgrammar()
     num_rows, vocab = logits.shape
     bitmask = xgr.allocate_token_bitmask(num_rows, vocab)  # [num_rows, ceil(vocab/32)] int32

@@ -1,16 +1,22 @@
 """Compiled-grammar cache and the compile queue, kept off the engine loop.
 
 A request with a constraint is held here, not in the scheduler, until its grammar is
-compiled: compiling runs on a worker thread, so the engine keeps stepping every other
-request meanwhile. The loop polls `ready()` between steps; a compile that fails or runs
-past the time limit turns into a refused admission (400), answered before any status
-line like every other admission.
+compiled: compiling runs on one of two threads (or, with `isolate`, in a child process
+that can be killed, `isolated.py`), so the engine keeps stepping every other request meanwhile. The loop polls
+`ready()` between steps; a compile that fails or runs past the time limit turns into a
+refused admission (400), answered before any status line like every other admission.
+
+Every compile is bounded (issue 17): its time limit counts from submission, so a queued
+compile times out too; a request that goes (abort, timeout) cancels its compile, queued
+or running (with `isolate`, the child is killed); at most `max_pending` compiles wait, beyond that
+`submit` raises CompileQueueFull (a 503).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -21,12 +27,29 @@ from typing import Any
 
 from engine.sampling_params import StructuredOutputSpec
 from engine.structured.grammar import GrammarCompiler, GrammarError
+from engine.structured.isolated import (
+    CompileCancelled,
+    CompileProcess,
+    CompileTimeout,
+    deserialize,
+)
 
 logger = logging.getLogger("hearth.engine")
 
-DEFAULT_COMPILE_TIMEOUT_S = 30.0
-"""Counted from when compiling starts (time queued behind other compiles is free)."""
+DEFAULT_COMPILE_TIMEOUT_S = 28.0
+"""Counted from submission: time queued behind other compiles counts. Below the worker's
+admission timeout (`engine.client.ADMISSION_TIMEOUT_S`, 30 s), so a compile that runs
+out of time is the 400 naming its field, not a 503 "not admitted"."""
 DEFAULT_CACHE_SIZE = 512
+DEFAULT_MAX_PENDING = 64
+"""Compiles waiting or running at once (cache hits do not count); one more is a 503."""
+NUM_COMPILE_SLOTS = 2
+"""Child processes (and threads driving them): one pathological grammar stuck until its
+deadline must not hold up every later compile."""
+
+
+class CompileQueueFull(Exception):
+    """Too many compiles pending: the request is refused as overloaded (503)."""
 
 
 @dataclass(slots=True)
@@ -34,8 +57,10 @@ class PendingCompile:
     payload: Any
     """Whatever the caller needs to admit the request once compiled (message, client)."""
     future: Future[Any]
-    started: list[float]
-    """Set by the compile thread when it starts (a list: written from that thread)."""
+    submitted: float
+    cancelled: threading.Event
+    """Set when the request goes: the compile is dropped before it starts, or its child
+    is killed."""
 
 
 @dataclass(slots=True)
@@ -60,6 +85,8 @@ class StructuredOutputManager:
         eos_token_ids: list[int],
         compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        isolate: bool = False,
     ) -> None:
         self._model_dir = model_dir
         self._vocab_size = vocab_size
@@ -71,12 +98,37 @@ class StructuredOutputManager:
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
-        # Two threads: one pathological grammar stuck past its deadline must not hold
-        # up every later compile.
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hearth-grammar")
+        self.max_pending = max_pending
+        self._pool = ThreadPoolExecutor(
+            max_workers=NUM_COMPILE_SLOTS, thread_name_prefix="hearth-grammar"
+        )
+        self.isolate = isolate
+        """Compile in killable child processes (off: on the pool threads, unstoppable).
+        Off by default for now: on the 2-vCPU CI host, 21 distinct schemas sent at once
+        to a just-started server (tests/e2e/test_structured_outputs.py) did not all
+        compile within the limit through the children (serializing the compiled grammars
+        adds ~15 % and the children load beside the engine), while on threads they did."""
+        self._slots: queue.SimpleQueue[CompileProcess] = queue.SimpleQueue()
+        self.processes = [
+            CompileProcess(model_dir, vocab_size, eos_token_ids) for _ in range(NUM_COMPILE_SLOTS)
+        ]
+        for proc in self.processes:
+            self._slots.put(proc)
+        if isolate:
+            # At once, not at the idle-time prewarm: a child costs the engine no GIL, and
+            # loading one (xgrammar, torch, the vocabulary: 3-7 s on two busy cores) by the
+            # first constrained request kept that request waiting.
+            try:
+                for proc in self.processes:
+                    proc.start()
+            except Exception:
+                logger.exception("cannot start a grammar compile process; compiling in-process")
+                self.isolate = False
         self._pending: dict[str, PendingCompile] = {}
+        self._num_misses_pending = 0
         self.num_cache_hits = 0
         self.num_compiles = 0
+        self.num_cancelled = 0
 
     # -- compiling -------------------------------------------------------------------
     def _key(self, spec: StructuredOutputSpec) -> str:
@@ -102,14 +154,25 @@ class StructuredOutputManager:
                 self._cache.move_to_end(key)
             return compiled
 
-    def compile(self, spec: StructuredOutputSpec) -> Any:
-        """Compile (or fetch from the cache) on the calling thread; raises GrammarError."""
+    def compile(
+        self,
+        spec: StructuredOutputSpec,
+        deadline: float | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> Any:
+        """Compile (or fetch from the cache); raises GrammarError. Without a deadline it
+        compiles on the calling thread (tests, benchmarks); with one (the queue) in a
+        child process that is killed at the deadline or when `cancelled` is set
+        (CompileCancelled)."""
         key = self._key(spec)
         compiled = self._cached(key)
         if compiled is not None:
             self.num_cache_hits += 1
             return compiled
-        compiled = self._get_compiler().compile(spec)
+        if deadline is None or not self.isolate:
+            compiled = self._get_compiler().compile(spec)
+        else:
+            compiled = self._compile_isolated(spec, deadline, cancelled or threading.Event())
         self.num_compiles += 1
         with self._cache_lock:
             self._cache[key] = compiled
@@ -117,35 +180,83 @@ class StructuredOutputManager:
                 self._cache.popitem(last=False)
         return compiled
 
+    def _compile_isolated(
+        self, spec: StructuredOutputSpec, deadline: float, cancelled: threading.Event
+    ) -> Any:
+        slot = self._slots.get()  # never waits: one slot per pool thread
+        try:
+            slot.start()  # first, so the child loads while the engine's compiler does
+        except Exception:  # a platform without child processes: compile on the thread
+            self._slots.put(slot)
+            logger.exception("cannot start a grammar compile process; compiling in-process")
+            self.isolate = False
+            return self._get_compiler().compile(spec)
+        try:
+            # The engine's own compiler (for the tokenizer info grammars deserialize
+            # against; built once) loads while the child compiles.
+            serialized = slot.compile(spec, deadline, cancelled, meanwhile=self._get_compiler)
+        finally:
+            self._slots.put(slot)
+        return deserialize(serialized, self._get_compiler().tokenizer_info)
+
     def prewarm(self) -> None:
-        """Load the grammar library and the vocabulary into it in the background, so the
-        first constrained request does not wait for it (the engine loop calls this once,
-        when idle; a repeat would find the compiler built)."""
+        """Load the grammar library and the vocabulary into it in the background, and
+        start a compile child, so the first constrained request does not wait for
+        them (the engine loop calls this once, when idle; a repeat finds them built)."""
+        if self.isolate:
+            for proc in self.processes:
+                proc.start()  # a no-op unless one was killed since
         self._pool.submit(self._get_compiler)
 
     def submit(self, request_id: str, spec: StructuredOutputSpec, payload: Any) -> None:
-        """Start compiling for a request; `ready()` hands it back once done."""
+        """Start compiling for a request; `ready()` hands it back once done. Raises
+        CompileQueueFull when `max_pending` compiles are already waiting or running."""
         compiled = self._cached(self._key(spec))
         future: Future[Any]
+        now = time.monotonic()
+        cancelled = threading.Event()
         if compiled is not None:
             self.num_cache_hits += 1
             future = Future()
             future.set_result(compiled)
-        started: list[float] = []
-        if compiled is not None:
-            started.append(time.monotonic())
         else:
+            if self._num_misses_pending >= self.max_pending:
+                raise CompileQueueFull(
+                    f"The server is at capacity ({self._num_misses_pending} constraints "
+                    "compiling); retry later."
+                )
+            deadline = now + self.compile_timeout_s
 
             def run() -> Any:
-                started.append(time.monotonic())
-                return self.compile(spec)
+                if cancelled.is_set():
+                    raise CompileCancelled()
+                return self.compile(spec, deadline, cancelled)
 
+            with self._cache_lock:
+                self._num_misses_pending += 1
             future = self._pool.submit(run)
-        self._pending[request_id] = PendingCompile(payload, future, started)
+            future.add_done_callback(self._miss_done)
+        self._pending[request_id] = PendingCompile(payload, future, now, cancelled)
+
+    def _miss_done(self, _future: Future[Any]) -> None:
+        # On the pool thread or (cancelled before it ran) on the caller's.
+        with self._cache_lock:
+            self._num_misses_pending -= 1
 
     def discard(self, request_id: str) -> bool:
-        """Forget a request still compiling (aborted); its result will be dropped."""
-        return self._pending.pop(request_id, None) is not None
+        """Forget a request still compiling (aborted): a queued compile never runs, a
+        running one is stopped (its child killed); its result is dropped."""
+        item = self._pending.pop(request_id, None)
+        if item is None:
+            return False
+        self._cancel(item)
+        return True
+
+    def _cancel(self, item: PendingCompile) -> None:
+        if not item.future.done():
+            item.cancelled.set()
+            item.future.cancel()
+            self.num_cancelled += 1
 
     def is_pending(self, request_id: str) -> bool:
         return request_id in self._pending
@@ -166,21 +277,27 @@ class StructuredOutputManager:
                 try:
                     done.append(CompileResult(item.payload, item.future.result()))
                 except GrammarError as exc:
-                    done.append(CompileResult(item.payload, None, str(exc)))
+                    message = (
+                        self._timeout_message() if isinstance(exc, CompileTimeout) else str(exc)
+                    )
+                    done.append(CompileResult(item.payload, None, message))
+                except CompileCancelled:  # raced with its own timeout
+                    done.append(CompileResult(item.payload, None, self._timeout_message()))
                 except Exception as exc:  # a library bug must not kill the engine
                     logger.exception("grammar compile failed for %s", rid)
                     done.append(CompileResult(item.payload, None, f"compile failed: {exc}"))
-            elif item.started and now - item.started[0] >= self.compile_timeout_s:
+            elif now - item.submitted >= self.compile_timeout_s:
                 del self._pending[rid]
-                item.future.cancel()
-                done.append(
-                    CompileResult(
-                        item.payload,
-                        None,
-                        f"compiling the constraint took longer than {self.compile_timeout_s:g} s",
-                    )
-                )
+                self._cancel(item)
+                done.append(CompileResult(item.payload, None, self._timeout_message()))
         return done
 
+    def _timeout_message(self) -> str:
+        return f"compiling the constraint took longer than {self.compile_timeout_s:g} s"
+
     def shutdown(self) -> None:
+        for item in self._pending.values():
+            item.cancelled.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in self.processes:
+            proc.shutdown()

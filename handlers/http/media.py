@@ -15,8 +15,8 @@ import falcon.media
 import orjson
 
 from handlers.errors import BadRequestError, RequestTooLargeError, UnsupportedMediaTypeError
+from handlers.protocol.json_schema import MAX_JSON_DEPTH, depth_exceeds
 
-MAX_JSON_DEPTH = 64
 JSON_MEDIA_TYPE = "application/json"
 
 
@@ -59,7 +59,7 @@ def parse_json(data: bytes) -> Any:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise BadRequestError(f"The request body is not valid JSON: {exc}") from None
-    if _depth_exceeds(value, MAX_JSON_DEPTH):
+    if depth_exceeds(value, MAX_JSON_DEPTH):
         raise BadRequestError(f"The request body nests deeper than {MAX_JSON_DEPTH} levels.")
     return value
 
@@ -70,20 +70,3 @@ async def read_json(req: falcon.asgi.Request, limit: int, *, any_content_type: b
     if not any_content_type:
         check_json_content_type(req)
     return parse_json(await read_body(req, limit))
-
-
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Iterative depth check (a recursive one would itself hit the recursion limit)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import time
 import uuid
 from typing import Any
@@ -15,8 +16,12 @@ from engine.client import EngineClient
 from handlers.config import ServerConfig
 from handlers.errors import AuthenticationError
 
-OPEN_PATHS = frozenset({"/ping", "/health", "/version", "/metrics"})
-"""Routes answered without an API key: probes and monitoring (docs/api.md, "Routes")."""
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/ping", "/health", "/version"})
+"""Routes answered without an API key: the probes (docs/api.md, "Routes"). `/metrics`
+needs the key when one is set: its series name the served model (by default the model's
+filesystem path) and show the traffic."""
 
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -108,7 +113,14 @@ class ConfiguredCORS(falcon.CORSMiddleware):
     def __init__(self, config: ServerConfig) -> None:
         origins = "*" if "*" in config.allowed_origins else list(config.allowed_origins)
         credentials: str | list[str] | None = None
-        if config.allow_credentials:
+        if config.allow_credentials and origins == "*":
+            # Falcon would reflect every Origin with Allow-Credentials: any site could
+            # send the user's cookies and read the answer. Credentials need named origins.
+            logger.warning(
+                "--allow-credentials is ignored with --allowed-origins '*': name the "
+                "origins that may send credentials"
+            )
+        elif config.allow_credentials:
             credentials = origins
         super().__init__(allow_origins=origins, allow_credentials=credentials)
         self._methods = None if "*" in config.allowed_methods else config.allowed_methods

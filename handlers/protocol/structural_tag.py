@@ -14,7 +14,6 @@ xgrammar, whose refusal comes back naming the field (`StructuredOutputSpec.param
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -22,8 +21,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from handlers.protocol.base import FieldError, OpenAIBaseModel, bad_request_from
 from handlers.protocol.json_schema import (
     MAX_PATTERN_CHARS,
+    check_depth,
     check_json_schema,
     check_text,
+    parse_json_text,
     parse_schema,
     schema_text,
 )
@@ -127,11 +128,8 @@ class StructuralTag(StructuralTagFields):
 def parse_structural_tag(value: Any) -> dict[str, Any]:
     """The canonical xgrammar tag of a `structured_outputs.structural_tag` value; raises
     FieldError naming the member at fault in its message."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise FieldError(None, "structural_tag is not valid JSON") from None
+    value = parse_json_text(value, "structural_tag") if isinstance(value, str) else value
+    check_depth(value, "structural_tag")
     if not isinstance(value, dict):
         raise FieldError(None, "structural_tag must be a JSON object")
     try:

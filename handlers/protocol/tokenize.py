@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel
-from handlers.protocol.chat import ChatMessageParam, ChatToolParam, check_template_flags
+from handlers.protocol.chat import ChatToolParam, MessagesField, check_template_flags
 
 
 class TokenizeCompletionRequest(OpenAIBaseModel):
@@ -21,7 +21,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
     """Renders `messages` with the same chat template path as /v1/chat/completions."""
 
     model: str | None = None
-    messages: list[ChatMessageParam] = Field(min_length=1)
+    messages: MessagesField
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False

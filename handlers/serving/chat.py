@@ -49,7 +49,9 @@ class ServingChat(ServingBase):
         model_name = self.model_name(request.model)
         template = choose_chat_template(served, request)
         prompt_text = await render_chat(served, request, template, documents=request.documents)
-        prompt_ids = await served.encode(prompt_text, add_special_tokens=request.add_special_tokens)
+        prompt_ids = await served.encode(
+            prompt_text, add_special_tokens=request.add_special_tokens, param="messages"
+        )
         structured = forced_tool_spec(request)
         run = await self.start_run(
             ctx,

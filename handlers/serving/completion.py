@@ -56,7 +56,7 @@ class ServingCompletion(ServingBase):
             param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             if isinstance(prompt, str):
                 ids = await self.served.encode(
-                    prompt, add_special_tokens=request.add_special_tokens
+                    prompt, add_special_tokens=request.add_special_tokens, param=param
                 )
                 out.append(PromptInput(ids, param, prompt))
             else:

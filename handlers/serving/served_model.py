@@ -92,11 +92,32 @@ class ServedModel:
         return self._defaults
 
     # -- token helpers ----------------------------------------------------------------
-    async def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+    async def encode(
+        self, text: str, *, add_special_tokens: bool, param: str | None = None
+    ) -> list[int]:
+        """Token ids of a text. With `param` (a prompt), a text too long to fit the
+        context is refused before it is tokenized; a long text is tokenized on a thread
+        with the GIL released, so the event loop keeps serving meanwhile."""
         tokenizer = self.tokenizer()
+        if param is not None:
+            self.check_text_fits(text, param)
         if len(text) > _THREAD_ENCODE_CHARS:
-            return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens)
+            return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens)
         return tokenizer.encode(text, add_special_tokens)
+
+    def check_text_fits(self, text: str, param: str) -> None:
+        """No token stands for more than `max_token_bytes` characters, so a longer text
+        than max_model_len times that cannot fit: refused without tokenizing it."""
+        max_model_len = self.info().max_model_len
+        per_token = self.tokenizer().max_token_bytes
+        if len(text) > max_model_len * per_token:
+            raise BadRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"your request has more than {max_model_len} input tokens ({len(text)} "
+                f"characters, at most {per_token} per token). Please reduce the length of "
+                "the input.",
+                param=param,
+            )
 
     def check_token_ids(self, token_ids: list[int], param: str) -> None:
         check_in_vocabulary(token_ids, self.vocab_size(), param)

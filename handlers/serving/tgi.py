@@ -39,7 +39,9 @@ class ServingTGI(ServingBase):
 
     async def generate(self, request: TGIRequest, ctx: RequestContext) -> TGIResponses | SSEStream:
         model_name = self.model_name(None)  # TGI bodies name no model
-        prompt_ids = await self.served.encode(request.inputs, add_special_tokens=True)
+        prompt_ids = await self.served.encode(
+            request.inputs, add_special_tokens=True, param="inputs"
+        )
         run = await self.start_run(
             ctx,
             model_name=model_name,

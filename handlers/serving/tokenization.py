@@ -28,7 +28,12 @@ class ServingTokenization:
             text = await render_chat(served, request, choose_chat_template(served, request))
         else:
             text = request.prompt
-        tokens = await served.encode(text, add_special_tokens=request.add_special_tokens)
+        # NOTE: vLLM tokenizes texts of any length here; a text that cannot fit the
+        # context is refused as for generation (a 6 MB one cost ~5 s of CPU each).
+        param = "messages" if isinstance(request, TokenizeChatRequest) else "prompt"
+        tokens = await served.encode(
+            text, add_special_tokens=request.add_special_tokens, param=param
+        )
         return TokenizeResponse(
             count=len(tokens),
             max_model_len=info.max_model_len,

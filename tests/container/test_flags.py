@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from container import cli, gunicorn_app, sagemaker_serve
-from container.flags import Bounded, env_name, finish_many, parse_bool, parse_bytes
+from container.flags import (
+    SECRET_LIST_FLAGS,
+    Bounded,
+    env_name,
+    finish_many,
+    parse_bool,
+    parse_bytes,
+)
 from container.sagemaker_serve import sagemaker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +103,8 @@ def _sample(action: argparse.Action) -> tuple[str, Any]:
     value it must parse to."""
     if isinstance(action, argparse.BooleanOptionalAction):
         return ("false", False) if action.default else ("true", True)
+    if action.option_strings[0] in SECRET_LIST_FLAGS:
+        return "alpha,1\nbeta", ["alpha,1", "beta"]
     if action.nargs == "+" or isinstance(action, argparse._AppendAction):
         return "alpha,beta", ["alpha", "beta"]
     if action.choices:
@@ -141,7 +150,7 @@ def test_a_flag_on_the_command_line_wins_over_its_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("HEARTH_MAX_MODEL_LEN", "4096")
-    monkeypatch.setenv("HEARTH_API_KEY", "a,b")
+    monkeypatch.setenv("HEARTH_API_KEY", "a\nb")
     monkeypatch.setenv("HEARTH_ENABLE_PREFIX_CACHING", "false")
     args = _parse(["serve", "--max-model-len", "512", "--api-key", "c", "--enable-prefix-caching"])
     assert args.max_model_len == 512
@@ -438,7 +447,7 @@ def test_sm_hearth_variables_become_flags(tmp_path: Path) -> None:
         "SM_HEARTH_ENABLE_REQUEST_ID_HEADERS": "false",  # default off: stays off
         "SM_HEARTH_ENABLE_PREFIX_CACHING": "false",  # default on: --no-... turns it off
         "SM_HEARTH_DTYPE": "bfloat16",
-        "SM_HEARTH_API_KEY": "k1,k2",
+        "SM_HEARTH_API_KEY": "k1\nk2",
         "SM_HEARTH_CHAT_TEMPLATE": "--{{ messages }}",  # a value that starts with dashes
         "SM_OTHER_THING": "ignored",
         "HEARTH_UNRELATED": "ignored",
@@ -559,3 +568,63 @@ def test_the_master_preloads_worker_modules_but_never_torch() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ issue 17, item 5
+@pytest.mark.parametrize("variable", ["HEARTH_API_KEY", "SM_HEARTH_API_KEY"])
+def test_an_api_key_with_a_comma_is_one_key(variable: str, tmp_path: Path) -> None:
+    """`abc,def` became two keys, `abc` and `def`, each weaker than the one meant."""
+    environ = {variable: "abc,def"}
+    if variable.startswith("SM_"):
+        args = _served(sagemaker_argv(environ, model_dir=tmp_path))
+    else:
+        args = _parse_env(environ)
+    assert args.api_key == ["abc,def"]
+    several = {variable: "k1\nk2\n"}
+    if variable.startswith("SM_"):
+        assert _served(sagemaker_argv(several, model_dir=tmp_path)).api_key == ["k1", "k2"]
+    else:
+        assert _parse_env(several).api_key == ["k1", "k2"]
+
+
+@pytest.mark.parametrize("value", ["", " ", "\n"])
+@pytest.mark.parametrize("variable", ["HEARTH_API_KEY", "SM_HEARTH_API_KEY"])
+def test_an_empty_api_key_variable_fails_closed(variable: str, value: str, tmp_path: Path) -> None:
+    """A failed `$(aws secretsmanager ...)` left the variable empty, which silently
+    turned auth off; `--api-key ""` on the command line already failed closed."""
+    environ = {variable: value}
+    with pytest.raises(SystemExit, match="set but empty"):
+        if variable.startswith("SM_"):
+            _served(sagemaker_argv(environ, model_dir=tmp_path))
+        else:
+            _parse_env(environ)
+
+
+def _parse_env(environ: dict[str, str]) -> argparse.Namespace:
+    old = dict(os.environ)
+    os.environ.update(environ)
+    try:
+        return _parse(["serve"])
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+@pytest.mark.parametrize(
+    ("host", "uds", "has_key", "warns"),
+    [
+        ("0.0.0.0", None, False, True),
+        ("::", None, False, True),
+        ("10.1.2.3", None, False, True),
+        ("0.0.0.0", None, True, False),
+        ("127.0.0.1", None, False, False),
+        ("::1", None, False, False),
+        ("localhost", None, False, False),
+        ("0.0.0.0", "/tmp/h.sock", False, False),
+    ],
+)
+def test_a_non_loopback_bind_without_a_key_warns(host, uds, has_key, warns) -> None:
+    warning = cli.open_bind_warning(host, uds, has_key)
+    assert (warning is not None) == warns
+    if warns:
+        assert "no API key" in warning and host in warning

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from container import cli, settings
-from container.flags import Bounded, env_name, finish_many, parse_bytes
+from container.flags import SECRET_LIST_FLAGS, Bounded, env_name, finish_many, parse_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +45,8 @@ def _sample(action: argparse.Action) -> str:
         return "/api"
     if isinstance(action, argparse.BooleanOptionalAction):
         return "false" if action.default else "true"
+    if flag in SECRET_LIST_FLAGS:
+        return "alpha,1\nbeta"  # one key per line; a comma is part of a key
     if action.nargs == "+" or isinstance(action, argparse._AppendAction):
         return "alpha,beta"
     if action.choices:
@@ -109,7 +111,7 @@ def test_lambda_and_serve_resolve_the_same_settings(monkeypatch: pytest.MonkeyPa
     assert engine["kv_cache_memory"] == 4 << 30
     assert engine["max_num_seqs"] == 256 + 7
     assert server["served_model_names"] == ["alpha", "beta"]
-    assert len(server["api_key_digests"]) == 2  # comma-separated, as the flag splits it
+    assert len(server["api_key_digests"]) == 2  # one per line, as the flag splits it
 
 
 def test_a_bad_value_fails_loudly_and_names_the_variable() -> None:

@@ -34,8 +34,9 @@ def test_api_key_guards_inference_but_not_health(server_logs: Path, model_smollm
             )
             assert wrong.status_code == 401
         assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401
-        for route in ("/ping", "/health", "/version", "/metrics"):
+        for route in ("/ping", "/health", "/version"):
             assert httpx.get(server.url + route, timeout=10).status_code == 200, route
+        assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401
         client = openai.OpenAI(base_url=server.v1, api_key="s3cret", timeout=60)
         reply = client.chat.completions.create(
             model="smollm2", max_tokens=2, messages=body["messages"]

@@ -401,3 +401,39 @@ def test_embedded_default_resolves_to_smollm2(model_smollm2_dir: str) -> None:
     rec = Recorder()
     assert resolve_model_dir(None, progress=rec) == model_smollm2_dir
     assert rec.lines == []
+
+
+# -- issue 17, item 9: shard names of the index stay inside the model directory ----------
+@pytest.mark.parametrize(
+    "name", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", "..", ""]
+)
+def test_an_index_naming_a_shard_outside_the_model_dir_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    """`weight_map` shard names were joined to the model directory as given: `../x` or
+    an absolute path read weights from anywhere the server can read."""
+    from engine.model_loader import iter_safetensors
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    outside = tmp_path / "outside.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(outside))
+    index = {"weight_map": {"w": name}}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelNotFoundError, match="outside the model directory"):
+        list(iter_safetensors(model_dir))
+
+
+def test_an_index_naming_shards_inside_the_model_dir_loads(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from engine.model_loader import iter_safetensors
+
+    save_file({"w": torch.ones(2)}, str(tmp_path / "a.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "a.safetensors"}})
+    )
+    [(name, tensor)] = list(iter_safetensors(tmp_path))
+    assert name == "w" and tensor.tolist() == [1.0, 1.0]

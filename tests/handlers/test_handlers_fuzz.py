@@ -130,3 +130,105 @@ def test_no_body_makes_a_500_or_leaks(client, engine, path: str, strategy) -> No
 @given(body=CHAT_BODIES | COMPLETION_BODIES)
 def test_invocations_dispatch_never_500s(client, engine, body: Any) -> None:
     check(client, engine, "/invocations", body)
+
+
+# -- issue 17: hostile inputs ----------------------------------------------------------
+HOSTILE = settings(FUZZ, max_examples=40)
+"""Fewer examples: each body is large (up to a few MB) or slow on purpose."""
+
+
+def _nested_text(levels: int, key: str, leaf: str) -> str:
+    return f'{{"type":"array","{key}":' * levels + leaf + "}" * levels
+
+
+schema_texts = st.builds(
+    _nested_text,
+    st.integers(min_value=1, max_value=3000),
+    st.sampled_from(["items", "additionalProperties", "not"]),
+    st.sampled_from(['{"type":"string"}', "true", "{}", '{"$ref":"#"}']),
+) | st.text(max_size=40)
+SCHEMA_TEXT_BODIES = st.one_of(
+    st.builds(
+        lambda s: ("/v1/chat/completions", {"messages": USER, "guided_json": s}), schema_texts
+    ),
+    st.builds(
+        lambda s: ("/v1/completions", {"prompt": "hi", "structured_outputs": {"json": s}}),
+        schema_texts,
+    ),
+    st.builds(
+        lambda s: (
+            "/invocations",
+            {"inputs": "hi", "parameters": {"grammar": {"type": "json", "value": s}}},
+        ),
+        schema_texts,
+    ),
+    st.builds(
+        lambda s: (
+            "/v1/chat/completions",
+            {"messages": USER, "structured_outputs": {"structural_tag": s}},
+        ),
+        schema_texts,
+    ),
+)
+MANY_MESSAGE_BODIES = st.builds(
+    lambda n, parts, path: (
+        path,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * parts}] * n},
+    ),
+    st.integers(min_value=1, max_value=6000),
+    st.integers(min_value=1, max_value=8),
+    st.sampled_from(["/v1/chat/completions", "/tokenize"]),
+)
+HUGE_PROMPT_BODIES = st.builds(
+    lambda size, char, route: (
+        route[0],
+        route[1]("".join([char]) * size),
+    ),
+    st.integers(min_value=1, max_value=400_000) | st.integers(min_value=2_000, max_value=20_000),
+    st.sampled_from(["a", " ", "é", "🌍", "<|im_start|>", "\n"]),
+    st.sampled_from(
+        [
+            ("/v1/completions", lambda t: {"prompt": t, "max_tokens": 1}),
+            ("/v1/chat/completions", lambda t: {"messages": [{"role": "user", "content": t}]}),
+            ("/invocations", lambda t: {"inputs": t}),
+            ("/tokenize", lambda t: {"prompt": t}),
+        ]
+    ),
+)
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [SCHEMA_TEXT_BODIES, MANY_MESSAGE_BODIES, HUGE_PROMPT_BODIES],
+    ids=["schema-texts", "many-messages", "huge-prompts"],
+)
+def test_hostile_bodies_are_refused_cleanly(client, engine, strategy) -> None:
+    @HOSTILE
+    @given(case=strategy)
+    def run(case: tuple[str, Any]) -> None:
+        path, body = case
+        check(client, engine, path, body)
+
+    run()
+
+
+loop_templates = st.builds(
+    lambda depth, literal: (
+        "{% set s = " + literal + " %}" + "{% for a in s %}" * depth + "{% endfor %}" * depth + "ok"
+    ),
+    st.integers(min_value=1, max_value=4),
+    st.sampled_from(["'x' * 100000", "[0] * 100000", "'abc'", "range(100000)"]),
+)
+
+
+@pytest.mark.timeout(300)
+def test_request_template_loops_end_in_time_or_a_400(make_client, engine) -> None:
+    client = make_client(trust_request_chat_template=True)
+
+    @settings(FUZZ, max_examples=8)
+    @given(template=loop_templates)
+    def run(template: str) -> None:
+        check(client, engine, "/v1/chat/completions", {"messages": USER, "chat_template": template})
+
+    run()

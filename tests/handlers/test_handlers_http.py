@@ -61,9 +61,32 @@ def test_right_key_passes(secured, engine):
     assert second.status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/ping", "/health", "/version", "/metrics"])
-def test_probes_and_metrics_are_open(secured, path):
+@pytest.mark.parametrize("path", ["/ping", "/health", "/version"])
+def test_probes_are_open(secured, path):
     assert secured.simulate_get(path).status_code == 200
+
+
+def test_metrics_need_the_key_when_one_is_set(secured, client):
+    """Issue 17 item 9: /metrics was open, and its series name the served model (by
+    default the model's filesystem path)."""
+    assert_openai_error(secured.simulate_get("/metrics"), 401)
+    keyed = secured.simulate_get("/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert keyed.status_code == 200
+    assert client.simulate_get("/metrics").status_code == 200  # no key set: open
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "null"])
+def test_a_wildcard_origin_never_gets_credentials(make_client, origin):
+    """`--allowed-origins '*' --allow-credentials` reflected any Origin with
+    Allow-Credentials: any site could call the API with the user's cookies."""
+    cors = make_client(allowed_origins=("*",), allow_credentials=True)
+    result = cors.simulate_get("/v1/models", headers={"Origin": origin})
+    assert result.headers.get("Access-Control-Allow-Credentials") is None
+    assert result.headers.get("Access-Control-Allow-Origin") in ("*", None)
+    named = make_client(allowed_origins=("https://app.example",), allow_credentials=True)
+    ok = named.simulate_get("/v1/models", headers={"Origin": "https://app.example"})
+    assert ok.headers.get("Access-Control-Allow-Credentials") == "true"
+    assert ok.headers.get("Access-Control-Allow-Origin") == "https://app.example"
 
 
 def test_ping_follows_readiness_and_health_follows_death(client, engine: FakeEngine):

@@ -202,3 +202,20 @@ def test_entrypoint_passes_the_exit_status(fake_bin: Path) -> None:
         ["sh", str(ROOT / "container" / "docker-entrypoint.sh"), "sh", "-c", "exit 7"], timeout=10
     )
     assert proc.returncode == 7
+
+
+def test_the_image_runs_as_a_non_root_user() -> None:
+    """Issue 17 item 9: the image ran as root. The build steps stay root's (so the
+    baked-in model and kernel caches are root-owned, read-only and trusted by any uid,
+    including the one Lambda picks); the server itself runs as uid 10001."""
+    users = args_of("USER")
+    assert users, "no USER: the server runs as root"
+    last_user = users[-1].split(":")[0]
+    assert last_user.isdigit() and int(last_user) != 0, last_user  # numeric: runAsNonRoot
+    steps = instructions()
+    user_at = max(i for i, (kw, _) in enumerate(steps) if kw == "USER")
+    last_run = max(i for i, (kw, _) in enumerate(steps) if kw == "RUN")
+    assert last_run < user_at, "every RUN (and so every baked-in cache) must stay root's"
+    assert f"--uid {last_user}" in steps[last_run][1], "the user is created in the image"
+    assert index_of("RUN", "kernels.cpu.build") < user_at
+    assert index_of("RUN", "resolve_model_dir") < user_at

@@ -449,3 +449,63 @@ def test_public_function_url_without_api_key_warns(
     keyed = cli(*base, "--url-auth", "NONE", "--env", "HEARTH_API_KEY=k")
     assert keyed.code == 0, keyed.err
     assert "warning" not in keyed.err
+
+
+def _put_own_policy(aas: Any) -> None:
+    aas.put_scaling_policy(
+        PolicyName="users-own-step-policy",
+        ServiceNamespace="sagemaker",
+        ResourceId="endpoint/demo/variant/AllTraffic",
+        ScalableDimension="sagemaker:variant:DesiredInstanceCount",
+        PolicyType="StepScaling",
+        StepScalingPolicyConfiguration={
+            "AdjustmentType": "ChangeInCapacity",
+            "StepAdjustments": [{"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": 1}],
+            "Cooldown": 120,
+        },
+    )
+
+
+def _policy_names(aas: Any) -> set[str]:
+    policies = aas.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
+    return {p["PolicyName"] for p in policies}
+
+
+def test_an_instance_type_change_keeps_the_users_own_scaling_policies(
+    cli: Any, clients: Any, role_arn: str, image: str
+) -> None:
+    """Issue 17 item 8: the change deregisters the scaling target, which deleted every
+    policy on the variant; only hearth's target-tracking policy was put back."""
+    assert cli(*deploy_args(role_arn, image, "--max-capacity", "4")).code == 0
+    aas = clients("application-autoscaling")
+    _put_own_policy(aas)
+    ours = _policy_names(aas) - {"users-own-step-policy"}
+    assert len(ours) == 1
+
+    refused = cli(
+        "deploy", "update", "--name", "demo", "--instance-type", "ml.p3.2xlarge", "--no-wait"
+    )
+    assert refused.code != 0 and "users-own-step-policy" in refused.err
+    assert _policy_names(aas) == ours | {"users-own-step-policy"}  # nothing touched
+
+    result = cli(
+        "deploy",
+        "update",
+        "--name",
+        "demo",
+        "--instance-type",
+        "ml.p3.2xlarge",
+        "--poll-interval",
+        "0",
+    )
+    assert result.code == 0, result.err
+    assert ("scaling-policy", "created") in statuses(result)
+    assert "scaling-policy users-own-step-policy: created (restored)" in result.lines
+    assert _policy_names(aas) == ours | {"users-own-step-policy"}
+    [own] = [
+        p
+        for p in aas.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
+        if p["PolicyName"] == "users-own-step-policy"
+    ]
+    assert own["PolicyType"] == "StepScaling"
+    assert own["StepScalingPolicyConfiguration"]["Cooldown"] == 120

@@ -175,6 +175,7 @@ def test_delete_refuses_a_function_it_did_not_create(lam: Any, spec: LambdaSpec)
         ({"ephemeral_storage_mb": 100}, "512-10240"),
         ({"url_auth": "COGNITO"}, "AWS_IAM or NONE"),
         ({"role_arn": "role"}, "IAM role ARN"),
+        ({"serve_args": ("--api-key=S",)}, "stream only"),
     ],
 )
 def test_invalid_specs(lam: Any, spec: LambdaSpec, change: dict[str, Any], message: str) -> None:
@@ -200,3 +201,25 @@ def test_deploy_refuses_a_function_it_did_not_create_unless_adopted(
     current = lam.get_function(FunctionName=spec.name)
     assert current["Code"]["ImageUri"] == spec.image_uri
     assert current["Tags"][DEPLOYMENT_TAG] == spec.name
+
+
+def test_a_buffered_deploy_with_a_key_in_serve_args_is_refused_not_made_public(
+    lam: Any, spec: LambdaSpec
+) -> None:
+    """Issue 17 item 4: buffered mode drops serve_args, yet has_api_key counted them:
+    `--url-auth NONE --serve-arg=--api-key=S` made a public URL with no key, no warning."""
+    public = replace(spec, url_auth="NONE", serve_args=("--api-key=S",))
+    assert not public.has_api_key
+    warnings: list[str] = []
+    with pytest.raises(DeployError, match="stream only"):
+        lambda_fn.deploy(lam_clients(lam), public, adopt=False, report=print, warn=warnings.append)
+    assert lam.list_functions()["Functions"] == []
+    # The same key through the environment is what buffered mode reads.
+    keyed = replace(spec, url_auth="NONE", environment={"HEARTH_API_KEY": "S"})
+    assert keyed.has_api_key
+    assert not replace(spec, environment={"HEARTH_API_KEY": ""}).has_api_key
+    assert replace(spec, mode="stream", serve_args=("--api-key", "S")).has_api_key
+
+
+def lam_clients(lam: Any) -> Any:
+    return lambda service: lam
