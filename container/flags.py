@@ -334,10 +334,10 @@ def add_serve_flags(
         "--quantization",
         str,
         "auto",
-        "Weights: gguf (a GGUF's own Q4_1/Q8_0 blocks times int8 activations, integer dot "
-        "products on AMX / AVX512-VNNI / AVX2; CPU), gguf-f32 (the same blocks with float32 "
-        "activations), none (dense weights of --dtype); auto = gguf for a GGUF model on CPU "
-        "unless --dtype float32 asks for the exact mode",
+        "Weights: gguf (a GGUF's own Q4_1/Q8_0 blocks with float32 activations; CPU), "
+        "gguf-int8 (the same blocks times int8 activations, integer dot products on AMX / "
+        "AVX512-VNNI / AVX2: faster, less exact), none (dense weights of --dtype); auto = gguf "
+        "for a GGUF model on CPU unless --dtype float32 asks for the exact mode",
         choices=QUANTIZATIONS,
     )
     eng.value(

@@ -7,13 +7,13 @@ function with ~1/6 of the bytes per weight: a decode step streams ~95 MB instead
 checkpoint name, puts the rows in the order of the Hugging Face layout, and packs them for
 its kernel; `apply` runs the quantized GEMM. Two methods share that:
 
-- `GGUFInt8LinearMethod` (``--quantization gguf``, the default): activations quantized to
+- `GGUFBlockLinearMethod` (``--quantization gguf``, the default for a GGUF on CPU):
+  float32 activations and accumulation (``kernels/cpu/hearth_cpu.c``), the dequantized
+  model's function up to the order of float32 sums;
+- `GGUFInt8LinearMethod` (``--quantization gguf-int8``, opt-in): activations quantized to
   int8 per token and 32-column block (llama.cpp's Q8_1), integer block dot products by
-  AMX tiles, AVX512-VNNI or AVX2 (``kernels/cpu/hearth_q8.c``); the same bits on every ISA,
-  batch size and thread count;
-- `GGUFBlockLinearMethod` (``--quantization gguf-f32``): float32 activations and
-  accumulation (``kernels/cpu/hearth_cpu.c``), the dequantized model's function up to the
-  order of float32 sums.
+  AMX tiles, AVX512-VNNI or AVX2 (``kernels/cpu/hearth_q8.c``); the same bits on every
+  ISA, batch size and thread count, but below the quality bar on SmolLM2.
 
 Row order is not assumed: llama.cpp's converter permutes the rows of Q and K for some
 architectures, and transformers undoes it on load. For every tensor, sample rows are

@@ -16,7 +16,7 @@ if not ops.available():
     pytest.skip("host has no AVX2: the fast path does not run here", allow_module_level=True)
 
 
-@pytest.fixture(scope="module", params=["gguf", "gguf-f32"])
+@pytest.fixture(scope="module", params=["gguf", "gguf-int8"])
 def core(request, model_smollm2_dir: str):
     from engine.core import EngineCore
 
