@@ -68,33 +68,10 @@ def serve_configs(
     import must not wait for a conversion). `runtime_dir` is the engine's socket
     directory the CLI made for this run (Lambda's in-process engine needs none).
     """
-    engine = EngineConfig(
-        model=model_dir or args.model,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        kernels=args.kernels,
-        device=args.device,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        kv_cache_memory=args.kv_cache_memory,
-        kv_cache_dtype=args.kv_cache_dtype,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        seed=args.seed,
-        max_num_queued_reqs=args.max_num_queued_reqs,
-        max_num_queued_tokens=args.max_num_queued_tokens,
-        scheduling_policy=args.scheduling_policy,
-        num_threads=args.num_threads,
-        disable_log_stats=args.disable_log_stats,
-        log_level=args.log_level,
-        cpu_isa=args.cpu_isa,
-        cache_dir=args.cache_dir,
-        kernel_cache_dir=args.kernel_cache_dir,
-        test_fault_file=args.test_fault_file,
-    )
+    try:
+        engine = _engine_config(args, model_dir)
+    except ValueError as exc:  # EngineConfig names the flag and what it accepts
+        raise SystemExit(f"hearth: {exc}") from None
     served = args.served_model_name or (
         [DEFAULT_SERVED_NAME] if args.model is None else [args.model.rstrip("/")]
     )
@@ -144,3 +121,33 @@ def configs_from_env(
 ) -> tuple[EngineConfig, ServerConfig]:
     """What `hearth serve` would run with in this environment, model left unresolved."""
     return serve_configs(parse_serve_args((), environ))
+
+
+def _engine_config(args: argparse.Namespace, model_dir: str | None) -> EngineConfig:
+    return EngineConfig(
+        model=model_dir or args.model,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        kernels=args.kernels,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+        max_num_queued_reqs=args.max_num_queued_reqs,
+        max_num_queued_tokens=args.max_num_queued_tokens,
+        scheduling_policy=args.scheduling_policy,
+        num_threads=args.num_threads,
+        disable_log_stats=args.disable_log_stats,
+        log_level=args.log_level,
+        cpu_isa=args.cpu_isa,
+        cache_dir=args.cache_dir,
+        kernel_cache_dir=args.kernel_cache_dir,
+        test_fault_file=args.test_fault_file,
+    )

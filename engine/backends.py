@@ -7,7 +7,7 @@
   `GGUFBlockLinearMethod` (the file's Q4_1/Q8_0 blocks, float32 activations and
   accumulation: the weights are exactly the file's and only the order of float32 sums
   differs from the dequantized model), the elementwise ops run the C kernels and
-  attention the C backend with a float16 KV cache. No result depends on batch size,
+  attention the C backend (float32 KV cache; float16 with ``--kv-cache-dtype float16``). No result depends on batch size,
   chunking or thread count (docs/performance.md has the measured quality figures).
 - ``gguf-int8``: the same with int8-quantized activations (`GGUFInt8LinearMethod`: AMX
   tiles, AVX512-VNNI or AVX2, the same bits on each). Faster, but it misses the quality
@@ -103,7 +103,7 @@ def choose_backends(
     )
     isa = host_isa()
     activations = f"int8 activations ({q8_ops.integer_path()})" if int8 else "float32 activations"
-    kv_dtype = torch.float32 if config.kv_cache_dtype == "float32" else torch.float16
+    kv_dtype = torch.float16 if config.kv_cache_dtype == "float16" else torch.float32
     description = (
         f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) x {activations}, "
         f"{str(kv_dtype).removeprefix('torch.')} KV cache, "

@@ -71,8 +71,8 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     """Bytes of KV cache on CPU (default: 4 GiB or what max_num_seqs * max_model_len needs, the smaller; RAM is committed as blocks fill)."""
     kv_cache_dtype: str = "auto"
-    """auto | float32 | float16 (--kv-cache-dtype): auto is float16 on the CPU fast path
-    (its C attention reads half the bytes), else the model dtype."""
+    """auto | float32 | float16 (--kv-cache-dtype): auto is the model dtype; float16 (the
+    CPU fast path only) halves the bytes its C attention reads."""
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     """GPU: no CUDA graphs; every step runs eagerly (see engine/cuda_graphs.py)."""

@@ -43,6 +43,10 @@ def _sample(action: argparse.Action) -> str:
         return "{{ messages[0].content }}"
     if flag == "--root-path":
         return "/api"
+    if flag == "--gpu-memory-utilization":
+        return "0.5"  # a fraction: EngineConfig refuses more than 1
+    if flag == "--device":
+        return "cuda:1"  # validated by EngineConfig: auto, cpu, cuda or cuda:N
     if isinstance(action, argparse.BooleanOptionalAction):
         return "false" if action.default else "true"
     if flag in SECRET_LIST_FLAGS:

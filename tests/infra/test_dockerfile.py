@@ -218,4 +218,4 @@ def test_the_image_runs_as_a_non_root_user() -> None:
     assert last_run < user_at, "every RUN (and so every baked-in cache) must stay root's"
     assert f"--uid {last_user}" in steps[last_run][1], "the user is created in the image"
     assert index_of("RUN", "kernels.cpu.build") < user_at
-    assert index_of("RUN", "resolve_model_dir") < user_at
+    assert index_of("RUN", "prepare_model") < user_at
