@@ -272,9 +272,9 @@ def test_compile_past_the_time_limit_is_refused(core, tok, monkeypatch) -> None:
     release = threading.Event()
     real_compile = core.structured.compile
 
-    def stuck_compile(spec):
+    def stuck_compile(*args, **kwargs):
         release.wait(10)  # a pathological grammar, as far as the engine can tell
-        return real_compile(spec)
+        return real_compile(*args, **kwargs)
 
     monkeypatch.setattr(core.structured, "compile", stuck_compile)
     spec = _spec("regex", r"[0-9]{3}-timeout-[a-z]+", param="guided_regex")
