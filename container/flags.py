@@ -334,10 +334,12 @@ def add_serve_flags(
         "--quantization",
         str,
         "auto",
-        "Weights: gguf (a GGUF's own Q4_1/Q8_0 blocks with float32 activations; CPU), "
-        "gguf-int8 (the same blocks times int8 activations, integer dot products on AMX / "
-        "AVX512-VNNI / AVX2: faster, less exact), none (dense weights of --dtype); auto = gguf "
-        "for a GGUF model on CPU unless --dtype float32 asks for the exact mode",
+        "Weights: gguf (a GGUF's own Q4_1/Q8_0 blocks with float32 activations; CPU; no "
+        "result depends on batch size), gguf-bf16 (the same blocks for steps under 16 tokens, "
+        "bfloat16 AMX tiles with float32 sums from 16 up; needs AMX-BF16), gguf-int8 (the "
+        "blocks times int8 activations: faster, below the quality bar), none (dense weights "
+        "of --dtype); auto = gguf-bf16 for a GGUF model on an AMX host, gguf on other CPUs, "
+        "unless --dtype float32 asks for the exact mode",
         choices=QUANTIZATIONS,
     )
     eng.value(

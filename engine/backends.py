@@ -9,10 +9,18 @@
   differs from the dequantized model), the elementwise ops run the C kernels and
   attention the C backend (float32 KV cache; float16 with ``--kv-cache-dtype float16``). No result depends on batch size,
   chunking or thread count (docs/performance.md has the measured quality figures).
+- ``gguf-bf16`` (the default for a GGUF on a CPU with AMX-BF16): the same blocks for
+  calls under 16 tokens, and for calls from 16 tokens up (prefill, batched decode) the
+  dequantized weights rounded once to bfloat16 in AMX tiles, bfloat16 activations and
+  float32 sums (`GGUFTiledLinearMethod`, ``kernels/cpu/hearth_bf16.c``). Within each side
+  of the threshold a token's result does not depend on the batch; across it, it may (a
+  request decoding alone and inside a batch of 16 can differ in the last bits), so
+  ``gguf`` is the mode to ask for when batch invariance matters.
 - ``gguf-int8``: the same with int8-quantized activations (`GGUFInt8LinearMethod`: AMX
   tiles, AVX512-VNNI or AVX2, the same bits on each). Faster, but it misses the quality
   bar on SmolLM2 (top-1 agreement 97 %), so it is never the default.
-- ``auto``: ``gguf`` for a GGUF model on a CPU with AVX2 when ``--dtype`` is left at auto,
+- ``auto``: ``gguf-bf16`` for a GGUF model on a CPU with AMX-BF16 (``gguf`` on other
+  CPUs with AVX2, or with ``--cpu-isa`` below ``amx``) when ``--dtype`` is left at auto,
   else ``none``. Asking for ``--dtype float32`` is asking for the exact mode.
 
 The model file learns none of this: `choose_backends` hands methods to its layers.
@@ -28,24 +36,32 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionBackend, CpuAttentionBackend, PagedAttentionBackend
-from engine.config import EngineConfig
-from engine.layers.gguf_linear import GGUFBlockLinearMethod, GGUFInt8LinearMethod, GGUFSource
+from engine.config import QUANTIZATIONS, EngineConfig
+from engine.layers.gguf_linear import (
+    GGUFBlockLinearMethod,
+    GGUFInt8LinearMethod,
+    GGUFSource,
+    GGUFTiledLinearMethod,
+)
 from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
 from engine.model_resolver import gguf_source
-from kernels.cpu import ops, q8_ops
+from kernels.cpu import bf16_ops, ops, q8_ops
 from kernels.cpu.build import host_isa, select_variant, set_cache_dir
 from kernels.registry import backend_for_device, select_backend
 
 logger = logging.getLogger("hearth.engine")
 
-MODES = ("auto", "gguf", "gguf-int8", "none")
+TILES_BY_DEFAULT = False
+"""Whether ``auto`` picks ``gguf-bf16`` on an AMX host (set by its measured quality bar,
+docs/performance.md)."""
+
 
 
 @dataclass(frozen=True, slots=True)
 class Backends:
     quantization: str
-    """``gguf`` or ``none``: what runs."""
+    """``gguf``, ``gguf-bf16``, ``gguf-int8`` or ``none``: what runs."""
     description: str
     """One line for the start-up log and /version."""
     attention: AttentionBackend
@@ -76,8 +92,8 @@ def choose_backends(
     if device.type == "cpu" and host_isa().supported:
         select_variant(config.cpu_isa)  # before any library loads
     asked = config.quantization
-    if asked not in MODES:
-        raise ValueError(f"unknown --quantization {asked!r}: use auto, gguf or none")
+    if asked not in QUANTIZATIONS:
+        raise ValueError(f"unknown --quantization {asked!r}: use {', '.join(QUANTIZATIONS)}")
     if asked == "none" or (asked == "auto" and config.dtype != "auto"):
         return _exact_checked(config, dtype, device)
     path = gguf_source(model_dir)
@@ -89,8 +105,17 @@ def choose_backends(
             raise ValueError(f"--quantization {asked} cannot run: {why_not}")
         return _exact_checked(config, dtype, device)
     assert path is not None
-    int8 = asked == "gguf-int8"
-    method_cls = GGUFInt8LinearMethod if int8 else GGUFBlockLinearMethod
+    mode = asked if asked != "auto" else "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.available() else "gguf"
+    if mode == "gguf-bf16" and not bf16_ops.available():
+        raise ValueError(
+            f"--quantization gguf-bf16 cannot run: AMX-BF16 tiles: {bf16_ops.tile_path()}; "
+            f"host: {host_isa().describe()} (use gguf)"
+        )
+    method_cls = {
+        "gguf": GGUFBlockLinearMethod,
+        "gguf-bf16": GGUFTiledLinearMethod,
+        "gguf-int8": GGUFInt8LinearMethod,
+    }[mode]
     kinds = _use_gguf_blocks(model, method_cls(GGUFSource(path)))
     if not kinds:
         if asked.startswith("gguf"):
@@ -102,7 +127,12 @@ def choose_backends(
         m.packed.nbytes for m in model.modules() if isinstance(m, Linear) and m.packed is not None
     )
     isa = host_isa()
-    activations = f"int8 activations ({q8_ops.integer_path()})" if int8 else "float32 activations"
+    activations = {
+        "gguf": "float32 activations",
+        "gguf-bf16": f"float32 activations under {bf16_ops.DEFAULT_MIN_T} tokens, bfloat16 "
+        f"AMX tiles from {bf16_ops.DEFAULT_MIN_T} up",
+        "gguf-int8": f"int8 activations ({q8_ops.integer_path()})",
+    }[mode]
     kv_dtype = torch.float16 if config.kv_cache_dtype == "float16" else torch.float32
     description = (
         f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) x {activations}, "
@@ -110,8 +140,7 @@ def choose_backends(
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
     say(f"fast CPU path: {description}")
-    quantization = "gguf-int8" if int8 else "gguf"
-    return Backends(quantization, description, CpuAttentionBackend(), kv_dtype)
+    return Backends(mode, description, CpuAttentionBackend(), kv_dtype)
 
 
 def _exact_checked(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> Backends:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "gguf", "gguf-int8", "none")
+QUANTIZATIONS = ("auto", "gguf", "gguf-bf16", "gguf-int8", "none")
 KERNELS = ("auto", "torch", "triton")
 KV_CACHE_DTYPES = ("auto", "float32", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -55,7 +55,7 @@ class EngineConfig:
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16; auto keeps the checkpoint's (fp32 on CPU)."""
     quantization: str = "auto"
-    """auto | gguf | gguf-int8 | none: see `engine.backends`."""
+    """auto | gguf | gguf-bf16 | gguf-int8 | none: see `engine.backends`."""
     device: str = "auto"
     """auto | cpu | cuda[:N]."""
     kernels: str = "auto"

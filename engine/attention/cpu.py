@@ -52,6 +52,8 @@ class CpuAttentionBackend(AttentionBackend):
         for module in model.modules():
             packed = getattr(module, "packed", None)
             persistent += [getattr(packed, "data", None), getattr(packed, "bias", None)]
+            blocks = getattr(packed, "blocks", None)  # a tiled weight's float32-kernel copy
+            persistent += [getattr(blocks, "data", None)]
             persistent += list(getattr(module, "kv_cache", None) or ())
         inputs = {
             "input_ids": ids,

@@ -10,6 +10,10 @@ its kernel; `apply` runs the quantized GEMM. Two methods share that:
 - `GGUFBlockLinearMethod` (``--quantization gguf``, the default for a GGUF on CPU):
   float32 activations and accumulation (``kernels/cpu/hearth_cpu.c``), the dequantized
   model's function up to the order of float32 sums;
+- `GGUFTiledLinearMethod` (``--quantization gguf-bf16``): the blocks plus a bfloat16 copy
+  in AMX tiles (``kernels/cpu/hearth_bf16.c``); calls of 16 tokens and more (prefill,
+  batched decode) run on the matrix unit with bfloat16 operands and float32 sums, smaller
+  ones on the float32 block kernel;
 - `GGUFInt8LinearMethod` (``--quantization gguf-int8``, opt-in): activations quantized to
   int8 per token and 32-column block (llama.cpp's Q8_1), integer block dot products by
   AMX tiles, AVX512-VNNI or AVX2 (``kernels/cpu/hearth_q8.c``); the same bits on every
@@ -32,9 +36,15 @@ import numpy as np
 import torch
 
 from engine.layers.linear import Linear, LinearMethod
-from kernels.cpu import ops, q8_ops
+from kernels.cpu import bf16_ops, ops, q8_ops
 
-__all__ = ["GGUFBlockLinearMethod", "GGUFInt8LinearMethod", "GGUFSource", "gguf_tensor_name"]
+__all__ = [
+    "GGUFBlockLinearMethod",
+    "GGUFInt8LinearMethod",
+    "GGUFSource",
+    "GGUFTiledLinearMethod",
+    "gguf_tensor_name",
+]
 
 logger = logging.getLogger("hearth.engine")
 
@@ -191,8 +201,8 @@ class GGUFBlockLinearMethod(LinearMethod):
     def __init__(self, source: GGUFSource) -> None:
         self.source = source
 
-    def _pack(self, kind: str, rows: np.ndarray, bias: torch.Tensor | None) -> object:
-        return ops.pack(kind, rows, bias)
+    def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
+        return ops.pack(kind, rows, layer.bias)
 
     def pack(self, layer: Linear) -> object | None:
         """`layer`'s weight as packed blocks, or None when the file can't provide every
@@ -213,7 +223,7 @@ class GGUFBlockLinearMethod(LinearMethod):
             return None
         rows = np.concatenate([p[1] for p in parts if p is not None], axis=0)
         try:
-            return self._pack(kinds.pop(), rows, layer.bias)
+            return self._pack(layer, kinds.pop(), rows)
         except ValueError:
             return None
 
@@ -225,14 +235,35 @@ class GGUFBlockLinearMethod(LinearMethod):
         return ops.linear(x, packed)
 
 
+class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
+    """The blocks for small calls plus the dequantized weight rounded to bfloat16 in AMX
+    tiles for calls of `min_t` tokens and more (``kernels/cpu/hearth_bf16.c``)."""
+
+    name = "gguf-bf16"
+
+    def __init__(self, source: GGUFSource, min_t: int = bf16_ops.DEFAULT_MIN_T) -> None:
+        super().__init__(source)
+        self.min_t = min_t
+
+    def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
+        return bf16_ops.pack_tiles(layer.weight.float(), ops.pack(kind, rows, layer.bias), self.min_t)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        packed = layer.packed
+        assert isinstance(packed, bf16_ops.TiledWeight)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return bf16_ops.linear_tiles(x, packed)
+
+
 class GGUFInt8LinearMethod(GGUFBlockLinearMethod):
     """The same blocks with int8 activations: integer dot products per 32-column block,
     scaled and summed in float32 in one fixed order (``kernels/cpu/hearth_q8.c``)."""
 
     name = "gguf-int8"
 
-    def _pack(self, kind: str, rows: np.ndarray, bias: torch.Tensor | None) -> object:
-        return q8_ops.pack_q8act(kind, rows, bias)
+    def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
+        return q8_ops.pack_q8act(kind, rows, layer.bias)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         packed = layer.packed

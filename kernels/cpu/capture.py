@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 OP_EMBED, OP_RMS_NORM, OP_ADD_RMS_NORM, OP_LINEAR_F32, OP_LINEAR_Q8A = 1, 2, 3, 4, 5
-OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SILU_MUL = 6, 7, 8, 9
+OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SILU_MUL, OP_LINEAR_BF16 = 6, 7, 8, 9, 10
 
 
 class CaptureError(RuntimeError):
@@ -40,6 +40,7 @@ class HearthOp(ctypes.Structure):
         ("ptr", ctypes.c_void_p * 4),
         ("i", ctypes.c_int64 * 4),
         ("f", ctypes.c_float * 2),
+        ("aux", ctypes.c_void_p),
     ]
 
 
@@ -60,6 +61,8 @@ class RecordedOp:
     ints: tuple[int, ...] = ()
     floats: tuple[float, ...] = ()
     kind: int = 0
+    aux: Operand | None = None
+    """A second persistent operand (e.g. the fallback weight of a tiled linear)."""
 
 
 @dataclass
@@ -111,9 +114,22 @@ class Recorder:
             return Operand(-1, 0, tensor.stride(0) if tensor.dim() > 1 else 0, ptr)
         raise CaptureError("an operand was computed outside the C kernels")
 
-    def emit(self, code: int, operands: Iterable[torch.Tensor | None], ints=(), floats=(), kind=0):
+    def emit(
+        self,
+        code: int,
+        operands: Iterable[torch.Tensor | None],
+        ints=(),
+        floats=(),
+        kind=0,
+        aux: torch.Tensor | None = None,
+    ):
+        extra = self.operand(aux)
+        if extra is not None and extra.buffer >= 0:
+            raise CaptureError("an auxiliary operand must be persistent")
         self.ops.append(
-            RecordedOp(code, [self.operand(t) for t in operands], tuple(ints), tuple(floats), kind)
+            RecordedOp(
+                code, [self.operand(t) for t in operands], tuple(ints), tuple(floats), kind, extra
+            )
         )
 
     # -- after the forward --------------------------------------------------------------

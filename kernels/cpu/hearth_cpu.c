@@ -716,6 +716,7 @@ enum {
     OP_KV_WRITE,
     OP_ATTENTION,
     OP_SILU_MUL,
+    OP_LINEAR_BF16,
 };
 
 typedef struct {
@@ -727,6 +728,7 @@ typedef struct {
     const void *ptr[4]; /* persistent operands */
     int64_t i[4];       /* sizes: see each op */
     float f[2];         /* eps, scale */
+    const void *aux;    /* a second persistent operand (OP_LINEAR_BF16: the float32 kernel's blocks) */
 } hearth_op;
 
 typedef struct {
@@ -744,6 +746,17 @@ typedef struct {
 void hearth_q8a_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
                      int64_t n, const float *bias, float *out, int64_t ldo, uint8_t *scratch,
                      int64_t amx_min_t);
+
+int hearth_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
+                     const float *bias, float *out, int64_t ldo);
+
+static inline void linear_f32(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
+                              int64_t n, const float *bias, float *out, int64_t ldo) {
+    if (kind == 0)
+        hearth_q4_1_gemm(x, t, ldx, k, w, n, bias, out, ldo);
+    else
+        hearth_q8_0_gemm(x, t, ldx, k, w, n, bias, out, ldo);
+}
 
 static inline float *operand(const hearth_op *op, const hearth_step *st, int j) {
     if (op->slot[j] < 0) return (float *)op->ptr[j];
@@ -767,10 +780,13 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
             hearth_add_rms_norm(a, b, c, t, op->i[0], op->f[0]);
             break;
         case OP_LINEAR_F32: /* x = a, w = b, bias = d, out = c; i0 = k, i1 = n */
-            if (op->kind == 0)
-                hearth_q4_1_gemm(a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c, op->ld[2]);
-            else
-                hearth_q8_0_gemm(a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c, op->ld[2]);
+            linear_f32(op->kind, a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c, op->ld[2]);
+            break;
+        case OP_LINEAR_BF16: /* tiles = b, blocks = aux; i2 = min_t (fewer tokens: the blocks) */
+            if (t < op->i[2] ||
+                !hearth_bf16_gemm(a, t, op->ld[0], op->i[0], (const uint16_t *)b, op->i[1], d, c, op->ld[2]))
+                linear_f32(op->kind, a, t, op->ld[0], op->i[0], (const uint8_t *)op->aux, op->i[1], d, c,
+                           op->ld[2]);
             break;
         case OP_LINEAR_Q8A:
             hearth_q8a_gemm(op->kind, a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c,

@@ -60,6 +60,7 @@ class StepProgram:
                 else:
                     op.slot[j] = slot_of[operand.buffer]
                     op.off[j], op.ld[j] = operand.offset, operand.ld
+            op.aux = rec.aux.ptr if rec.aux is not None else None
             for j, v in enumerate(rec.ints):
                 op.i[j] = v
             for j, v in enumerate(rec.floats):

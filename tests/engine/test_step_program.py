@@ -16,9 +16,13 @@ if not ops.available():
     pytest.skip("host has no AVX2: the fast path does not run here", allow_module_level=True)
 
 
-@pytest.fixture(scope="module", params=["gguf", "gguf-int8"])
+@pytest.fixture(scope="module", params=["gguf", "gguf-bf16", "gguf-int8"])
 def core(request, model_smollm2_dir: str):
     from engine.core import EngineCore
+    from kernels.cpu import bf16_ops
+
+    if request.param == "gguf-bf16" and not bf16_ops.available():
+        pytest.skip(f"gguf-bf16 needs AMX-BF16 tiles: {bf16_ops.tile_path()}")
 
     config = EngineConfig(
         model=model_smollm2_dir, max_model_len=512, max_num_seqs=8, quantization=request.param

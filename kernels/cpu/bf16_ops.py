@@ -1,0 +1,139 @@
+"""torch-facing wrapper of the AMX-BF16 GEMM (`hearth_bf16.c`).
+
+A `TiledWeight` holds one linear weight twice: rounded to bfloat16 in the AMX B-tile
+layout (`data`), and as the GGUF blocks of the float32 kernels (`blocks`). `linear_tiles`
+runs the tiles for calls of at least `min_t` tokens, where the matrix unit wins (prefill,
+batched decode), and the float32 block kernel below that, where a step streams the
+weights once for a few tokens and the 4-bit blocks are a quarter of the bytes. On a host
+or build without AMX-BF16 every call takes the float32 kernel.
+
+Usage::
+
+    w = pack_tiles(dense_fp32_weight, ops.pack("q4_1", raw_rows), min_t=16)
+    y = linear_tiles(x, w)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cpu import capture, ops
+
+logger = logging.getLogger("hearth.engine")
+
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+_SIGNATURES: dict[str, tuple[list[type], type | None]] = {
+    "hearth_bf16_packed_bytes": ([_i64, _i64], _i64),
+    "hearth_pack_bf16": ([_ptr, _i64, _i64, _ptr], None),
+    "hearth_bf16_gemm": ([_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64], ctypes.c_int),
+    "hearth_bf16_isa": ([], ctypes.c_int),
+    "hearth_bf16_status": ([], ctypes.c_int),
+}
+
+DEFAULT_MIN_T = 16
+"""Calls of at least this many tokens use the tiles: one A tile is 16 tokens, so fewer pay
+for 16 while reading 4x the weight bytes of the 4-bit blocks."""
+_KINDS = {"q4_1": 0, "q8_0": 1}
+
+
+@functools.cache
+def library(variant: str | None = None) -> ctypes.CDLL:
+    """The library of `variant` (default: this host's) with the bf16 entry points typed."""
+    lib = ops.library(variant)
+    for name, (args, res) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+    return lib
+
+
+def tile_path(variant: str | None = None) -> str:
+    """``amx-bf16`` when the tiles run here, else why not (the float32 kernels run)."""
+    lib = library(variant)
+    if lib.hearth_bf16_isa() == 0:
+        return "none (no AMX-BF16 in this kernel build)"
+    status = lib.hearth_bf16_status()
+    return "amx-bf16" if status == 1 else f"none (AMX refused: errno {-status})"
+
+
+def available(variant: str | None = None) -> bool:
+    """Whether `linear_tiles` runs the tiles (not the float32 fallback) here."""
+    return tile_path(variant) == "amx-bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class TiledWeight:
+    """An [n, k] weight as bfloat16 AMX tiles plus its float32-kernel blocks."""
+
+    n: int
+    k: int
+    data: torch.Tensor
+    """int16 storage of the bfloat16 tiles (hearth_bf16.c's layout)."""
+    blocks: ops.PackedWeight
+    """The same weight for the float32 kernels (calls below `min_t`)."""
+    min_t: int
+    bias: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * 2 + self.blocks.nbytes
+
+    @property
+    def kind(self) -> str:
+        return self.blocks.kind
+
+
+def pack_tiles(
+    dense: torch.Tensor, blocks: ops.PackedWeight, min_t: int = DEFAULT_MIN_T
+) -> TiledWeight:
+    """`dense` (``[n, k]`` float32, the dequantized weight `blocks` holds) as tiles."""
+    if dense.dtype != torch.float32 or dense.dim() != 2:
+        raise ValueError(f"dense must be a 2-D float32 weight, got {dense.dtype} {dense.dim()}-D")
+    n, k = dense.shape
+    if (n, k) != (blocks.n, blocks.k):
+        raise ValueError(f"dense [{n}, {k}] does not match blocks [{blocks.n}, {blocks.k}]")
+    lib = library()
+    data = torch.empty(lib.hearth_bf16_packed_bytes(n, k) // 2, dtype=torch.int16)
+    lib.hearth_pack_bf16(dense.contiguous().data_ptr(), n, k, data.data_ptr())
+    return TiledWeight(n, k, data, blocks, max(int(min_t), 1), blocks.bias)
+
+
+def linear_tiles(
+    x: torch.Tensor, weight: TiledWeight, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ W.T (+ bias)``: ``[T, k]`` float32 (rows may be strided) -> ``[T, n]``."""
+    ops._check(x, "x")
+    if x.dim() != 2 or x.shape[1] != weight.k or x.stride(1) != 1:
+        raise ValueError(f"x must be [T, {weight.k}] with unit column stride, got {tuple(x.shape)}")
+    t = x.shape[0]
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        out = rec.new(weight.n) if out is None else out
+        rec.emit(
+            capture.OP_LINEAR_BF16, [x, weight.data, out, weight.bias],
+            (weight.k, weight.n, weight.min_t), kind=_KINDS[weight.blocks.kind],
+            aux=weight.blocks.data,
+        )  # fmt: skip
+        return out
+    if out is None:
+        out = torch.empty((t, weight.n), dtype=torch.float32)
+    if t >= weight.min_t and library().hearth_bf16_gemm(
+        x.data_ptr(),
+        t,
+        x.stride(0),
+        weight.k,
+        weight.data.data_ptr(),
+        weight.n,
+        None if weight.bias is None else weight.bias.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+    ):
+        return out
+    return ops.linear(x, weight.blocks, out)

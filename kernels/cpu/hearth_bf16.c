@@ -1,0 +1,233 @@
+/*
+ * hearth_bf16.c: linear layers on the AMX-BF16 matrix units (Sapphire Rapids and newer).
+ *
+ * Why: on an AMX host the float32 block kernels (hearth_cpu.c) are compute-bound from a
+ * few tokens up: a step of 16-64 decode tokens, and every prefill, spends its time in
+ * FMAs a tile unit does 16x faster. Here each weight is stored once as bfloat16 in the
+ * B-tile layout and every product is a TDPBF16PS (16 tokens x 16 outputs x 32 inputs per
+ * instruction) accumulated in float32 tiles across the whole row, with no per-block fold.
+ *
+ * Precision contract (docs/performance.md, "Precision"): each weight is the dequantized
+ * float32 weight (d*q + m of the GGUF block, as gguf-py computes it) rounded once to
+ * bfloat16 (nearest-even), each activation is rounded once to bfloat16 (nearest-even,
+ * VCVTNE2PS2BF16), products are exact and sums are float32 in the tile unit's own order.
+ * A token's result depends only on its own row (tile rows never mix), so it does not
+ * change with batch size or thread count *within this kernel*; the engine's gguf-bf16 mode
+ * runs it only from `min_t` tokens up (the float32 kernels below that), so batch
+ * invariance across that threshold is not claimed (docs/performance.md says so).
+ *
+ * Packed layout of an [N, K] weight: N padded to 16 (groups of 16 outputs), K to 32
+ * (chunks); group g, chunk c is one 1 KB B tile: row p (0..15) holds, for each of the 16
+ * outputs j, the pair (W[16g + j][32c + 2p], W[16g + j][32c + 2p + 1]). Groups one after
+ * the other, chunks in K order inside a group; padding is zero.
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#define BK 32 /* K per tile: 16 bfloat16 pairs */
+#define BN 16 /* outputs per B / C tile */
+#define BM 16 /* tokens per A / C tile */
+#define BLOCK_PAIRS 8 /* token-tile pairs and output-group pairs per cache block (256 x 256) */
+
+static inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+int64_t hearth_bf16_packed_bytes(int64_t n, int64_t k) { return round_up(n, BN) * round_up(k, BK) * 2; }
+
+static inline uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* w: [n, k] float32, row-major (the dequantized weight). */
+void hearth_pack_bf16(const float *w, int64_t n, int64_t k, uint16_t *dst) {
+    const int64_t groups = round_up(n, BN) / BN, chunks = round_up(k, BK) / BK;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            uint16_t *tile = dst + (g * chunks + c) * (BK * BN);
+            for (int p = 0; p < BK / 2; p++)
+                for (int j = 0; j < BN; j++)
+                    for (int e = 0; e < 2; e++) {
+                        const int64_t row = g * BN + j, col = c * BK + 2 * p + e;
+                        tile[p * 2 * BN + 2 * j + e] = (row < n && col < k) ? bf16_round(w[row * k + col]) : 0;
+                    }
+        }
+    }
+}
+
+/* Which tile path this build has: 1 = AMX-BF16, 0 = none (callers use the float32 kernels). */
+int hearth_bf16_isa(void) {
+#ifdef __AMX_BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef __AMX_BF16__
+/* The tile state is granted per process by the int8 file's request (hearth_q8.c): the
+ * same XTILEDATA permission covers every AMX instruction. 1 = usable, < 0 = -errno. */
+int hearth_q8a_amx_status(void);
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) bf16_tile_config;
+
+/* tmm0-3: C (two token tiles x two output groups), tmm4-5: A, tmm6-7: B; all 16 x 64 B. */
+static void bf16_config(void) {
+    bf16_tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Activations -> bfloat16 A tiles: token tile r / 16, chunk c at a + (r / 16 * chunks + c) * 512,
+ * row r % 16 inside (zero padded to whole tiles). Each tile is 1 KB contiguous, so a tile load
+ * reads one stream the prefetcher follows, as the weights' tiles do. */
+static void activations_bf16(const float *x, int64_t t, int64_t ldx, int64_t k, int64_t chunks, int64_t tp,
+                             uint16_t *a) {
+#pragma omp parallel for schedule(static) if (t * k > 65536)
+    for (int64_t r = 0; r < tp; r++) {
+        uint16_t *row = a + (r / BM) * chunks * (BM * BK) + (r % BM) * BK;
+        const float *xr = x + r * ldx;
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t left = r < t ? k - c * BK : 0;
+            const __mmask16 m0 = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            const __m512 lo = _mm512_maskz_loadu_ps(m0, xr + c * BK);
+            const __m512 hi = _mm512_maskz_loadu_ps(m1, xr + c * BK + 16);
+            _mm512_storeu_si512(row + c * (BM * BK), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+/* One C tile's 16 x 16 floats (in `buf`) to out rows [r0, r0 + rows), outputs [col, col + cols). */
+static inline void store_tile(const float *buf, float *out, int64_t ldo, int64_t rows, int64_t col, int64_t cols,
+                              const float *bias) {
+    const __mmask16 mask = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; r++)
+        _mm512_mask_storeu_ps(out + r * ldo + col, mask, _mm512_add_ps(_mm512_load_ps(buf + 16 * r), bv));
+}
+
+/* The four (or fewer) C tiles of one item, accumulated over every K chunk. */
+#define ITEM_BODY(TWO_T, TWO_G)                                                   \
+    do {                                                                          \
+        _tile_zero(0);                                                            \
+        if (TWO_G) _tile_zero(1);                                                 \
+        if (TWO_T) _tile_zero(2);                                                 \
+        if (TWO_T && TWO_G) _tile_zero(3);                                        \
+        for (int64_t c = 0; c < chunks; c++) {                                    \
+            _tile_loadd(4, a0 + c * (BM * BK), 64);                               \
+            _tile_loadd(6, b0 + c * (BK * BN), 64);                               \
+            if (TWO_T) _tile_loadd(5, a0 + chunks * (BM * BK) + c * (BM * BK), 64); \
+            if (TWO_G) _tile_loadd(7, b0 + chunks * (BK * BN) + c * (BK * BN), 64); \
+            _tile_dpbf16ps(0, 4, 6);                                              \
+            if (TWO_G) _tile_dpbf16ps(1, 4, 7);                                   \
+            if (TWO_T) _tile_dpbf16ps(2, 5, 6);                                   \
+            if (TWO_T && TWO_G) _tile_dpbf16ps(3, 5, 7);                          \
+        }                                                                         \
+        _tile_stored(0, cbuf, 64);                                                \
+        if (TWO_G) _tile_stored(1, cbuf + 256, 64);                               \
+        if (TWO_T) _tile_stored(2, cbuf + 512, 64);                               \
+        if (TWO_T && TWO_G) _tile_stored(3, cbuf + 768, 64);                      \
+    } while (0)
+
+static void amx_item(int two_t, int two_g, const uint16_t *a0, const uint16_t *b0, int64_t chunks, float *cbuf) {
+    if (two_t && two_g)
+        ITEM_BODY(1, 1);
+    else if (two_t)
+        ITEM_BODY(1, 0);
+    else if (two_g)
+        ITEM_BODY(0, 1);
+    else
+        ITEM_BODY(0, 0);
+}
+
+/* Returns 0 (nothing computed) if its buffers cannot be allocated. */
+static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
+                         const float *bias, float *out, int64_t ldo) {
+    const int64_t kp = round_up(k, BK), chunks = kp / BK;
+    const int64_t tiles_t = round_up(t, BM) / BM, pairs_t = (tiles_t + 1) / 2;
+    const int64_t groups = round_up(n, BN) / BN, pairs_g = (groups + 1) / 2;
+    const int64_t panels = (pairs_g + BLOCK_PAIRS - 1) / BLOCK_PAIRS;
+    const int64_t bands = (pairs_t + BLOCK_PAIRS - 1) / BLOCK_PAIRS;
+    const int threads = omp_get_max_threads();
+    uint16_t *a = (uint16_t *)aligned_alloc(64, (size_t)(tiles_t * BM * kp * 2));
+    float *cbufs = (float *)aligned_alloc(64, (size_t)threads * 1024 * sizeof(float));
+    if (!a || !cbufs) {
+        free(a);
+        free(cbufs);
+        return 0;
+    }
+    activations_bf16(x, t, ldx, k, chunks, tiles_t * BM, a);
+    /* Blocks of 256 tokens x 256 outputs (~300 KB of activations and of weights: both stay
+     * in L2 while the block runs); inside a block, token pair by token pair (its tiles stay
+     * in L1) over the block's output pairs. */
+    const int64_t per_block = BLOCK_PAIRS * BLOCK_PAIRS, items = bands * panels * per_block;
+#pragma omp parallel num_threads(threads)
+    {
+        bf16_config();
+        float *cbuf = cbufs + 1024 * omp_get_thread_num();
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t i = 0; i < items; i++) {
+            const int64_t block = i / per_block, in = i % per_block;
+            const int64_t tp = (block / panels) * BLOCK_PAIRS + in / BLOCK_PAIRS;
+            const int64_t gp = (block % panels) * BLOCK_PAIRS + in % BLOCK_PAIRS;
+            if (tp >= pairs_t || gp >= pairs_g) continue;
+            const int64_t t0 = tp * 2 * BM, g0 = gp * 2;
+            const int two_t = t0 + BM < t, two_g = g0 + 1 < groups;
+            amx_item(two_t, two_g, a + (t0 / BM) * chunks * (BM * BK), w + g0 * chunks * (BK * BN), chunks, cbuf);
+            for (int ti = 0; ti <= two_t; ti++) {
+                const int64_t r0 = t0 + ti * BM, rows = t - r0 < BM ? t - r0 : BM;
+                for (int gi = 0; gi <= two_g; gi++) {
+                    const int64_t col = (g0 + gi) * BN, cols = n - col < BN ? n - col : BN;
+                    store_tile(cbuf + 256 * (2 * ti + gi), out + r0 * ldo, ldo, rows, col, cols, bias);
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(a);
+    free(cbufs);
+    return 1;
+}
+#endif
+
+/* 1 if hearth_bf16_gemm can run here (AMX-BF16 built and granted), else 0 or -errno. */
+int hearth_bf16_status(void) {
+#ifdef __AMX_BF16__
+    return hearth_q8a_amx_status();
+#else
+    return 0;
+#endif
+}
+
+/*
+ * out[t, n] = x[t, :] . W[n, :] (+ bias[n]); x float32 rows `ldx` apart, w packed by
+ * hearth_pack_bf16, out rows `ldo` floats apart. Returns 1 when computed, 0 when this
+ * build or host has no AMX-BF16 (or memory ran out): the caller then runs its float32
+ * kernel.
+ */
+int hearth_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
+                     const float *bias, float *out, int64_t ldo) {
+    if (t <= 0) return 1;
+#ifdef __AMX_BF16__
+    if (hearth_q8a_amx_status() != 1) return 0;
+    return amx_bf16_gemm(x, t, ldx, k, w, n, bias, out, ldo);
+#else
+    (void)x, (void)ldx, (void)k, (void)w, (void)n, (void)bias, (void)out, (void)ldo;
+    return 0;
+#endif
+}

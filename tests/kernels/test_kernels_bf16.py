@@ -1,0 +1,153 @@
+"""The AMX-BF16 GEMM (kernels/cpu/hearth_bf16.c) against its stated arithmetic.
+
+Contract: each weight and each activation is rounded once to bfloat16 (nearest-even),
+products are exact and sums float32, so the result is within float32 accumulation error
+of the float64 product of the rounded operands; a row's result is bitwise the same
+whatever other rows share the call and whatever the thread count; below `min_t` tokens
+`linear_tiles` is exactly the float32 block kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ops = pytest.importorskip("kernels.cpu.ops")
+if not ops.available():
+    pytest.skip("host has no AVX2: the CPU kernels do not run here", allow_module_level=True)
+
+from kernels.cpu import bf16_ops  # noqa: E402
+
+if not bf16_ops.available():
+    pytest.skip(
+        f"AMX-BF16 tiles do not run here: {bf16_ops.tile_path()}", allow_module_level=True
+    )
+
+
+def _tiles(w: torch.Tensor) -> torch.Tensor:
+    n, k = w.shape
+    lib = bf16_ops.library()
+    data = torch.empty(lib.hearth_bf16_packed_bytes(n, k) // 2, dtype=torch.int16)
+    lib.hearth_pack_bf16(w.contiguous().data_ptr(), n, k, data.data_ptr())
+    return data
+
+
+def _gemm(x: torch.Tensor, tiles: torch.Tensor, n: int, bias=None, ldo_pad: int = 0):
+    t, k = x.shape
+    out = torch.full((t, n + ldo_pad), float("nan"))
+    done = bf16_ops.library().hearth_bf16_gemm(
+        x.data_ptr(), t, x.stride(0), k, tiles.data_ptr(), n,
+        None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
+    )  # fmt: skip
+    assert done == 1
+    return out
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 product of the bfloat16-rounded operands, and the sum of |products| (the
+    scale of float32 accumulation error)."""
+    xr, wr = x.bfloat16().double(), w.bfloat16().double()
+    ref = xr @ wr.T
+    if bias is not None:
+        ref = ref + bias.double()
+    return ref, xr.abs() @ wr.abs().T
+
+
+SHAPES = [
+    (1, 576, 576, False),
+    (5, 40, 20, True),  # K and N not multiples of the tile: zero padding
+    (16, 64, 48, False),
+    (17, 576, 1536, False),  # one full token tile and one of a single row
+    (33, 1536, 576, True),
+    (64, 576, 192, False),
+]
+
+
+@pytest.mark.parametrize(("t", "k", "n", "bias"), SHAPES)
+def test_tiles_compute_the_rounded_operands_product_in_float32(t, k, n, bias) -> None:
+    gen = torch.Generator().manual_seed(t * 131 + k + n)
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(t, k + 7, generator=gen)[:, :k]  # strided rows
+    b = torch.randn(n, generator=gen) if bias else None
+    out = _gemm(x, _tiles(w), n, b, ldo_pad=3)
+    ref, scale = _reference(x, w, b)
+    err = (out[:, :n].double() - ref).abs()
+    # float32 sums of k exact products: at most ~k * 2^-24 relative to the sum of |products|
+    assert bool((err <= scale * k * 2.0**-24 + 1e-30).all()), float((err / scale).max())
+    assert bool(out[:, n:].isnan().all()), "wrote past n into the output's padding"
+
+
+def test_rounding_is_once_per_operand_to_nearest_even() -> None:
+    """An activation that is not a bfloat16 value is rounded (not truncated) before the
+    product: 1 + 2^-8 + 2^-10 rounds up to 1 + 2^-7 (truncation would give 1)."""
+    k, n = 32, 16
+    x = torch.zeros(1, k)
+    x[0, 0] = 1 + 2.0**-8 + 2.0**-10
+    w = torch.zeros(n, k)
+    w[:, 0] = 1.0
+    out = _gemm(x, _tiles(w), n)
+    assert torch.equal(out[0], torch.full((n,), 1 + 2.0**-7))
+
+
+def test_a_rows_result_does_not_depend_on_the_batch_or_threads() -> None:
+    gen = torch.Generator().manual_seed(7)
+    k, n = 576, 1536
+    w = torch.randn(n, k, generator=gen)
+    tiles = _tiles(w)
+    x = torch.randn(100, k, generator=gen)
+    full = _gemm(x, tiles, n)
+    for t in (1, 15, 16, 17, 33, 64):
+        assert torch.equal(_gemm(x[:t].contiguous(), tiles, n), full[:t]), t
+    assert torch.equal(_gemm(x[40:41].contiguous(), tiles, n), full[40:41])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = _gemm(x, tiles, n)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, full)
+
+
+def _blocks_and_dense(n: int, k: int):
+    """A random Q4_1 GGUF weight: its packed blocks and its dequantized float32 values."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    gen = torch.Generator().manual_seed(n + k)
+    dense = torch.randn(n, k, generator=gen).numpy()
+    raw = quantize(dense, GGMLQuantizationType.Q4_1)
+    deq = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_1).astype(np.float32))
+    return ops.pack("q4_1", raw), deq
+
+
+def test_linear_tiles_is_the_block_kernel_below_min_t_and_the_tiles_from_it() -> None:
+    n, k = 192, 576
+    blocks, dense = _blocks_and_dense(n, k)
+    weight = bf16_ops.pack_tiles(dense, blocks, min_t=16)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(40, k, generator=gen)
+    for t in (1, 15):
+        assert torch.equal(bf16_ops.linear_tiles(x[:t], weight), ops.linear(x[:t], blocks))
+    tiles = _gemm(x, weight.data, n)
+    for t in (16, 40):
+        got = bf16_ops.linear_tiles(x[:t], weight)
+        assert torch.equal(got, tiles[:t])
+        assert not torch.equal(got, ops.linear(x[:t], blocks))  # really the other kernel
+
+
+def test_pack_tiles_refuses_a_dense_weight_of_another_shape() -> None:
+    blocks, dense = _blocks_and_dense(64, 64)
+    with pytest.raises(ValueError, match="does not match"):
+        bf16_ops.pack_tiles(dense[:32], blocks)
+
+
+def test_builds_below_amx_have_no_tile_path() -> None:
+    """Lower variants (forced with --cpu-isa) compile the file as an empty shell: the tile
+    path reports itself absent and callers run the float32 kernels."""
+    from kernels.cpu.build import host_isa
+
+    for variant in host_isa().supported:
+        if variant != "amx":
+            assert bf16_ops.library(variant).hearth_bf16_isa() == 0
+            assert not bf16_ops.available(variant)
