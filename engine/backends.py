@@ -57,7 +57,6 @@ TILES_BY_DEFAULT = False
 docs/performance.md)."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class Backends:
     quantization: str
@@ -105,7 +104,13 @@ def choose_backends(
             raise ValueError(f"--quantization {asked} cannot run: {why_not}")
         return _exact_checked(config, dtype, device)
     assert path is not None
-    mode = asked if asked != "auto" else "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.available() else "gguf"
+    mode = (
+        asked
+        if asked != "auto"
+        else "gguf-bf16"
+        if TILES_BY_DEFAULT and bf16_ops.available()
+        else "gguf"
+    )
     if mode == "gguf-bf16" and not bf16_ops.available():
         raise ValueError(
             f"--quantization gguf-bf16 cannot run: AMX-BF16 tiles: {bf16_ops.tile_path()}; "

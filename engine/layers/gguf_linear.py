@@ -246,7 +246,9 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
         self.min_t = min_t
 
     def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
-        return bf16_ops.pack_tiles(layer.weight.float(), ops.pack(kind, rows, layer.bias), self.min_t)
+        return bf16_ops.pack_tiles(
+            layer.weight.float(), ops.pack(kind, rows, layer.bias), self.min_t
+        )
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         packed = layer.packed

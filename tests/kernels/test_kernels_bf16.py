@@ -19,9 +19,7 @@ if not ops.available():
 from kernels.cpu import bf16_ops  # noqa: E402
 
 if not bf16_ops.available():
-    pytest.skip(
-        f"AMX-BF16 tiles do not run here: {bf16_ops.tile_path()}", allow_module_level=True
-    )
+    pytest.skip(f"AMX-BF16 tiles do not run here: {bf16_ops.tile_path()}", allow_module_level=True)
 
 
 def _tiles(w: torch.Tensor) -> torch.Tensor:
