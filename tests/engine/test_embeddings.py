@@ -87,7 +87,12 @@ def add_sentence_transformers(
     shutil.copytree(base, directory)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
     ]
     (directory / "1_Pooling").mkdir()
     (directory / "1_Pooling" / "config.json").write_text(
@@ -95,7 +100,12 @@ def add_sentence_transformers(
     )
     if normalize:
         modules.append(
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
         )
         (directory / "2_Normalize").mkdir()
     (directory / "modules.json").write_text(json.dumps(modules))
@@ -123,7 +133,9 @@ def as_vector(out: RequestOutput) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(out.embedding, dtype="<f4").copy())
 
 
-def embed(core, prompts: list[list[int]], tag: str, dimensions: int | None = None) -> list[torch.Tensor]:
+def embed(
+    core, prompts: list[list[int]], tag: str, dimensions: int | None = None
+) -> list[torch.Tensor]:
     """Admit every prompt at once as an embedding request; run to the end."""
     outs = run(core, [(f"{tag}-{i}", ids, None, dimensions) for i, ids in enumerate(prompts)])
     return [as_vector(outs[f"{tag}-{i}"][-1]) for i in range(len(prompts))]
@@ -241,7 +253,10 @@ def test_preempted_embedding_is_pooled_once(mean_dir: Path) -> None:
     core = make_core(mean_dir, max_num_batched_tokens=16)
     core.add_request(
         AddRequest(
-            request_id="p", prompt_token_ids=long_ids, params=SamplingParams(), pooling=PoolingParams()
+            request_id="p",
+            prompt_token_ids=long_ids,
+            params=SamplingParams(),
+            pooling=PoolingParams(),
         )
     )
     core.step()
