@@ -109,10 +109,6 @@ class Request:
         return len(self.all_token_ids) - self.num_computed_tokens
 
     @property
-    def is_embedding(self) -> bool:
-        return self.pooling is not None
-
-    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 

@@ -4,13 +4,14 @@ input, `dimensions`, usage, and the engine's failures in OpenAI's error shape.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from array import array
 
 import msgspec
 import pytest
 from fake_engine import FakeEngine, Script, fake_embedding
-from handlers_testing import EMBEDDING_SIZE, assert_openai_error, encode
+from handlers_testing import EMBEDDING_SIZE, assert_openai_error, call_asgi, encode
 
 from engine.pooling_config import PoolingConfig
 from engine.tokenizer import Tokenizer
@@ -138,3 +139,17 @@ def test_invocations_dispatch_by_marker(client, engine: FakeEngine, marker) -> N
     assert result.json["object"] == "list"
     direct = client.simulate_post(EMBEDDINGS, json={"input": TEXTS[1]}).json
     assert result.json["data"] == direct["data"]
+
+
+@pytest.mark.anyio
+async def test_a_client_that_leaves_aborts_every_input(client, engine: FakeEngine) -> None:
+    engine.script = Script(token_ids=[], hold=asyncio.Event())  # a prefill that never ends
+    disconnect = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, disconnect.set)
+    result = await call_asgi(
+        client.app, EMBEDDINGS, {"input": TEXTS}, disconnect_when=lambda _: disconnect.is_set()
+    )
+    assert result.status is None
+    assert sorted(engine.aborted) == sorted(a.request_id for a in engine.added)
+    assert len(engine.added) == len(TEXTS)
+    assert engine.live == set() and engine.num_in_flight == 0
