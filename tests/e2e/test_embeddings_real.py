@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import threading
 from typing import Any
 
 import httpx
@@ -27,10 +28,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 MODEL = "smollm2"
 HIDDEN = 576
-TOL = 1e-4
-"""Largest |hearth - transformers| per component of the unit vectors. The server runs
-the GGUF fast path (the file's Q4/Q8 blocks times float32 activations, the same weight
-values transformers dequantizes), so only the order of float32 sums differs."""
+TOL = 1e-5
+"""Largest |hearth - transformers| per component of the unit vectors (measured: 3.3e-7 on
+an AVX2 host). The server runs the GGUF fast path (the file's Q4/Q8 blocks times float32
+activations, the same weight values transformers dequantizes), so only the order of
+float32 sums differs."""
 TEXTS = [
     "The capital of France is Paris.",
     "Hello, how are you?",
@@ -146,14 +148,25 @@ def _greedy(server: Server) -> tuple[str, list[str]]:
 
 
 def test_embeddings_beside_generation_change_no_token(default_server: Server) -> None:
+    """Embeddings sent back to back for as long as a greedy completion runs share its
+    engine steps; its tokens are the same as when it ran alone."""
     alone = _greedy(default_server)
-    long_texts = [" ".join(["Embeddings share the engine's steps."] * 30)] * 8
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        embeds = [
-            pool.submit(client(default_server).embeddings.create, model=MODEL, input=long_texts)
-            for _ in range(3)
-        ]
-        mixed = pool.submit(_greedy, default_server)
-        assert mixed.result() == alone
-        assert all(len(f.result().data) == 8 for f in embeds)
+    sdk = client(default_server)
+    done = threading.Event()
+
+    def keep_embedding() -> int:
+        count = 0
+        while not done.is_set():
+            assert len(sdk.embeddings.create(model=MODEL, input=TEXTS[:3]).data) == 3
+            count += 1
+        return count
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        embedder = pool.submit(keep_embedding)
+        try:
+            mixed = _greedy(default_server)
+        finally:
+            done.set()
+        assert embedder.result() >= 1
+    assert mixed == alone
     assert wait_metric(default_server, "hearth:kv_cache_used_blocks", 0) == 0
