@@ -21,7 +21,7 @@ from engine.errors import (
     EngineOverloadedError,
     InvalidEngineRequestError,
 )
-from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch
+from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch, PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -132,9 +132,11 @@ class EngineClient(ABC):
         params: SamplingParams,
         priority: int = 0,
         collector: OutputCollector | None = None,
+        pooling: PoolingParams | None = None,
     ) -> OutputCollector:
         """Admit a request whose outputs go to `collector` (a new one by default; the n
-        choices of one API request share one). Raises EngineOverloadedError /
+        choices of one API request share one); with `pooling`, an embedding request
+        (one final output carrying the vector). Raises EngineOverloadedError /
         EngineDeadError / EngineNotReadyError / InvalidEngineRequestError before any
         output exists."""
         ready = self.is_ready()  # re-reads the transport's state once, for all three checks
@@ -161,6 +163,7 @@ class EngineClient(ABC):
                         prompt_token_ids=prompt_token_ids,
                         params=params,
                         priority=priority,
+                        pooling=pooling,
                     )
                 )
                 admission = await future

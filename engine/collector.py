@@ -36,6 +36,8 @@ def merge_into(merged: RequestOutput, later: RequestOutput) -> None:
     merged.num_cached_tokens = merged.num_cached_tokens or later.num_cached_tokens
     if later.prompt_logprobs is not None:  # only ever on a request's first output
         merged.prompt_logprobs = later.prompt_logprobs
+    if later.embedding is not None:  # an embedding request's one output
+        merged.embedding = later.embedding
     if later.finish_reason is not None:
         merged.finish_reason = later.finish_reason
         merged.stop_reason = later.stop_reason

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import msgspec
 
+from engine.pooling_config import PoolingConfig
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "gguf", "gguf-bf16", "gguf-int8", "none")
 KERNELS = ("auto", "torch", "triton")
@@ -153,6 +155,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     """What `--quantization` resolved to: ``gguf`` (the CPU fast path) or ``none``."""
     kernels: str = ""
     """Weights and kernels in one line, incl. the host ISA they were chosen for."""
+    pooling: PoolingConfig | None = None
+    """How the engine pools embeddings for this model; None: it serves none (an engine
+    that predates embeddings, or a test double that does not say)."""
 
 
 CPU_TOKEN_BUDGET = 256

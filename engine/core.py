@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 
+import msgspec
 import torch
 
 from engine.attention import CpuAttentionBackend, PagedAttentionBackend
@@ -26,6 +27,7 @@ from engine.gpu_memory import (
 from engine.messages import AddRequest, Admission, RequestOutput
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner, StepResult, kv_cache_bytes_per_block
+from engine.pooling_config import read_pooling_config
 from engine.request import Request
 from engine.resolved_config import resolve
 from engine.sampling_params import SamplingParams
@@ -69,6 +71,10 @@ class EngineCore:
 
         self.eos_token_ids = Tokenizer(model_dir).eos_token_ids
         self.vocab_size = int(hf_config.vocab_size)
+        self.pooling = msgspec.structs.replace(
+            read_pooling_config(model_dir), hidden_size=int(hf_config.hidden_size)
+        )
+        say(f"embeddings: {self.pooling.unsupported or self.pooling.source}")
         max_len = resolved.max_model_len
         self.max_num_batched_tokens = resolved.max_num_batched_tokens
         block_size = config.block_size
@@ -85,6 +91,7 @@ class EngineCore:
             self.device,
             self.eos_token_ids,
             attention,
+            self.pooling,
         )
         if (
             isinstance(attention, CpuAttentionBackend)
@@ -113,6 +120,7 @@ class EngineCore:
             block_size=block_size,
             quantization=self.backends.quantization,
             kernels=self.backends.description,
+            pooling=self.pooling,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
@@ -192,6 +200,7 @@ class EngineCore:
             client_id,
             msg.priority,
             msg.arrival_time or None,
+            msg.pooling,
         )
         request.grammar = grammar
         self.scheduler.add(request)
@@ -236,6 +245,8 @@ class EngineCore:
             return f"request id {msg.request_id!r} is already in use"
         if not ids:
             return "the prompt is empty"
+        if msg.pooling is not None:
+            return self._validate_embedding(msg)
         if len(ids) >= self.max_model_len:
             return (
                 f"The prompt has {len(ids)} tokens; this model's maximum context length is "
@@ -249,6 +260,21 @@ class EngineCore:
         if p.max_tokens < 0:
             return "max_tokens must be at least 0 (0: prefill and score the prompt only)"
         return None
+
+    def _validate_embedding(self, msg: AddRequest) -> str | None:
+        """An embedding request generates nothing, so its prompt may fill the context."""
+        ids = msg.prompt_token_ids
+        if self.pooling.unsupported is not None:
+            return self.pooling.unsupported
+        if len(ids) > self.max_model_len:
+            return (
+                f"The input has {len(ids)} tokens; this model's maximum context length is "
+                f"{self.max_model_len} tokens."
+            )
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            return f"input token ids must be in [0, {self.vocab_size})"
+        assert msg.pooling is not None
+        return self.pooling.check_dimensions(msg.pooling.dimensions)
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -312,9 +338,12 @@ class EngineCore:
         for scored_request, entries in result.prompt_logprobs:
             assert scored_request.prompt_logprobs is not None
             scored_request.prompt_logprobs.extend(entries)
+        outputs = [
+            (request.client_id, self._finish_embedding(request, vector))
+            for request, vector in result.embeddings
+        ]
         if result.output is None:
-            return []
-        outputs: list[tuple[bytes, RequestOutput]] = []
+            return outputs
         logprobs = result.output.logprobs
         for row, item in enumerate(result.sampled):
             request = item.request
@@ -390,6 +419,18 @@ class EngineCore:
             finish_reason="length",
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def _finish_embedding(self, request: Request, vector: bytes) -> RequestOutput:
+        """An embedding request ends with its prompt's last chunk: one output carries the
+        vector, and its blocks are freed now (they were never put in the prefix cache)."""
+        self._finish(request, "stop")
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            embedding=vector,
+            finish_reason="stop",
+            num_prompt_tokens=request.num_prompt_tokens,
         )
 
     def _check_stop(self, request: Request, token: int) -> str | None:

@@ -19,6 +19,14 @@ class TokenLogprob(msgspec.Struct, array_like=True):
     top: list[tuple[int, float]]
 
 
+class PoolingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An embedding request: prefill only, the pooled hidden state comes back instead of
+    tokens (engine/pooler.py). How to pool is the model's (`engine/pooling_config.py`)."""
+
+    dimensions: int | None = None
+    """Keep the first `dimensions` values (Matryoshka), before normalising; None: all."""
+
+
 class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     request_id: str
     prompt_token_ids: list[int]
@@ -26,6 +34,8 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     priority: int = 0
     """Lower runs first under --scheduling-policy priority (vLLM's convention)."""
     arrival_time: float = 0.0
+    pooling: PoolingParams | None = None
+    """Set for an embedding request (then `params` is unused: nothing is sampled)."""
 
 
 class AbortRequest(msgspec.Struct, tag="abort"):
@@ -71,6 +81,9 @@ class RequestOutput(msgspec.Struct, tag="out", kw_only=True, omit_defaults=True)
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache (set on the first output)."""
     error: str | None = None
+    embedding: bytes | None = None
+    """An embedding request's result, on its one (final) output: float32 values, little
+    endian (exactly what OpenAI's `encoding_format: base64` encodes)."""
 
     @property
     def finished(self) -> bool:

@@ -19,6 +19,8 @@ from engine.attention import AttentionBackend, CpuAttentionBackend
 from engine.cuda_graphs import CudaGraphRunner
 from engine.layers.attention import bind_attention
 from engine.messages import TokenLogprob
+from engine.pooler import Pooler
+from engine.pooling_config import PoolingConfig
 from engine.request import Request
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import ScheduledRequest
@@ -32,6 +34,9 @@ class StepResult:
     output: SamplerOutput | None
     prompt_logprobs: list[tuple[Request, list[TokenLogprob]]] = field(default_factory=list)
     """Prompt tokens scored this step, per request that asked (engine/prompt_logprobs.py)."""
+    embeddings: list[tuple[Request, bytes]] = field(default_factory=list)
+    """Embedding requests whose prompt this step completed, with their vector
+    (engine/pooler.py)."""
 
 
 def kv_cache_bytes_per_block(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> int:
@@ -67,6 +72,7 @@ class ModelRunner:
         device: torch.device,
         eos_token_ids: list[int],
         attention: AttentionBackend,
+        pooling: PoolingConfig | None = None,
     ) -> None:
         self.model = model
         self.attention = attention
@@ -82,6 +88,7 @@ class ModelRunner:
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(model.num_layers)]
         bind_attention(model, self.kv_caches, attention)
         self.sampler = Sampler(device)
+        self.pooler = Pooler(pooling or PoolingConfig())
         self.cuda_graphs: CudaGraphRunner | None = None
         """Set by the core after capture (GPU, no --enforce-eager); see engine/cuda_graphs.py."""
 
@@ -116,12 +123,14 @@ class ModelRunner:
                 hidden = self.model(ids_t, positions_t, meta)
         # Prompt logprobs: scored from this step's hidden rows, chunk by chunk.
         scored = prompt_logprobs.score_step(self.model, hidden, ordered)
+        # Embeddings: pooled from the same rows, chunk by chunk; they never sample.
+        embedded = self.pooler.pool_step(hidden, ordered)
         if not sampled:
-            return StepResult([], None, scored)
+            return StepResult([], None, scored, embedded)
         rows = torch.tensor(logits_rows, dtype=torch.long, device=dev)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         output = self.sampler(logits, [s.request for s in sampled], self.eos_token_ids)
-        return StepResult(sampled, output, scored)
+        return StepResult(sampled, output, scored, embedded)
 
     def _flatten(
         self, ordered: list[ScheduledRequest]
@@ -140,7 +149,7 @@ class ModelRunner:
             positions.extend(range(start, end))
             blocks = request.block_ids
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
-            if item.samples:
+            if item.samples and request.pooling is None:
                 logits_rows.append(len(input_ids) - 1)
                 sampled.append(item)
         return input_ids, positions, slots, logits_rows, sampled

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.messages import TokenLogprob
+    from engine.messages import PoolingParams, TokenLogprob
+    from engine.pooler import PoolingState
     from engine.structured.grammar import GrammarState
 
 
@@ -39,6 +40,8 @@ class Request:
         "num_computed_tokens",
         "num_prompt_tokens",
         "params",
+        "pooled",
+        "pooling",
         "priority",
         "prompt_logprobs",
         "request_id",
@@ -55,6 +58,7 @@ class Request:
         client_id: bytes = b"",
         priority: int = 0,
         arrival_time: float | None = None,
+        pooling: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.client_id = client_id
@@ -82,6 +86,10 @@ class Request:
         )
         """Entries scored so far, one per prompt position (the first has nothing before it:
         None); None when the request did not ask for prompt logprobs. See prompt_logprobs.py."""
+        self.pooling = pooling
+        """Set for an embedding request: prefill only, nothing sampled, no KV kept."""
+        self.pooled: PoolingState | None = None
+        """An embedding request's pooling across its prefill chunks (engine/pooler.py)."""
 
     @property
     def num_tokens(self) -> int:

@@ -140,14 +140,21 @@ class Scheduler:
             and len(self.running) < self.max_num_seqs
             and (request := self.waiting.head()) is not None
         ):
-            # A request that scores its prompt must compute every position: no cache hit.
-            use_cache = request.num_computed_tokens == 0 and request.prompt_logprobs is None
+            # A request that scores or pools its prompt must compute every position: no
+            # cache hit (a cached block has K/V but no hidden states).
+            use_cache = (
+                request.num_computed_tokens == 0
+                and request.prompt_logprobs is None
+                and request.pooling is None
+            )
             cached = bm.find_cached_prefix(request) if use_cache else []
             num_cached_tokens = len(cached) * bm.block_size
             num_new = min(request.num_tokens - num_cached_tokens, budget)
             if not bm.allocate(request, num_new, cached):
                 break
-            if request.num_output_tokens == 0:  # first admission, not a resumed preemption
+            # First admission, not a resumed preemption; an embedding never looks the
+            # cache up, so it is no query of the hit rate either.
+            if request.num_output_tokens == 0 and request.pooling is None:
                 bm.num_prefix_queries += request.num_prompt_tokens
                 bm.num_prefix_hits += num_cached_tokens
                 request.num_cached_tokens = num_cached_tokens
@@ -172,10 +179,15 @@ class Scheduler:
         self._enqueue(request, preempted=True)
 
     def commit_step(self, out: SchedulerOutput) -> None:
-        """Advance every scheduled sequence by the tokens it just computed."""
+        """Advance every scheduled sequence by the tokens it just computed.
+
+        An embedding request's blocks are never registered in the prefix cache: it ends
+        at its last prefill chunk and its blocks go straight back to the free list,
+        holding nothing a later request could hit (engine/pooler.py)."""
         for item in out.scheduled:
             request = item.request
             if request.is_finished:
                 continue
             request.num_computed_tokens += item.num_new_tokens
-            self.block_manager.commit(request)
+            if request.pooling is None:
+                self.block_manager.commit(request)

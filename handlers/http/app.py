@@ -27,6 +27,7 @@ from handlers.serving import (
     ServedModel,
     ServingChat,
     ServingCompletion,
+    ServingEmbedding,
     ServingInvocations,
     ServingModels,
     ServingTGI,
@@ -56,6 +57,7 @@ def create_app(
     chat = ServingChat(served, stats)
     completion = ServingCompletion(served, stats)
     tgi = ServingTGI(served, stats)
+    embedding = ServingEmbedding(served, stats)
     tokenization = ServingTokenization(served)
 
     middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), EngineLifespan(engine)]
@@ -69,10 +71,11 @@ def create_app(
 
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
+    app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
     app.add_route("/v1/models", resources.Models(ServingModels(served)))
     app.add_route(
         "/invocations",
-        resources.Invocations(config, ServingInvocations(chat, completion, tgi)),
+        resources.Invocations(config, ServingInvocations(chat, completion, tgi, embedding)),
     )
     app.add_route("/tokenize", resources.Tokenize(config, tokenization))
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))

@@ -25,6 +25,7 @@ from handlers.http.metrics import render_metrics
 from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.embedding import EmbeddingRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -33,6 +34,7 @@ from handlers.protocol.tokenize import (
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
+from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.models import ServingModels
 from handlers.serving.sse import SSEStream
@@ -116,6 +118,16 @@ class Completions(_JsonBody):
             CompletionRequest, await self.body(req), self._serving.served.limits
         )
         send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class Embeddings(_JsonBody):
+    def __init__(self, config: ServerConfig, serving: ServingEmbedding) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(EmbeddingRequest, await self.body(req), self._serving.served.limits)
+        send_model(resp, await self._serving.create(request, request_context(req)))
 
 
 class Invocations(_JsonBody):

@@ -33,6 +33,46 @@ Prompt = str | list[int]
 """One prompt: text, or token ids."""
 
 
+def check_prompts(value: Any, max_prompts: int) -> Any:
+    """One prompt or a batch, as completion and embeddings take it: a string, a list of
+    strings, a list of token ids, or a list of token-id lists (one kind, never empty)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise FieldError(
+            None, "must be a string, a list of strings, a list of token ids or a list of lists"
+        )
+    if not value:
+        raise FieldError(None, "must not be empty")
+    # One prompt of token ids first: its length is bounded by the context, not by
+    # the prompt count.
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in value):
+        if any(p < 0 for p in value):
+            raise FieldError(None, "token ids must be >= 0")
+        return value
+    if len(value) > max_prompts:
+        raise FieldError(None, f"at most {max_prompts} prompts per request")
+    if all(isinstance(p, str) for p in value):
+        return value
+    if all(isinstance(p, list) for p in value):
+        for i, ids in enumerate(value):
+            if not ids:
+                raise FieldError(i, "token id lists must not be empty")
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise FieldError(i, "token ids must be integers >= 0")
+        return value
+    raise FieldError(None, "mixes strings, token ids and lists; use one kind")
+
+
+def prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:
+    """A validated prompt field as a list: one entry per prompt (text or token ids)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
+
+
 class CompletionRequest(SamplingRequest):
     """OpenAI's legacy completion request plus vLLM's extras; see docs/api.md."""
 
@@ -50,32 +90,7 @@ class CompletionRequest(SamplingRequest):
     @field_validator("prompt", mode="before")
     @classmethod
     def _check_prompt(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise FieldError(
-                None, "must be a string, a list of strings, a list of token ids or a list of lists"
-            )
-        if not value:
-            raise FieldError(None, "must not be empty")
-        # One prompt of token ids first: its length is bounded by the context, not by
-        # the prompt count.
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in value):
-            if any(p < 0 for p in value):
-                raise FieldError(None, "token ids must be >= 0")
-            return value
-        if len(value) > MAX_PROMPTS:
-            raise FieldError(None, f"at most {MAX_PROMPTS} prompts per request")
-        if all(isinstance(p, str) for p in value):
-            return value
-        if all(isinstance(p, list) for p in value):
-            for i, ids in enumerate(value):
-                if not ids:
-                    raise FieldError(i, "token id lists must not be empty")
-                if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                    raise FieldError(i, "token ids must be integers >= 0")
-            return value
-        raise FieldError(None, "mixes strings, token ids and lists; use one kind")
+        return check_prompts(value, MAX_PROMPTS)
 
     @model_validator(mode="after")
     def _check_completion(self, info: ValidationInfo) -> CompletionRequest:
@@ -114,11 +129,7 @@ class CompletionRequest(SamplingRequest):
 
     def prompts(self) -> list[Prompt]:
         """The batch as a list: one entry per prompt (text or token ids)."""
-        if isinstance(self.prompt, str):
-            return [self.prompt]
-        if self.prompt and isinstance(self.prompt[0], int):
-            return [list(self.prompt)]  # type: ignore[arg-type]
-        return list(self.prompt)  # type: ignore[arg-type]
+        return prompt_list(self.prompt)
 
     def to_sampling_params(self, bounds: SamplingBounds) -> SamplingParams:
         max_tokens = resolve_max_tokens(

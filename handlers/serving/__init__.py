@@ -8,6 +8,7 @@ from handlers.serving.base import ServingBase
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
+from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.models import ServingModels
 from handlers.serving.served_model import ServedModel
@@ -26,6 +27,7 @@ __all__ = [
     "ServingBase",
     "ServingChat",
     "ServingCompletion",
+    "ServingEmbedding",
     "ServingInvocations",
     "ServingModels",
     "ServingTGI",

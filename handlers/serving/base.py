@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from engine.collector import OutputCollector
+from engine.messages import PoolingParams
 from engine.sampling_params import SamplingParams
 from handlers.errors import (
     InternalServerError,
@@ -99,9 +100,10 @@ class ServingBase:
         prompts: SequenceT[list[int]],
         params: SequenceT[SamplingParams],
         priority: int = 0,
+        pooling: PoolingParams | None = None,
     ) -> OutputCollector:
         """Admit one engine request per choice (`<engine_id>-<i>`), all or none, into one
-        collector.
+        collector (with `pooling`: embedding requests, one per prompt).
 
         Admission is answered by the engine before this returns, so a full queue is a
         503 before any status line. If one choice is refused, the admitted ones are
@@ -111,7 +113,9 @@ class ServingBase:
         collector = OutputCollector(engine)
         results = await asyncio.gather(
             *(
-                engine.add_request(f"{engine_id}-{i}", prompt, param, priority, collector)
+                engine.add_request(
+                    f"{engine_id}-{i}", prompt, param, priority, collector, pooling=pooling
+                )
                 for i, (prompt, param) in enumerate(zip(prompts, params, strict=True))
             ),
             return_exceptions=True,
@@ -183,17 +187,42 @@ class ServingBase:
             prompt_lens=[len(prompt.token_ids) for prompt in prompts],
             n=n,
         )
-        timeout = self.served.config.request_timeout
-        if timeout is not None:
-            run.deadline = asyncio.get_running_loop().call_later(
-                max(timeout - (time.monotonic() - ctx.arrival_time), 0.0),
-                collector.fail,
-                RequestTimeoutError(
-                    f"The request did not finish within the server's request timeout of "
-                    f"{timeout:g} s (--request-timeout); its generation was stopped."
-                ),
-            )
+        run.deadline = self.arm_deadline(ctx, collector)
         return run
+
+    async def tokenize_prompts(
+        self, prompts: SequenceT[str | list[int]], *, add_special_tokens: bool, field: str
+    ) -> list[PromptInput]:
+        """Texts tokenized (refused first when too long to fit), token ids checked against
+        the vocabulary; each named `field` or `field[i]` in a 400."""
+        out = []
+        for i, prompt in enumerate(prompts):
+            param = field if len(prompts) == 1 else f"{field}[{i}]"
+            if isinstance(prompt, str):
+                ids = await self.served.encode(
+                    prompt, add_special_tokens=add_special_tokens, param=param
+                )
+                out.append(PromptInput(ids, param, prompt))
+            else:
+                self.served.check_token_ids(prompt, param)
+                out.append(PromptInput(prompt, param))
+        return out
+
+    def arm_deadline(
+        self, ctx: RequestContext, collector: OutputCollector
+    ) -> asyncio.TimerHandle | None:
+        """--request-timeout: fail the collector (504) when the request's time is up."""
+        timeout = self.served.config.request_timeout
+        if timeout is None:
+            return None
+        return asyncio.get_running_loop().call_later(
+            max(timeout - (time.monotonic() - ctx.arrival_time), 0.0),
+            collector.fail,
+            RequestTimeoutError(
+                f"The request did not finish within the server's request timeout of "
+                f"{timeout:g} s (--request-timeout); its generation was stopped."
+            ),
+        )
 
     def envelope(self, run: Run) -> dict[str, Any]:
         """The fields every non-streamed OpenAI response shares: id, created, model and

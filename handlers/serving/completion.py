@@ -50,19 +50,9 @@ class ServingCompletion(ServingBase):
         return await self._respond(run, request, echoes, prompt_ids)
 
     async def _tokenize(self, request: CompletionRequest) -> list[PromptInput]:
-        prompts = request.prompts()
-        out = []
-        for i, prompt in enumerate(prompts):
-            param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-            if isinstance(prompt, str):
-                ids = await self.served.encode(
-                    prompt, add_special_tokens=request.add_special_tokens, param=param
-                )
-                out.append(PromptInput(ids, param, prompt))
-            else:
-                self.served.check_token_ids(prompt, param)
-                out.append(PromptInput(prompt, param))
-        return out
+        return await self.tokenize_prompts(
+            request.prompts(), add_special_tokens=request.add_special_tokens, field="prompt"
+        )
 
     def _echo_text(self, request: CompletionRequest, prompt: PromptInput) -> str:
         if not request.echo:

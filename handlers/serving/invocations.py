@@ -1,7 +1,10 @@
 """SageMaker's `POST /invocations`: one route, the API chosen by the body's shape.
 
 `messages` means chat, `prompt` means completion, `inputs` means TGI's generate (what
-clients of HF's TGI containers send). Dispatching on the key rather than on "the
+clients of HF's TGI containers send). An embeddings body is marked, because its `input`
+is also the Responses API's: `"task": "embeddings"` (dropped before validation), or an
+`encoding_format` field, which only the embeddings API has. A body marker rather than
+a header, because SageMaker forwards no custom headers to the container. Dispatching on the key rather than on "the
 first model that validates" (vLLM's way) keeps the precise 400 of the intended API
 instead of a generic "matches nothing".
 """
@@ -16,10 +19,12 @@ from handlers.errors import BadRequestError
 from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.embedding import EmbeddingRequest
 from handlers.protocol.tgi import TGIRequest
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
+from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.sse import SSEStream
 from handlers.serving.tgi import ServingTGI
 
@@ -27,14 +32,29 @@ ACCEPTED_KINDS = (
     "a chat completion request (with 'messages')",
     "a completion request (with 'prompt')",
     "a TGI generate request (with 'inputs')",
+    "an embeddings request (with 'input' and \"task\": \"embeddings\" or 'encoding_format')",
 )
+
+EMBEDDINGS_TASK = "embeddings"
+"""The `task` value that marks an /invocations body as an embeddings request."""
+
+
+def is_embeddings_body(body: dict[str, Any]) -> bool:
+    return body.get("task") == EMBEDDINGS_TASK or "encoding_format" in body
 
 
 class ServingInvocations:
-    def __init__(self, chat: ServingChat, completion: ServingCompletion, tgi: ServingTGI) -> None:
+    def __init__(
+        self,
+        chat: ServingChat,
+        completion: ServingCompletion,
+        tgi: ServingTGI,
+        embedding: ServingEmbedding,
+    ) -> None:
         self.chat = chat
         self.completion = completion
         self.tgi = tgi
+        self.embedding = embedding
 
     async def invoke(self, body: Any, ctx: RequestContext) -> BaseModel | SSEStream:
         """Streams iff the body says `"stream": true`, whatever the API."""
@@ -48,6 +68,10 @@ class ServingInvocations:
                 return await self.completion.create(completion, ctx)
             if "inputs" in body:
                 return await self.tgi.generate(parse_request(TGIRequest, body, limits), ctx)
+            if is_embeddings_body(body):
+                fields = {key: value for key, value in body.items() if key != "task"}
+                embed = parse_request(EmbeddingRequest, fields, limits)
+                return await self.embedding.create(embed, ctx)
         raise BadRequestError(
             "The /invocations body must be a JSON object: " + "; ".join(ACCEPTED_KINDS) + ".",
             param=None,

@@ -135,6 +135,19 @@ class ServedModel:
                 param=param,
             )
 
+    def check_input_len(self, num_tokens: int, param: str) -> None:
+        """An embedding input generates nothing, so it may fill the whole context."""
+        max_model_len = self.info().max_model_len
+        if num_tokens == 0:
+            raise BadRequestError(f"{param}: the input is empty after tokenization", param=param)
+        if num_tokens > max_model_len:
+            raise BadRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"you requested {num_tokens} tokens in the input for embedding generation. "
+                "Please reduce the length of the input.",
+                param=param,
+            )
+
     def log_prompt(self, request_id: str, prompt: str | list[int]) -> None:
         if logger.isEnabledFor(logging.DEBUG):
             shown = prompt if isinstance(prompt, str) else str(prompt)

@@ -26,6 +26,7 @@ USER = [{"role": "user", "content": "Hello"}]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 INVOCATIONS = "/invocations"
+EMBEDDINGS = "/v1/embeddings"
 
 
 @dataclass(frozen=True)
@@ -378,7 +379,7 @@ CASES = [
     ),
     # -- model, routes --------------------------------------------------------------------------
     Case("unknown-model", chat(model="gpt-4o"), 404, "model"),
-    Case("unknown-route", chat(), 404, None, path="/v1/embeddings"),
+    Case("unknown-route", chat(), 404, None, path="/v1/audio/speech"),
     Case("unknown-route-root", None, 404, None, path="/nothing", method="GET"),
     Case("wrong-method", None, 405, None, path=CHAT, method="GET"),
     Case("wrong-method-models", chat(), 405, None, path="/v1/models"),
@@ -454,6 +455,46 @@ CASES = [
         path=COMPLETIONS,
     ),
     Case("completion-unknown-model", comp(model="x"), 404, "model", path=COMPLETIONS),
+    # -- embeddings ------------------------------------------------------------------------------
+    Case("embed-input-missing", {"model": "smollm2"}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-empty-list", {"input": []}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-empty-string", {"input": ""}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-empty-in-batch", {"input": ["a", ""]}, 400, "input[1]", path=EMBEDDINGS),
+    Case("embed-input-number", {"input": 5}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-mixed", {"input": ["a", [1]]}, 400, "input", path=EMBEDDINGS),
+    Case("embed-ids-out-of-vocab", {"input": [1, VOCAB]}, 400, "input", path=EMBEDDINGS),
+    Case("embed-lists-out-of-vocab", {"input": [[1], [VOCAB]]}, 400, "input[1]", path=EMBEDDINGS),
+    Case("embed-ids-negative", {"input": [1, -1]}, 400, "input", path=EMBEDDINGS),
+    Case("embed-empty-inner-list", {"input": [[1], []]}, 400, "input[1]", path=EMBEDDINGS),
+    Case("embed-too-many-inputs", {"input": ["a"] * 1025}, 400, "input", path=EMBEDDINGS),
+    Case("embed-text-too-long", {"input": LONG_TEXT}, 400, "input", path=EMBEDDINGS),
+    Case("embed-ids-too-long", {"input": [1] * (MAX_MODEL_LEN + 1)}, 400, "input", path=EMBEDDINGS),
+    Case(
+        "embed-encoding-format",
+        {"input": "a", "encoding_format": "int8"},
+        400,
+        "encoding_format",
+        path=EMBEDDINGS,
+    ),
+    Case(
+        "embed-dimensions-zero", {"input": "a", "dimensions": 0}, 400, "dimensions", path=EMBEDDINGS
+    ),
+    Case(
+        "embed-dimensions-not-matryoshka",
+        {"input": "a", "dimensions": 64},
+        400,
+        "dimensions",
+        path=EMBEDDINGS,
+    ),
+    Case("embed-unknown-model", {"input": "a", "model": "x"}, 404, "model", path=EMBEDDINGS),
+    Case("embed-wrong-method", None, 405, None, path=EMBEDDINGS, method="GET"),
+    Case(
+        "invocations-embed-bad",
+        {"task": "embeddings", "input": [1, VOCAB]},
+        400,
+        "input",
+        path=INVOCATIONS,
+    ),
     # -- tokenize, detokenize --------------------------------------------------------------------
     Case("tokenize-nothing", {}, 400, "prompt", path="/tokenize"),
     Case("tokenize-empty-messages", {"messages": []}, 400, "messages", path="/tokenize"),

@@ -13,9 +13,16 @@ from typing import Any
 import falcon.testing
 import pytest
 from fake_engine import FakeEngine
-from handlers_testing import EOS_ID, MAX_MODEL_LEN, build_tiny_model, connected_client
+from handlers_testing import (
+    EMBEDDING_SIZE,
+    EOS_ID,
+    MAX_MODEL_LEN,
+    build_tiny_model,
+    connected_client,
+)
 
 from engine.config import ModelInfo
+from engine.pooling_config import PoolingConfig
 from engine.tokenizer import Tokenizer
 from handlers.config import ServerConfig
 from handlers.http.app import create_app
@@ -46,6 +53,7 @@ def model_info(model_dir: Path, tokenizer: Tokenizer) -> ModelInfo:
         eos_token_ids=[EOS_ID],
         num_kv_blocks=64,
         block_size=16,
+        pooling=PoolingConfig(hidden_size=EMBEDDING_SIZE),
     )
 
 

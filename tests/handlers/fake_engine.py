@@ -8,12 +8,16 @@ EOS and `stop_token_ids` stop a sequence (after `min_tokens`, unless `ignore_eos
 `max_tokens` ends it with 'length'; like the engine, it says when the last token is the
 stop token (`finished_on_stop_token`). Each test scripts the tokens a request produces;
 the fake records admissions and aborts, can refuse admission, fail mid-stream, or
-die, and reports which requests are still live (never aborted nor finished).
+die, and reports which requests are still live (never aborted nor finished). An
+embedding request (`pooling` set) gets one output carrying `fake_embedding` of its
+prompt, truncated to its `dimensions` as the engine would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +28,7 @@ from engine.messages import (
     AddRequest,
     Admission,
     OutputBatch,
+    PoolingParams,
     RequestOutput,
     TokenLogprob,
 )
@@ -53,6 +58,13 @@ class AddedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int
+    pooling: PoolingParams | None = None
+
+
+def fake_embedding(prompt_token_ids: list[int], size: int) -> list[float]:
+    """The fake engine's vector for a prompt: float32 values that differ per prompt."""
+    seed = sum(prompt_token_ids) + len(prompt_token_ids)
+    return array("f", [math.sin(seed + 0.37 * j) for j in range(size)]).tolist()
 
 
 ScriptFn = Callable[[AddedRequest], Script]
@@ -119,7 +131,11 @@ class FakeEngine(EngineClient):
             loop.call_soon(self._dispatch, refusal)
             return
         request = AddedRequest(
-            request_id, list(message.prompt_token_ids), message.params, message.priority
+            request_id,
+            list(message.prompt_token_ids),
+            message.params,
+            message.priority,
+            message.pooling,
         )
         self.added.append(request)
         # Admission is a round trip in the real clients: answered on a later loop turn.
@@ -179,6 +195,9 @@ class FakeEngine(EngineClient):
             on_stop_token = False
             if script.fail_at_step == step:
                 finish = "error"
+            elif request.pooling is not None:
+                self._dispatch(OutputBatch([self._embedding_output(request)]))
+                return
             elif params.max_tokens == 0:
                 finish = "length"  # score only: nothing is generated
             if not remaining and finish is None:
@@ -217,6 +236,18 @@ class FakeEngine(EngineClient):
             step += 1
             if finish is not None:
                 return
+
+    def _embedding_output(self, request: AddedRequest) -> RequestOutput:
+        assert request.pooling is not None and self.info.pooling is not None
+        size = request.pooling.dimensions or self.info.pooling.hidden_size
+        vector = array("f", fake_embedding(request.prompt_token_ids, size))
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            embedding=vector.tobytes(),
+            finish_reason="stop",
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
 
 
 def _logprobs(token_ids: list[int], k: int | None) -> list[TokenLogprob] | None:

@@ -24,6 +24,8 @@ from engine.tokenizer import Tokenizer as HearthTokenizer
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_ID = 2
 MAX_MODEL_LEN = 256
+EMBEDDING_SIZE = 8
+"""The fake engine's embedding length (its `ModelInfo.pooling.hidden_size`)."""
 
 CORPUS = [
     "The capital of France is Paris.",

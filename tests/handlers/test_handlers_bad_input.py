@@ -9,13 +9,14 @@ from typing import Any
 import falcon.testing
 import orjson
 import pytest
-from handlers_testing import assert_openai_error
+from handlers_testing import MAX_MODEL_LEN, assert_openai_error
 
 from engine.tokenizer import Tokenizer
 
 USER = [{"role": "user", "content": "Hello"}]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
 
 
 @dataclass(frozen=True)
@@ -373,7 +374,7 @@ CASES = [
     ),
     # -- model, routes -----------------------------------------------------------------------
     Case("unknown-model", chat(model="gpt-4o"), 404, "model"),
-    Case("unknown-route", chat(), 404, None, path="/v1/embeddings"),
+    Case("unknown-route", chat(), 404, None, path="/v1/audio/speech"),
     Case("wrong-method", None, 405, None, path=CHAT, method="GET"),
     Case("wrong-method-models", chat(), 405, None, path="/v1/models"),
     # -- completions -------------------------------------------------------------------------
@@ -475,6 +476,64 @@ CASES = [
         path="/invocations",
     ),
     Case("invocations-garbage", {"hello": "world"}, 400, None, path="/invocations"),
+    # -- embeddings --------------------------------------------------------------------------
+    Case("embed-input-missing", {"model": "tiny"}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-empty-list", {"input": []}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-empty-string", {"input": ""}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-empty-in-batch", {"input": ["a", ""]}, 400, "input[1]", path=EMBEDDINGS),
+    Case("embed-input-number", {"input": 5}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-object", {"input": {"text": "a"}}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-mixed", {"input": ["a", [1]]}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-negative-id", {"input": [1, -1]}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-bool-id", {"input": [1, True]}, 400, "input", path=EMBEDDINGS),
+    Case("embed-input-empty-inner", {"input": [[1], []]}, 400, "input[1]", path=EMBEDDINGS),
+    Case("embed-input-float-ids", {"input": [[1.5]]}, 400, "input[0]", path=EMBEDDINGS),
+    Case("embed-too-many-inputs", {"input": ["a"] * 1025}, 400, "input", path=EMBEDDINGS),
+    Case(
+        "embed-too-long", {"input": "word " * (MAX_MODEL_LEN + 10)}, 400, "input", path=EMBEDDINGS
+    ),
+    Case("embed-ids-too-long", {"input": [5] * (MAX_MODEL_LEN + 1)}, 400, "input", path=EMBEDDINGS),
+    Case(
+        "embed-encoding-format",
+        {"input": "a", "encoding_format": "int8"},
+        400,
+        "encoding_format",
+        path=EMBEDDINGS,
+    ),
+    Case(
+        "embed-dimensions-zero", {"input": "a", "dimensions": 0}, 400, "dimensions", path=EMBEDDINGS
+    ),
+    Case(
+        "embed-dimensions-string",
+        {"input": "a", "dimensions": "8"},
+        400,
+        "dimensions",
+        path=EMBEDDINGS,
+    ),
+    Case(
+        "embed-dimensions-not-matryoshka",
+        {"input": "a", "dimensions": 4},
+        400,
+        "dimensions",
+        path=EMBEDDINGS,
+    ),
+    Case("embed-unknown-model", {"input": "a", "model": "gpt-4o"}, 404, "model", path=EMBEDDINGS),
+    Case(
+        "embed-truncate-prompt-tokens",
+        {"input": "a", "truncate_prompt_tokens": 5},
+        400,
+        "truncate_prompt_tokens",
+        path=EMBEDDINGS,
+    ),
+    Case("embed-wrong-method", None, 405, None, path=EMBEDDINGS, method="GET"),
+    Case("embed-body-array", ["a"], 400, None, path=EMBEDDINGS),
+    Case(
+        "invocations-embed-bad-input",
+        {"task": "embeddings", "input": []},
+        400,
+        "input",
+        path="/invocations",
+    ),
     Case("invocations-bad-json", b"{nope", 400, None, path="/invocations"),
 ]
 
@@ -526,6 +585,8 @@ def _vocabulary_edge_bodies(token_id: int) -> list[tuple[str, str, dict[str, Any
         (CHAT, "logit_bias", chat(logit_bias={str(token_id): 1.0})),
         (COMPLETIONS, "prompt", {"prompt": [1, token_id], "max_tokens": 2}),
         (COMPLETIONS, "prompt[1]", {"prompt": [[1], [token_id]], "max_tokens": 2}),
+        (EMBEDDINGS, "input", {"input": [1, token_id]}),
+        (EMBEDDINGS, "input[1]", {"input": [[1], [token_id]]}),
     ]
 
 

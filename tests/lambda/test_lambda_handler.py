@@ -46,7 +46,11 @@ def responses(tmp_path_factory: pytest.TempPathFactory, model_smollm2_dir: str) 
             }
         )
     )
-    events = [*sorted(str(p) for p in EVENTS.glob("*.json")), str(ping)]
+    events = [
+        *sorted(str(p) for p in EVENTS.glob("*.json")),
+        str(ping),
+        *embedding_events(ping.parent),
+    ]
     env = {
         **os.environ,
         "HEARTH_MAX_MODEL_LEN": "1024",
@@ -65,6 +69,51 @@ def responses(tmp_path_factory: pytest.TempPathFactory, model_smollm2_dir: str) 
     assert run.returncode == 0, run.stderr[-4000:]
     line = next(x for x in run.stdout.splitlines() if x.startswith("RESULTS "))
     return json.loads(line.removeprefix("RESULTS "))
+
+
+EMBED_TEXTS = ["Paris is in France.", "Berlin"]
+
+
+def embedding_events(directory: Path) -> list[str]:
+    """The stored Function URL event re-aimed at /v1/embeddings (float) and at
+    /invocations with the embeddings marker (base64)."""
+    template = json.loads((EVENTS / "function_url.json").read_text())
+    bodies = {
+        "embed_v1": ("/v1/embeddings", {"model": "smollm2", "input": EMBED_TEXTS}),
+        "embed_invocations": (
+            "/invocations",
+            {"task": "embeddings", "input": EMBED_TEXTS, "encoding_format": "base64"},
+        ),
+    }
+    paths = []
+    for name, (path, body) in bodies.items():
+        event = json.loads(json.dumps(template))
+        event["rawPath"] = event["requestContext"]["http"]["path"] = path
+        event["body"] = json.dumps(body)
+        (directory / f"{name}.json").write_text(json.dumps(event))
+        paths.append(str(directory / f"{name}.json"))
+    return paths
+
+
+def test_embeddings_through_lambda(responses: dict) -> None:
+    import numpy as np
+
+    bodies = {}
+    for name in ("embed_v1", "embed_invocations"):
+        resp = responses["responses"][name]
+        assert resp["statusCode"] == 200, resp
+        body = resp["body"]
+        bodies[name] = json.loads(base64.b64decode(body) if resp.get("isBase64Encoded") else body)
+    floats = np.array([d["embedding"] for d in bodies["embed_v1"]["data"]])
+    decoded = np.stack(
+        [
+            np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
+            for d in bodies["embed_invocations"]["data"]
+        ]
+    )
+    assert floats.shape == (len(EMBED_TEXTS), 576)
+    assert np.array_equal(floats, decoded)
+    assert np.allclose(np.linalg.norm(floats, axis=1), 1.0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["api_gateway_rest_v1", "http_api_v2", "function_url", "alb"])

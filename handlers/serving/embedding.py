@@ -1,0 +1,132 @@
+"""Embeddings: one engine request per input, each prefill only, pooled by the model's
+recipe (`engine/pooling_config.py`, announced by the engine in `ModelInfo.pooling`).
+
+The engine sends each vector as float32 bytes (little endian), so `encoding_format:
+base64` is those bytes base64-encoded, and `float` is the same values as JSON numbers:
+the two formats carry bit-identical vectors. A request is never streamed.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import sys
+from array import array
+
+from engine.messages import PoolingParams, RequestOutput
+from engine.pooling_config import PoolingConfig
+from engine.sampling_params import SamplingParams
+from handlers.errors import BadRequestError, InternalServerError, from_engine_error
+from handlers.protocol.base import UsageInfo
+from handlers.protocol.embedding import EmbeddingData, EmbeddingRequest, EmbeddingResponse
+from handlers.serving.base import ServingBase
+from handlers.serving.context import RequestContext
+
+logger = logging.getLogger(__name__)
+
+_NO_SAMPLING = SamplingParams(max_tokens=0)
+"""What an embedding request carries as sampling parameters: nothing is sampled."""
+
+
+class ServingEmbedding(ServingBase):
+    """`POST /v1/embeddings` (and `/invocations` bodies marked as embeddings).
+
+    Shares ServingBase's model check, request ids, all-or-none admission, deadline and
+    request stats with the generating endpoints; it has no choices to stream.
+    """
+
+    kind = "embedding"
+    id_prefix = "embd"
+
+    async def create(self, request: EmbeddingRequest, ctx: RequestContext) -> EmbeddingResponse:
+        model_name = self.model_name(request.model)
+        pooling = self._pooling_params(request)
+        inputs = await self.tokenize_prompts(
+            request.inputs(), add_special_tokens=request.add_special_tokens, field="input"
+        )
+        for prompt in inputs:
+            self.served.check_input_len(len(prompt.token_ids), prompt.param)
+        response_id, engine_id = self.request_ids(self.id_prefix, ctx, request.request_id)
+        for prompt in inputs:
+            self.served.log_prompt(response_id, prompt.logged)
+        tracker = self.tracker(response_id, ctx)
+        num_prompt_tokens = sum(len(prompt.token_ids) for prompt in inputs)
+        status = "aborted"
+        collector = None
+        deadline = None
+        try:
+            collector = await self.admit(
+                engine_id,
+                [prompt.token_ids for prompt in inputs],
+                [_NO_SAMPLING] * len(inputs),
+                request.priority,
+                pooling=pooling,
+            )
+            deadline = self.arm_deadline(ctx, collector)
+            vectors: dict[str, bytes] = {}
+            while not collector.finished:
+                for output in await collector.get():
+                    vectors[output.request_id] = _vector_of(output)
+            status = "ok"
+        except Exception as exc:
+            status = "error"
+            mapped = from_engine_error(exc)
+            if mapped is not None:
+                raise mapped from None
+            raise
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+            if collector is not None:
+                collector.close()
+            tracker.finish(
+                status,
+                num_prompt_tokens=num_prompt_tokens,
+                num_output_tokens=0,
+                num_cached_tokens=0,
+                finish_reasons=["stop" if status == "ok" else status] * len(inputs),
+            )
+        encode = _base64 if request.encoding_format == "base64" else _floats
+        data = [
+            EmbeddingData(index=i, embedding=encode(vectors[f"{engine_id}-{i}"]))
+            for i in range(len(inputs))
+        ]
+        return EmbeddingResponse(
+            id=response_id,
+            model=model_name,
+            data=data,
+            usage=UsageInfo(prompt_tokens=num_prompt_tokens, total_tokens=num_prompt_tokens),
+        )
+
+    def _pooling_params(self, request: EmbeddingRequest) -> PoolingParams:
+        """400 when the model serves no embeddings or cannot give `dimensions`."""
+        config: PoolingConfig | None = self.served.info().pooling
+        if config is None:
+            raise BadRequestError("This server's engine does not serve embeddings.", param="model")
+        if config.unsupported is not None:
+            raise BadRequestError(
+                f"Embeddings are not available: {config.unsupported}.", param="model"
+            )
+        problem = config.check_dimensions(request.dimensions)
+        if problem is not None:
+            raise BadRequestError(f"dimensions: {problem}", param="dimensions")
+        return PoolingParams(dimensions=request.dimensions)
+
+
+def _vector_of(output: RequestOutput) -> bytes:
+    if output.finish_reason == "error" or output.embedding is None:
+        logger.error("engine failed embedding request %r: %s", output.request_id, output.error)
+        raise InternalServerError("The engine failed while computing this embedding.")
+    return output.embedding
+
+
+def _floats(vector: bytes) -> list[float]:
+    values = array("f")
+    values.frombytes(vector)
+    if sys.byteorder == "big":
+        values.byteswap()  # the engine sends little endian
+    return values.tolist()
+
+
+def _base64(vector: bytes) -> str:
+    return base64.b64encode(vector).decode("ascii")

@@ -1,0 +1,155 @@
+"""`POST /v1/embeddings` and its /invocations dispatch over the scripted engine: the wire
+shape, float and base64 carrying the same float32 values, batches in order, token-id
+input, `dimensions`, usage, and the engine's failures in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from array import array
+
+import msgspec
+import pytest
+from fake_engine import FakeEngine, Script, fake_embedding
+from handlers_testing import EMBEDDING_SIZE, assert_openai_error, call_asgi, encode
+
+from engine.pooling_config import PoolingConfig
+from engine.tokenizer import Tokenizer
+
+EMBEDDINGS = "/v1/embeddings"
+TEXTS = ["The capital of France is Paris.", "Hello world!", "banana"]
+
+
+def set_pooling(engine: FakeEngine, **fields) -> None:
+    pooling = PoolingConfig(hidden_size=EMBEDDING_SIZE, **fields)
+    engine.info = msgspec.structs.replace(engine.info, pooling=pooling)
+
+
+def decode_base64(text: str) -> list[float]:
+    values = array("f")
+    values.frombytes(base64.b64decode(text))
+    return values.tolist()
+
+
+def test_one_text(client, engine: FakeEngine, tokenizer: Tokenizer) -> None:
+    result = client.simulate_post(EMBEDDINGS, json={"model": "tiny", "input": TEXTS[0]})
+    assert result.status_code == 200, result.text
+    body = result.json
+    ids = tokenizer.encode(TEXTS[0], add_special_tokens=True)
+    assert body["object"] == "list" and body["model"] == "tiny"
+    assert body["id"].startswith("embd-")
+    assert body["data"] == [
+        {"index": 0, "object": "embedding", "embedding": fake_embedding(ids, EMBEDDING_SIZE)}
+    ]
+    assert body["usage"]["prompt_tokens"] == len(ids) == body["usage"]["total_tokens"]
+    assert body["usage"]["completion_tokens"] == 0
+    (added,) = engine.added
+    assert added.prompt_token_ids == ids
+    assert added.pooling is not None and added.pooling.dimensions is None
+    assert added.params.max_tokens == 0
+    assert engine.live == set()
+
+
+def test_base64_carries_the_same_float32_values(client) -> None:
+    floats = client.simulate_post(EMBEDDINGS, json={"input": TEXTS, "encoding_format": "float"})
+    b64 = client.simulate_post(EMBEDDINGS, json={"input": TEXTS, "encoding_format": "base64"})
+    assert floats.status_code == b64.status_code == 200
+    for as_float, as_b64 in zip(floats.json["data"], b64.json["data"], strict=True):
+        assert isinstance(as_b64["embedding"], str)
+        assert decode_base64(as_b64["embedding"]) == as_float["embedding"]
+
+
+def test_a_batch_is_its_singles_in_order(client, tokenizer: Tokenizer) -> None:
+    batch = client.simulate_post(EMBEDDINGS, json={"input": TEXTS}).json
+    assert [d["index"] for d in batch["data"]] == [0, 1, 2]
+    total = 0
+    for i, text in enumerate(TEXTS):
+        single = client.simulate_post(EMBEDDINGS, json={"input": text}).json
+        assert single["data"][0]["embedding"] == batch["data"][i]["embedding"]
+        total += single["usage"]["prompt_tokens"]
+    assert len({tuple(d["embedding"]) for d in batch["data"]}) == 3
+    assert batch["usage"]["prompt_tokens"] == total
+
+
+def test_token_id_inputs(client, engine: FakeEngine, tokenizer: Tokenizer) -> None:
+    ids = encode(tokenizer, TEXTS[1])
+    one = client.simulate_post(EMBEDDINGS, json={"input": ids}).json
+    assert one["data"][0]["embedding"] == fake_embedding(ids, EMBEDDING_SIZE)
+    many = client.simulate_post(EMBEDDINGS, json={"input": [ids, [5, 6, 7]]}).json
+    assert [d["embedding"] for d in many["data"]] == [
+        fake_embedding(ids, EMBEDDING_SIZE),
+        fake_embedding([5, 6, 7], EMBEDDING_SIZE),
+    ]
+    assert [a.prompt_token_ids for a in engine.added] == [ids, ids, [5, 6, 7]]
+
+
+def test_add_special_tokens_false(client, engine: FakeEngine, tokenizer: Tokenizer) -> None:
+    client.simulate_post(EMBEDDINGS, json={"input": "hi", "add_special_tokens": False})
+    assert engine.added[0].prompt_token_ids == tokenizer.encode("hi", add_special_tokens=False)
+
+
+def test_dimensions_on_a_matryoshka_model(client, engine: FakeEngine) -> None:
+    set_pooling(engine, matryoshka=True)
+    result = client.simulate_post(EMBEDDINGS, json={"input": "hi", "dimensions": 4})
+    assert result.status_code == 200, result.text
+    assert len(result.json["data"][0]["embedding"]) == 4
+    assert engine.added[0].pooling.dimensions == 4
+    too_big = client.simulate_post(EMBEDDINGS, json={"input": "hi", "dimensions": 9})
+    assert "at most" in assert_openai_error(too_big, 400, "dimensions")["message"]
+
+
+def test_dimensions_outside_the_listed_sizes(client, engine: FakeEngine) -> None:
+    set_pooling(engine, matryoshka=True, matryoshka_dimensions=[2, 4])
+    assert client.simulate_post(EMBEDDINGS, json={"input": "a", "dimensions": 2}).status_code == 200
+    error = assert_openai_error(
+        client.simulate_post(EMBEDDINGS, json={"input": "a", "dimensions": 3}), 400, "dimensions"
+    )
+    assert "[2, 4]" in error["message"]
+
+
+def test_a_model_without_embeddings_says_why(client, engine: FakeEngine) -> None:
+    set_pooling(engine, unsupported="this model's pooling mode 'max' is not supported")
+    error = assert_openai_error(client.simulate_post(EMBEDDINGS, json={"input": "a"}), 400, "model")
+    assert "'max'" in error["message"]
+    engine.info = msgspec.structs.replace(engine.info, pooling=None)
+    assert_openai_error(client.simulate_post(EMBEDDINGS, json={"input": "a"}), 400, "model")
+    assert engine.added == []
+
+
+def test_an_engine_failure_is_a_500_and_frees_everything(client, engine: FakeEngine) -> None:
+    engine.script = Script(token_ids=[], fail_at_step=0)
+    result = client.simulate_post(EMBEDDINGS, json={"input": TEXTS})
+    assert_openai_error(result, 500, None)
+    assert engine.live == set()
+
+
+def test_a_full_queue_is_a_503_before_anything_runs(client, engine: FakeEngine) -> None:
+    engine.refuse_after = 1
+    result = client.simulate_post(EMBEDDINGS, json={"input": TEXTS})
+    assert_openai_error(result, 503, None)
+    assert engine.live == set()
+
+
+@pytest.mark.parametrize(
+    "marker", [{"task": "embeddings"}, {"encoding_format": "float"}], ids=["task", "format"]
+)
+def test_invocations_dispatch_by_marker(client, engine: FakeEngine, marker) -> None:
+    result = client.simulate_post("/invocations", json={"input": TEXTS[1], **marker})
+    assert result.status_code == 200, result.text
+    assert result.json["object"] == "list"
+    direct = client.simulate_post(EMBEDDINGS, json={"input": TEXTS[1]}).json
+    assert result.json["data"] == direct["data"]
+
+
+@pytest.mark.anyio
+async def test_a_client_that_leaves_aborts_every_input(client, engine: FakeEngine) -> None:
+    engine.script = Script(token_ids=[], hold=asyncio.Event())  # a prefill that never ends
+    disconnect = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, disconnect.set)
+    result = await call_asgi(
+        client.app, EMBEDDINGS, {"input": TEXTS}, disconnect_when=lambda _: disconnect.is_set()
+    )
+    assert result.status is None
+    assert sorted(engine.aborted) == sorted(a.request_id for a in engine.added)
+    assert len(engine.added) == len(TEXTS)
+    assert engine.live == set() and engine.num_in_flight == 0
