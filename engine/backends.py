@@ -108,13 +108,13 @@ def choose_backends(
         asked
         if asked != "auto"
         else "gguf-bf16"
-        if TILES_BY_DEFAULT and bf16_ops.available()
+        if TILES_BY_DEFAULT and bf16_ops.has_amx()
         else "gguf"
     )
     if mode == "gguf-bf16" and not bf16_ops.available():
         raise ValueError(
-            f"--quantization gguf-bf16 cannot run: AMX-BF16 tiles: {bf16_ops.tile_path()}; "
-            f"host: {host_isa().describe()} (use gguf)"
+            f"--quantization gguf-bf16 cannot run: it needs AMX-BF16 or AVX512-BF16 "
+            f"({bf16_ops.tile_path()}; host: {host_isa().describe()}); use gguf"
         )
     method_cls = {
         "gguf": GGUFBlockLinearMethod,
@@ -135,7 +135,7 @@ def choose_backends(
     activations = {
         "gguf": "float32 activations",
         "gguf-bf16": f"float32 activations under {bf16_ops.DEFAULT_MIN_T} tokens, bfloat16 "
-        f"AMX tiles from {bf16_ops.DEFAULT_MIN_T} up",
+        f"({bf16_ops.tile_path()}) from {bf16_ops.DEFAULT_MIN_T} up",
         "gguf-int8": f"int8 activations ({q8_ops.integer_path()})",
     }[mode]
     kv_dtype = torch.float16 if config.kv_cache_dtype == "float16" else torch.float32

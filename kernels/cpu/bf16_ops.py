@@ -54,16 +54,26 @@ def library(variant: str | None = None) -> ctypes.CDLL:
 
 
 def tile_path(variant: str | None = None) -> str:
-    """``amx-bf16`` when the tiles run here, else why not (the float32 kernels run)."""
+    """What computes the bfloat16 products in `variant`: ``amx-bf16`` (tiles),
+    ``avx512-bf16`` (VDPBF16PS; also where the kernel refuses AMX, with the errno), or
+    ``none (...)``: the float32 kernels run."""
     lib = library(variant)
-    if lib.hearth_bf16_isa() == 0:
-        return "none (no AMX-BF16 in this kernel build)"
+    isa = lib.hearth_bf16_isa()
+    if isa == 0:
+        return "none (no AVX512-BF16 / AMX-BF16 in this kernel build)"
+    if isa == 1:
+        return "avx512-bf16"
     status = lib.hearth_bf16_status()
-    return "amx-bf16" if status == 1 else f"none (AMX refused: errno {-status})"
+    return "amx-bf16" if status == 1 else f"avx512-bf16 (amx refused: errno {-status})"
 
 
 def available(variant: str | None = None) -> bool:
-    """Whether `linear_tiles` runs the tiles (not the float32 fallback) here."""
+    """Whether `linear_tiles` runs a bfloat16 kernel (not the float32 fallback) here."""
+    return library(variant).hearth_bf16_isa() > 0
+
+
+def has_amx(variant: str | None = None) -> bool:
+    """Whether the AMX tiles themselves run here (the default mode's condition)."""
     return tile_path(variant) == "amx-bf16"
 
 

@@ -1,5 +1,6 @@
 /*
- * hearth_bf16.c: linear layers on the AMX-BF16 matrix units (Sapphire Rapids and newer).
+ * hearth_bf16.c: linear layers on the AMX-BF16 matrix units (Sapphire Rapids and newer), or
+ * with AVX512-BF16 dot products (VDPBF16PS) on hosts that have those but no AMX.
  *
  * Why: on an AMX host the float32 block kernels (hearth_cpu.c) are compute-bound from a
  * few tokens up: a step of 16-64 decode tokens, and every prefill, spends its time in
@@ -10,7 +11,8 @@
  * Precision contract (docs/performance.md, "Precision"): each weight is the dequantized
  * float32 weight (d*q + m of the GGUF block, as gguf-py computes it) rounded once to
  * bfloat16 (nearest-even), each activation is rounded once to bfloat16 (nearest-even,
- * VCVTNE2PS2BF16), products are exact and sums are float32 in the tile unit's own order.
+ * VCVTNE2PS2BF16), products are exact and sums are float32 in the unit's own order (the
+ * AMX and the AVX512-BF16 orders differ, so the two paths agree to rounding, not bitwise).
  * A token's result depends only on its own row (tile rows never mix), so it does not
  * change with batch size or thread count *within this kernel*; the engine's gguf-bf16 mode
  * runs it only from `min_t` tokens up (the float32 kernels below that), so batch
@@ -63,14 +65,108 @@ void hearth_pack_bf16(const float *w, int64_t n, int64_t k, uint16_t *dst) {
     }
 }
 
-/* Which tile path this build has: 1 = AMX-BF16, 0 = none (callers use the float32 kernels). */
+/* Which bfloat16 path this build has: 2 = AMX-BF16 tiles (AVX512-BF16 where the kernel refuses
+ * the tile state), 1 = AVX512-BF16 (VDPBF16PS), 0 = none (callers use the float32 kernels). */
 int hearth_bf16_isa(void) {
-#ifdef __AMX_BF16__
+#if defined(__AMX_BF16__)
+    return 2;
+#elif defined(__AVX512BF16__)
     return 1;
 #else
     return 0;
 #endif
 }
+
+#ifdef __AVX512BF16__
+/*
+ * The AVX512-BF16 kernel (hosts with VDPBF16PS but no AMX, e.g. AMD Zen 4/5): the same
+ * packed tiles, read a B-tile row (16 outputs x one bfloat16 pair) per instruction. A
+ * register tile is VT tokens x VG groups of 16 outputs; each step broadcasts a token's
+ * activation pair and does VT x VG VDPBF16PS. Rows never mix, so a token's result does not
+ * depend on the batch or the thread count either.
+ */
+#define VT 4
+#define VG 4
+
+static inline __attribute__((always_inline)) void vec_tile(const int nt, const int ng, const uint16_t *a,
+                                                           int64_t kp, const uint16_t *w, int64_t chunks,
+                                                           __m512 *acc) {
+    for (int i = 0; i < VT * VG; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; c++) {
+        for (int p = 0; p < BK / 2; p++) {
+            __m512bh b[VG];
+            for (int g = 0; g < ng; g++)
+                b[g] = (__m512bh)_mm512_loadu_si512(w + (g * chunks + c) * (BK * BN) + p * 2 * BN);
+            for (int r = 0; r < nt; r++) {
+                uint32_t pair;
+                memcpy(&pair, a + r * kp + c * BK + 2 * p, 4);
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)pair);
+                for (int g = 0; g < ng; g++) acc[r * VG + g] = _mm512_dpbf16_ps(acc[r * VG + g], x, b[g]);
+            }
+        }
+    }
+}
+
+#define VEC_CASE(NT, NG) \
+    case (NT) * 8 + (NG): vec_tile(NT, NG, a, kp, w, chunks, acc); break;
+#define VEC_ROW(NT) VEC_CASE(NT, 1) VEC_CASE(NT, 2) VEC_CASE(NT, 3) VEC_CASE(NT, 4)
+
+static void vec_dispatch(int nt, int ng, const uint16_t *a, int64_t kp, const uint16_t *w, int64_t chunks,
+                         __m512 *acc) {
+    switch (nt * 8 + ng) {
+        VEC_ROW(1)
+        VEC_ROW(2)
+        VEC_ROW(3)
+        VEC_ROW(4)
+    default:
+        break;
+    }
+}
+
+/* Activations -> bfloat16 rows of kp columns (zero padded). */
+static void rows_bf16(const float *x, int64_t t, int64_t ldx, int64_t k, int64_t kp, uint16_t *a) {
+#pragma omp parallel for schedule(static) if (t * k > 65536)
+    for (int64_t r = 0; r < t; r++) {
+        for (int64_t c = 0; c < kp; c += 32) {
+            const int64_t left = k - c;
+            const __mmask16 m0 = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            const __m512 lo = _mm512_maskz_loadu_ps(m0, x + r * ldx + c);
+            const __m512 hi = _mm512_maskz_loadu_ps(m1, x + r * ldx + c + 16);
+            _mm512_storeu_si512(a + r * kp + c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+static int vec_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
+                         const float *bias, float *out, int64_t ldo) {
+    const int64_t kp = round_up(k, BK), chunks = kp / BK, groups = round_up(n, BN) / BN;
+    uint16_t *a = (uint16_t *)aligned_alloc(64, (size_t)(t * kp * 2 + 64));
+    if (!a) return 0;
+    rows_bf16(x, t, ldx, k, kp, a);
+    const int64_t tiles_t = (t + VT - 1) / VT, tiles_g = (groups + VG - 1) / VG;
+    const int64_t items = tiles_t * tiles_g;
+    int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
+    if (chunk < 1) chunk = 1;
+#pragma omp parallel for schedule(dynamic, chunk)
+    for (int64_t i = 0; i < items; i++) {
+        const int64_t tg = i / tiles_t, tt = i % tiles_t; /* token tiles inside: weights stay hot */
+        const int64_t t0 = tt * VT, g0 = tg * VG;
+        const int nt = (int)(t - t0 < VT ? t - t0 : VT), ng = (int)(groups - g0 < VG ? groups - g0 : VG);
+        __m512 acc[VT * VG];
+        vec_dispatch(nt, ng, a + t0 * kp, kp, w + g0 * chunks * (BK * BN), chunks, acc);
+        for (int r = 0; r < nt; r++)
+            for (int g = 0; g < ng; g++) {
+                const int64_t col = (g0 + g) * BN, cols = n - col < BN ? n - col : BN;
+                const __mmask16 mask = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+                const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+                _mm512_mask_storeu_ps(out + (t0 + r) * ldo + col, mask, _mm512_add_ps(acc[r * VG + g], bv));
+            }
+    }
+    free(a);
+    return 1;
+}
+#endif
 
 #ifdef __AMX_BF16__
 /* The tile state is granted per process by the int8 file's request (hearth_q8.c): the
@@ -205,7 +301,7 @@ static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
 }
 #endif
 
-/* 1 if hearth_bf16_gemm can run here (AMX-BF16 built and granted), else 0 or -errno. */
+/* The AMX tile state: 1 = granted, 0 = not in this build, < 0 = -errno of the refusal. */
 int hearth_bf16_status(void) {
 #ifdef __AMX_BF16__
     return hearth_q8a_amx_status();
@@ -216,16 +312,18 @@ int hearth_bf16_status(void) {
 
 /*
  * out[t, n] = x[t, :] . W[n, :] (+ bias[n]); x float32 rows `ldx` apart, w packed by
- * hearth_pack_bf16, out rows `ldo` floats apart. Returns 1 when computed, 0 when this
- * build or host has no AMX-BF16 (or memory ran out): the caller then runs its float32
- * kernel.
+ * hearth_pack_bf16, out rows `ldo` floats apart: AMX tiles where built and granted, else
+ * AVX512-BF16. Returns 1 when computed, 0 when this build has neither (or memory ran out):
+ * the caller then runs its float32 kernel.
  */
 int hearth_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
                      const float *bias, float *out, int64_t ldo) {
     if (t <= 0) return 1;
 #ifdef __AMX_BF16__
-    if (hearth_q8a_amx_status() != 1) return 0;
-    return amx_bf16_gemm(x, t, ldx, k, w, n, bias, out, ldo);
+    if (hearth_q8a_amx_status() == 1 && amx_bf16_gemm(x, t, ldx, k, w, n, bias, out, ldo)) return 1;
+#endif
+#ifdef __AVX512BF16__
+    return vec_bf16_gemm(x, t, ldx, k, w, n, bias, out, ldo);
 #else
     (void)x, (void)ldx, (void)k, (void)w, (void)n, (void)bias, (void)out, (void)ldo;
     return 0;

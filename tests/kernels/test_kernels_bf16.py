@@ -17,9 +17,21 @@ if not ops.available():
     pytest.skip("host has no AVX2: the CPU kernels do not run here", allow_module_level=True)
 
 from kernels.cpu import bf16_ops  # noqa: E402
+from kernels.cpu.build import host_isa  # noqa: E402
 
-if not bf16_ops.available():
-    pytest.skip(f"AMX-BF16 tiles do not run here: {bf16_ops.tile_path()}", allow_module_level=True)
+BF16_VARIANTS = [v for v in host_isa().supported if bf16_ops.available(v)]
+"""Variants with a bfloat16 kernel this host runs: ``amx`` (tiles), ``avx512_vnni``
+(AVX512-BF16 dot products, the Zen 4 path, forced down on an AMX host)."""
+if not BF16_VARIANTS:
+    pytest.skip(
+        f"no bfloat16 kernel runs here: {bf16_ops.tile_path()} ({host_isa().describe()})",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(params=BF16_VARIANTS)
+def variant(request) -> str:
+    return request.param
 
 
 def _tiles(w: torch.Tensor) -> torch.Tensor:
@@ -30,10 +42,10 @@ def _tiles(w: torch.Tensor) -> torch.Tensor:
     return data
 
 
-def _gemm(x: torch.Tensor, tiles: torch.Tensor, n: int, bias=None, ldo_pad: int = 0):
+def _gemm(x: torch.Tensor, tiles: torch.Tensor, n: int, bias=None, ldo_pad=0, variant=None):
     t, k = x.shape
     out = torch.full((t, n + ldo_pad), float("nan"))
-    done = bf16_ops.library().hearth_bf16_gemm(
+    done = bf16_ops.library(variant).hearth_bf16_gemm(
         x.data_ptr(), t, x.stride(0), k, tiles.data_ptr(), n,
         None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
     )  # fmt: skip
@@ -62,12 +74,12 @@ SHAPES = [
 
 
 @pytest.mark.parametrize(("t", "k", "n", "bias"), SHAPES)
-def test_tiles_compute_the_rounded_operands_product_in_float32(t, k, n, bias) -> None:
+def test_tiles_compute_the_rounded_operands_product_in_float32(t, k, n, bias, variant) -> None:
     gen = torch.Generator().manual_seed(t * 131 + k + n)
     w = torch.randn(n, k, generator=gen)
     x = torch.randn(t, k + 7, generator=gen)[:, :k]  # strided rows
     b = torch.randn(n, generator=gen) if bias else None
-    out = _gemm(x, _tiles(w), n, b, ldo_pad=3)
+    out = _gemm(x, _tiles(w), n, b, ldo_pad=3, variant=variant)
     ref, scale = _reference(x, w, b)
     err = (out[:, :n].double() - ref).abs()
     # float32 sums of k exact products: at most ~k * 2^-24 relative to the sum of |products|
@@ -75,7 +87,7 @@ def test_tiles_compute_the_rounded_operands_product_in_float32(t, k, n, bias) ->
     assert bool(out[:, n:].isnan().all()), "wrote past n into the output's padding"
 
 
-def test_rounding_is_once_per_operand_to_nearest_even() -> None:
+def test_rounding_is_once_per_operand_to_nearest_even(variant) -> None:
     """An activation that is not a bfloat16 value is rounded (not truncated) before the
     product: 1 + 2^-8 + 2^-10 rounds up to 1 + 2^-7 (truncation would give 1)."""
     k, n = 32, 16
@@ -83,24 +95,24 @@ def test_rounding_is_once_per_operand_to_nearest_even() -> None:
     x[0, 0] = 1 + 2.0**-8 + 2.0**-10
     w = torch.zeros(n, k)
     w[:, 0] = 1.0
-    out = _gemm(x, _tiles(w), n)
+    out = _gemm(x, _tiles(w), n, variant=variant)
     assert torch.equal(out[0], torch.full((n,), 1 + 2.0**-7))
 
 
-def test_a_rows_result_does_not_depend_on_the_batch_or_threads() -> None:
+def test_a_rows_result_does_not_depend_on_the_batch_or_threads(variant) -> None:
     gen = torch.Generator().manual_seed(7)
     k, n = 576, 1536
     w = torch.randn(n, k, generator=gen)
     tiles = _tiles(w)
     x = torch.randn(100, k, generator=gen)
-    full = _gemm(x, tiles, n)
+    full = _gemm(x, tiles, n, variant=variant)
     for t in (1, 15, 16, 17, 33, 64):
-        assert torch.equal(_gemm(x[:t].contiguous(), tiles, n), full[:t]), t
-    assert torch.equal(_gemm(x[40:41].contiguous(), tiles, n), full[40:41])
+        assert torch.equal(_gemm(x[:t].contiguous(), tiles, n, variant=variant), full[:t]), t
+    assert torch.equal(_gemm(x[40:41].contiguous(), tiles, n, variant=variant), full[40:41])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        single = _gemm(x, tiles, n)
+        single = _gemm(x, tiles, n, variant=variant)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(single, full)
@@ -140,12 +152,23 @@ def test_pack_tiles_refuses_a_dense_weight_of_another_shape() -> None:
         bf16_ops.pack_tiles(dense[:32], blocks)
 
 
-def test_builds_below_amx_have_no_tile_path() -> None:
-    """Lower variants (forced with --cpu-isa) compile the file as an empty shell: the tile
-    path reports itself absent and callers run the float32 kernels."""
-    from kernels.cpu.build import host_isa
-
+def test_each_variant_reports_its_bfloat16_path() -> None:
+    """``avx2`` and ``avx512`` builds have no bfloat16 kernel (callers run the float32
+    kernels), ``avx512_vnni`` has the AVX512-BF16 one, ``amx`` the tiles."""
+    expected = {"avx2": "none", "avx512": "none", "avx512_vnni": "avx512-bf16", "amx": "amx-bf16"}
     for variant in host_isa().supported:
-        if variant != "amx":
-            assert bf16_ops.library(variant).hearth_bf16_isa() == 0
-            assert not bf16_ops.available(variant)
+        assert bf16_ops.tile_path(variant).startswith(expected[variant]), variant
+        assert bf16_ops.available(variant) == (expected[variant] != "none")
+
+
+def test_the_amx_and_avx512_paths_agree_to_float32_rounding() -> None:
+    if not {"amx", "avx512_vnni"} <= set(BF16_VARIANTS):
+        pytest.skip(f"needs both the amx and avx512_vnni variants ({host_isa().describe()})")
+    gen = torch.Generator().manual_seed(11)
+    k, n = 576, 192
+    w, x = torch.randn(n, k, generator=gen), torch.randn(37, k, generator=gen)
+    tiles = _tiles(w)
+    amx = _gemm(x, tiles, n, variant="amx").double()
+    vec = _gemm(x, tiles, n, variant="avx512_vnni").double()
+    _, scale = _reference(x, w)
+    assert bool(((amx - vec).abs() <= 2 * scale * k * 2.0**-24).all())
