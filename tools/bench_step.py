@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import QUANTIZATIONS, EngineConfig
 from engine.core import EngineCore
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
@@ -59,7 +59,7 @@ def _run(core: EngineCore, batch: int, prompt_len: int, decode_steps: int, seed:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_step", description=__doc__)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"])
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--prompt-len", type=int, default=128)
