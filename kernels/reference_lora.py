@@ -42,6 +42,8 @@ class LoRAStack:
     """``ranks[slot][shard]``: the adapter's true rank there, 0 when it does not target it."""
     row_shard: torch.Tensor
     """``[out]`` int32: the shard of each output row (the Triton expand reads it)."""
+    scale_values: list[list[float]]
+    """`scales` as Python floats (the reference multiplies by these, as PEFT does)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ def lora_expand(y: torch.Tensor, h: torch.Tensor, stack: LoRAStack, step: LoRASt
     """``y += (h @ B.T) * scale`` per shard, in place; returns ``y``."""
     bounds = stack.shard_bounds
     for group in step.groups:
-        scales = stack.scales[group.slot].tolist()
+        scales = stack.scale_values[group.slot]
         for shard, rank in enumerate(stack.ranks[group.slot]):
             if not rank:
                 continue

@@ -39,7 +39,7 @@ def _stack(device: str, dtype: torch.dtype, seed: int = 0) -> LoRAStack:
     )
     return LoRAStack(
         a.to(device, dtype), b.to(device, dtype), scales.to(device), tuple(bounds), RANKS,
-        row_shard.to(device),
+        row_shard.to(device), scales.tolist(),
     )  # fmt: skip
 
 
