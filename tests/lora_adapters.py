@@ -76,8 +76,10 @@ def make_adapters(base_dir: str, root: Path, names: list[str] | None = None) -> 
 def reference_tokens(
     base_dir: str, adapter_dir: str | None, prompts: list[list[int]], max_new_tokens: int
 ) -> list[list[int]]:
-    """Greedy continuations by transformers (+ PEFT when `adapter_dir` is given), float32."""
+    """Greedy continuations by transformers (+ PEFT when `adapter_dir` is given), float32,
+    always `max_new_tokens` long (EOS ignored, as the engine's requests ask)."""
     model = _base(base_dir)
+    model.generation_config.eos_token_id = None
     if adapter_dir is not None:
         from peft import PeftModel
 
