@@ -124,3 +124,46 @@ def tiny_llama(out_dir: Path, tokenizer_dir: str) -> str:
         if src.exists():
             shutil.copy(src, out_dir / name)
     return str(out_dir)
+
+
+def write_random_adapter(base_dir: str, out_dir: Path, seed: int, r: int = 16) -> str:
+    """A random adapter on every q/k/v/o/gate/up/down projection, written in PEFT's file
+    layout straight from the base's config.json (no model load: what the benchmark uses
+    on the real model, where loading it into PEFT once per adapter takes minutes on a
+    shared host). `make_adapter` is the PEFT-made equivalent the exactness tests use."""
+    import json
+
+    from safetensors.torch import save_file
+
+    cfg = json.loads((Path(base_dir) / "config.json").read_text())
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    shapes = {
+        "self_attn.q_proj": (hidden, q),
+        "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv),
+        "self_attn.o_proj": (q, hidden),
+        "mlp.gate_proj": (hidden, inter),
+        "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for module, (fan_in, fan_out) in shapes.items():
+            key = f"base_model.model.model.layers.{layer}.{module}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(r, fan_in, generator=g) / fan_in**0.5
+            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, r, generator=g) * 0.01
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "r": r,
+        "lora_alpha": 2 * r,
+        "target_modules": sorted({m.rsplit(".", 1)[1] for m in shapes}),
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(config))
+    return str(out_dir)
