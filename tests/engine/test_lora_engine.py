@@ -21,6 +21,8 @@ from kernels import LoRAStep
 from kernels.reference_lora import add_lora
 from tests.lora_adapters import make_adapter, make_adapters, reference_tokens, tiny_llama
 
+pytestmark = pytest.mark.slow  # transformers + PEFT references: about a minute here
+
 NEW_TOKENS = 10
 PROMPTS = [[1, 504, 3200, 77, 9, 1201, 45], [1, 88, 17, 2330, 641, 12, 9, 9, 400, 3, 71]]
 
