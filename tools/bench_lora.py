@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 import time
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("serve_flags", nargs="*", help="extra `hearth serve` flags (after --)")
     args = parser.parse_args(argv)
+    # `timeout` and Ctrl-C alike must reach the `finally` that stops the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     model_dir = args.model or resolve_model_dir(None, None)
     tmp = Path(tempfile.mkdtemp(prefix="hearth-bench-lora-"))
@@ -86,10 +89,11 @@ def main(argv: list[str] | None = None) -> int:
                 _phase(url, models, args.requests, args.concurrency, args.max_tokens)
             )
             results[label] = tokens / seconds
-            print(
-                f"{label:>12}: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.1f} tok/s "
-                f"(c={args.concurrency}, {args.requests} requests, rank {args.rank})"
+            line = (
+                f"{label:>12}: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.1f} "
+                f"tok/s (c={args.concurrency}, {args.requests} requests, rank {args.rank})"
             )
+            print(line, flush=True)  # per phase: a slow host may cut the run after one
         base, lora = results.values()
         print(f"LoRA throughput / base throughput: {lora / base:.2f}")
     finally:
