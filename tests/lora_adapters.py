@@ -126,11 +126,14 @@ def tiny_llama(out_dir: Path, tokenizer_dir: str) -> str:
     return str(out_dir)
 
 
-def write_random_adapter(base_dir: str, out_dir: Path, seed: int, r: int = 16) -> str:
+def write_random_adapter(
+    base_dir: str, out_dir: Path, seed: int, r: int = 16, b_scale: float = 0.01
+) -> str:
     """A random adapter on every q/k/v/o/gate/up/down projection, written in PEFT's file
     layout straight from the base's config.json (no model load: what the benchmark uses
     on the real model, where loading it into PEFT once per adapter takes minutes on a
-    shared host). `make_adapter` is the PEFT-made equivalent the exactness tests use."""
+    shared host). `make_adapter` is the PEFT-made equivalent the exactness tests use.
+    `b_scale` 0 gives an adapter that must change nothing."""
     import json
 
     from safetensors.torch import save_file
@@ -154,7 +157,7 @@ def write_random_adapter(base_dir: str, out_dir: Path, seed: int, r: int = 16) -
         for module, (fan_in, fan_out) in shapes.items():
             key = f"base_model.model.model.layers.{layer}.{module}"
             tensors[f"{key}.lora_A.weight"] = torch.randn(r, fan_in, generator=g) / fan_in**0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, r, generator=g) * 0.01
+            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, r, generator=g) * b_scale
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "adapter_model.safetensors"))
     config = {
