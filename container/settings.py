@@ -189,12 +189,14 @@ def lora_modules(args: argparse.Namespace, model_dir: str | None) -> tuple[tuple
     command line win)."""
     if not args.enable_lora:
         return tuple(parse_lora_module(item) for item in args.lora_modules)  # refused later
-    modules = dict(parse_lora_module(item) for item in args.lora_modules)
+    modules = [parse_lora_module(item) for item in args.lora_modules]  # twice: refused
+    names = {name for name, _ in modules}
     for root in dict.fromkeys(p for p in (args.model, model_dir) if p):
         folder = Path(root) / ADAPTERS_FOLDER
         if not folder.is_dir():
             continue
         for sub in sorted(folder.iterdir()):
-            if (sub / "adapter_config.json").is_file():
-                modules.setdefault(sub.name, str(sub))
-    return tuple(modules.items())
+            if (sub / "adapter_config.json").is_file() and sub.name not in names:
+                modules.append((sub.name, str(sub)))
+                names.add(sub.name)
+    return tuple(modules)
