@@ -81,6 +81,8 @@ class EngineCore:
         max_len = resolved.max_model_len
         self.max_num_batched_tokens = resolved.max_num_batched_tokens
         block_size = config.block_size
+        # Before the KV cache is sized: on a GPU the stacked adapter slots take memory too.
+        self.lora = self._start_lora(say)
         num_blocks = self._num_kv_blocks(max_len, block_size)
         # A single sequence must always fit, or preemption could never make room.
         max_len = min(max_len, num_blocks * block_size)
@@ -106,7 +108,6 @@ class EngineCore:
                 self.model, block_size, max_len, config.max_num_seqs, self.device,
                 config.enforce_eager, say,
             )  # fmt: skip
-        self.lora = self._start_lora(say)
         self.runner.lora = self.lora
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
