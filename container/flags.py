@@ -406,6 +406,30 @@ def add_serve_flags(
         choices=CPU_ISAS,
     )
     eng.switch("--disable-log-stats", False, "No periodic engine statistics line")
+    lora = FlagAdder(parser.add_argument_group("LoRA adapters"), environ)
+    lora.switch(
+        "--enable-lora",
+        False,
+        "Serve LoRA adapters: a request's 'model' (or SageMaker's adapter header) picks "
+        "one; the adapter routes exist; the model's adapters/ folder is registered",
+    )
+    lora.many(
+        "--lora-modules",
+        "Adapters to register at start: NAME=PATH (a PEFT directory or an s3:// URL) or "
+        'JSON {"name": ..., "path": ...}',
+    )
+    lora.value(
+        "--max-loras",
+        Bounded(int, at_least=1),
+        _ENGINE_DEFAULTS.max_loras,
+        "Adapters resident at once (one step mixes at most this many); others load on demand",
+    )
+    lora.value(
+        "--max-lora-rank",
+        Bounded(int, at_least=1),
+        _ENGINE_DEFAULTS.max_lora_rank,
+        "Largest adapter rank accepted; sizes the stacked adapter buffers",
+    )
     eng.value(
         "--cache-dir",
         str,

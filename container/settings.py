@@ -11,6 +11,7 @@ field and one line in `serve_configs`.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -92,6 +93,7 @@ def serve_configs(
         sse_keep_alive_interval=args.sse_keep_alive_interval,
         request_timeout=args.request_timeout,
         enable_server_load_tracking=args.enable_server_load_tracking,
+        enable_lora=args.enable_lora,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,
         max_log_len=args.max_log_len,
@@ -149,5 +151,52 @@ def _engine_config(args: argparse.Namespace, model_dir: str | None) -> EngineCon
         cpu_isa=args.cpu_isa,
         cache_dir=args.cache_dir,
         kernel_cache_dir=args.kernel_cache_dir,
+        enable_lora=args.enable_lora,
+        lora_modules=lora_modules(args, model_dir),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         test_fault_file=args.test_fault_file,
     )
+
+
+ADAPTERS_FOLDER = "adapters"
+"""A model directory's subfolder of PEFT adapters, one per directory, registered under
+the directory's name with --enable-lora (how SageMaker model artifacts carry them)."""
+
+
+def parse_lora_module(item: str) -> tuple[str, str]:
+    """``NAME=PATH`` or vLLM's JSON form ``{"name": ..., "path": ...}``."""
+    text = item.strip()
+    if text.startswith("{"):
+        try:
+            spec = json.loads(text)
+            name, path = spec["name"], spec["path"]
+        except (ValueError, KeyError, TypeError):
+            raise SystemExit(
+                f'hearth: --lora-modules {item!r}: JSON must be {{"name": ..., "path": ...}}'
+            ) from None
+    else:
+        name, sep, path = text.partition("=")
+        if not sep:
+            raise SystemExit(f"hearth: --lora-modules {item!r} is not NAME=PATH")
+    if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+        raise SystemExit(f"hearth: --lora-modules {item!r} needs a name and a path")
+    return name.strip(), path.strip()
+
+
+def lora_modules(args: argparse.Namespace, model_dir: str | None) -> tuple[tuple[str, str], ...]:
+    """--lora-modules, then the model directory's adapters/ folder (names given on the
+    command line win)."""
+    if not args.enable_lora:
+        return tuple(parse_lora_module(item) for item in args.lora_modules)  # refused later
+    modules = [parse_lora_module(item) for item in args.lora_modules]  # twice: refused
+    names = {name for name, _ in modules}
+    for root in dict.fromkeys(p for p in (args.model, model_dir) if p):
+        folder = Path(root) / ADAPTERS_FOLDER
+        if not folder.is_dir():
+            continue
+        for sub in sorted(folder.iterdir()):
+            if (sub / "adapter_config.json").is_file() and sub.name not in names:
+                modules.append((sub.name, str(sub)))
+                names.add(sub.name)
+    return tuple(modules)

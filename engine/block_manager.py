@@ -62,6 +62,8 @@ class BlockManager:
             h = hashlib.blake2b(digest_size=16)
             if i:
                 h.update(hashes[i - 1])
+            elif request.lora_key:  # the chain's root: K/V depend on the adapter
+                h.update(request.lora_key)
             h.update(array("q", tokens[i * bs : (i + 1) * bs]).tobytes())
             hashes.append(h.digest())
         return hashes

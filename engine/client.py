@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 import weakref
 from abc import ABC, abstractmethod
 
@@ -20,8 +21,17 @@ from engine.errors import (
     EngineNotReadyError,
     EngineOverloadedError,
     InvalidEngineRequestError,
+    UnknownAdapterError,
 )
-from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch, PoolingParams
+from engine.messages import (
+    AbortRequest,
+    AdapterCommand,
+    AdapterReply,
+    AddRequest,
+    Admission,
+    OutputBatch,
+    PoolingParams,
+)
 from engine.sampling_params import SamplingParams
 
 
@@ -50,6 +60,11 @@ def live_clients() -> list[EngineClient]:
 ADMISSION_TIMEOUT_S = 30.0
 """How long `add_request` waits for the engine's answer before a 503. The engine answers
 between steps, so this only fires when it is stalled or the burst ahead is huge."""
+ADAPTER_COMMAND_TIMEOUT_S = 120.0
+"""How long a LoRA load/unload/list waits for the engine (reading an adapter's files
+happens between two steps)."""
+
+EngineCommand = AddRequest | AbortRequest | AdapterCommand
 
 
 class EngineClient(ABC):
@@ -62,6 +77,7 @@ class EngineClient(ABC):
         self._collectors: dict[str, OutputCollector] = {}
         """Engine request id -> the collector of its API request, until it finishes."""
         self._admissions: dict[str, asyncio.Future[Admission]] = {}
+        self._adapter_calls: dict[str, asyncio.Future[AdapterReply]] = {}
         self._model_info: ModelInfo | None = None
         self._dead = False
         self._stalled = False
@@ -118,7 +134,7 @@ class EngineClient(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
-    def _send(self, message: AddRequest | AbortRequest) -> None:
+    def _send(self, message: EngineCommand) -> None:
         """Queue a message for the engine core: never blocks, never drops."""
 
     async def _wait_for_send_room(self) -> None:  # noqa: B027 (optional hook)
@@ -132,20 +148,15 @@ class EngineClient(ABC):
         params: SamplingParams,
         priority: int = 0,
         collector: OutputCollector | None = None,
+        lora_name: str | None = None,
         pooling: PoolingParams | None = None,
     ) -> OutputCollector:
         """Admit a request whose outputs go to `collector` (a new one by default; the n
-        choices of one API request share one); with `pooling`, an embedding request
-        (one final output carrying the vector). Raises EngineOverloadedError /
-        EngineDeadError / EngineNotReadyError / InvalidEngineRequestError before any
-        output exists."""
-        ready = self.is_ready()  # re-reads the transport's state once, for all three checks
-        if self._dead:
-            raise dead_error()
-        if self._stalled:
-            raise stalled_error()
-        if not ready:
-            raise EngineNotReadyError("The model is still loading; retry shortly.")
+        choices of one API request share one), on the LoRA adapter `lora_name` (None:
+        the base); with `pooling`, an embedding request (one final output carrying the
+        vector). Raises EngineOverloadedError / EngineDeadError / EngineNotReadyError
+        / InvalidEngineRequestError / UnknownAdapterError before any output exists."""
+        self._check_serving()
         if request_id in self._collectors or request_id in self._admissions:
             raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")
         if collector is None:
@@ -163,6 +174,7 @@ class EngineClient(ABC):
                         prompt_token_ids=prompt_token_ids,
                         params=params,
                         priority=priority,
+                        lora_name=lora_name,
                         pooling=pooling,
                     )
                 )
@@ -185,8 +197,41 @@ class EngineClient(ABC):
             message = admission.message or "request refused"
             if admission.error_kind == "overloaded":
                 raise EngineOverloadedError(message)
+            if admission.error_kind == "not_found":
+                raise UnknownAdapterError(message)
             raise InvalidEngineRequestError(message, param=admission.param)
         return collector
+
+    def _check_serving(self) -> None:
+        ready = self.is_ready()  # re-reads the transport's state once, for all three checks
+        if self._dead:
+            raise dead_error()
+        if self._stalled:
+            raise stalled_error()
+        if not ready:
+            raise EngineNotReadyError("The model is still loading; retry shortly.")
+
+    async def adapter_command(
+        self, op: str, name: str | None = None, path: str | None = None
+    ) -> AdapterReply:
+        """Register ('load'), unregister ('unload') or 'list' LoRA adapters in the
+        engine's one registry; the reply lists every adapter afterwards."""
+        self._check_serving()
+        call_id = uuid.uuid4().hex
+        future: asyncio.Future[AdapterReply] = asyncio.get_running_loop().create_future()
+        self._adapter_calls[call_id] = future
+        try:
+            async with asyncio.timeout(ADAPTER_COMMAND_TIMEOUT_S):
+                await self._wait_for_send_room()
+                self._send(AdapterCommand(call_id=call_id, op=op, name=name, path=path))
+                return await future
+        except TimeoutError:
+            raise EngineOverloadedError(
+                f"The engine did not answer the adapter command within "
+                f"{ADAPTER_COMMAND_TIMEOUT_S:g} s; retry later."
+            ) from None
+        finally:
+            self._adapter_calls.pop(call_id, None)
 
     async def abort(self, request_ids: list[str]) -> None:
         self._abort_now(request_ids)
@@ -207,6 +252,10 @@ class EngineClient(ABC):
                     if out.finish_reason is not None:
                         del collectors[out.request_id]
                     collector.put(out)
+        elif isinstance(message, AdapterReply):
+            call = self._adapter_calls.get(message.call_id)
+            if call is not None and not call.done():
+                call.set_result(message)
         else:
             future = self._admissions.get(message.request_id)
             if future is not None and not future.done():
@@ -222,7 +271,7 @@ class EngineClient(ABC):
             return
         self._dead = True
         error = dead_error()
-        for future in self._admissions.values():
+        for future in [*self._admissions.values(), *self._adapter_calls.values()]:
             if not future.done():
                 future.set_exception(error)
         self.fail_in_flight(error)

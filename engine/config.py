@@ -98,6 +98,17 @@ class EngineConfig:
     engine resolves the model itself only when the caller did not (Lambda)."""
     kernel_cache_dir: str | None = None
     """Where the compiled CPU kernels are cached (--kernel-cache-dir); None: the default."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (--enable-lora): every q/k/v/o/gate/up/down `Linear` gets
+    `max_loras` stacked slots of rank `max_lora_rank` (engine/lora/manager.py)."""
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    """(name, source) of the adapters registered at start (--lora-modules and the model's
+    ``adapters/`` folder); a source is a local directory or an ``s3://`` URL."""
+    max_loras: int = 1
+    """Adapters resident at once, so at most this many different ones in one step (vLLM's
+    default, 1)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank; sizes the stacked buffers (vLLM's default, 16)."""
     test_fault_file: str | None = None
     """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
     fails, so the reliability tests can fail one step of a real server."""
@@ -131,10 +142,17 @@ class EngineConfig:
             ("--kv-cache-memory", self.kv_cache_memory),
             ("num_kv_blocks", self.num_kv_blocks),
             ("--num-threads", self.num_threads),
+            ("--max-loras", self.max_loras),
+            ("--max-lora-rank", self.max_lora_rank),
         ):
             _at_least(flag, value, 1)
         _at_least("--max-num-queued-reqs", self.max_num_queued_reqs, 0)
         _at_least("--max-num-queued-tokens", self.max_num_queued_tokens, 0)
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
+        names = [name for name, _ in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--lora-modules names an adapter twice: {', '.join(names)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], not {self.gpu_memory_utilization!r}"

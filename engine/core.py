@@ -24,7 +24,16 @@ from engine.gpu_memory import (
     kv_cache_budget_bytes,
     profile_peak_step_bytes,
 )
-from engine.messages import AddRequest, Admission, RequestOutput
+from engine.lora.manager import AdapterError, AdapterNotFoundError, LoRAManager, NoFreeSlotError
+from engine.lora_source import AdapterSourceError, resolve_adapter_source
+from engine.messages import (
+    AdapterCard,
+    AdapterCommand,
+    AdapterReply,
+    AddRequest,
+    Admission,
+    RequestOutput,
+)
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner, StepResult, kv_cache_bytes_per_block
 from engine.pooling_config import read_pooling_config
@@ -78,6 +87,8 @@ class EngineCore:
         max_len = resolved.max_model_len
         self.max_num_batched_tokens = resolved.max_num_batched_tokens
         block_size = config.block_size
+        # Before the KV cache is sized: on a GPU the stacked adapter slots take memory too.
+        self.lora = self._start_lora(say)
         num_blocks = self._num_kv_blocks(max_len, block_size)
         # A single sequence must always fit, or preemption could never make room.
         max_len = min(max_len, num_blocks * block_size)
@@ -104,6 +115,7 @@ class EngineCore:
                 self.model, block_size, max_len, config.max_num_seqs, self.device,
                 config.enforce_eager, say,
             )  # fmt: skip
+        self.runner.lora = self.lora
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -131,6 +143,24 @@ class EngineCore:
             f"KV cache: {num_blocks} blocks of {block_size} tokens "
             f"({num_blocks * block_size} tokens), max_model_len {max_len}"
         )
+
+    def _start_lora(self, say: Callable[[str], None]) -> LoRAManager | None:
+        """--enable-lora: stacked slots on every projection, then the start-up adapters
+        (a bad one fails the start, naming it)."""
+        cfg = self.config
+        if not cfg.enable_lora:
+            return None
+        manager = LoRAManager(self.model, cfg.max_loras, cfg.max_lora_rank, self.dtype, self.device)
+        for name, src in cfg.lora_modules:
+            try:
+                manager.register(name, resolve_adapter_source(src))
+            except (AdapterError, AdapterSourceError, ValueError) as exc:
+                raise ValueError(f"--lora-modules {name}={src}: {exc}") from None
+        say(
+            f"LoRA: {len(manager.adapters)} adapters registered, {cfg.max_loras} resident "
+            f"at most (--max-loras), rank up to {cfg.max_lora_rank}"
+        )
+        return manager
 
     def _num_kv_blocks(self, max_model_len: int, block_size: int) -> int:
         cfg = self.config
@@ -169,6 +199,15 @@ class EngineCore:
         problem = self._validate(msg)
         if problem is not None:
             return Admission(request_id=rid, accepted=False, error_kind="invalid", message=problem)
+        if msg.lora_name is not None and (
+            self.lora is None or msg.lora_name not in self.lora.adapters
+        ):
+            return Admission(
+                request_id=rid,
+                accepted=False,
+                error_kind="not_found",
+                message=f"The model `{msg.lora_name}` does not exist.",
+            )
         cfg, sched = self.config, self.scheduler
         if cfg.max_num_queued_reqs is not None and sched.num_waiting >= cfg.max_num_queued_reqs:
             return Admission(
@@ -193,6 +232,9 @@ class EngineCore:
         return self._admit(msg, client_id, None)
 
     def _admit(self, msg: AddRequest, client_id: bytes, grammar: GrammarState | None) -> Admission:
+        lora = self._pin_adapter(msg)
+        if isinstance(lora, Admission):
+            return lora
         request = Request(
             msg.request_id,
             msg.prompt_token_ids,
@@ -203,9 +245,66 @@ class EngineCore:
             msg.pooling,
         )
         request.grammar = grammar
+        if lora is not None:
+            request.lora_name = msg.lora_name
+            request.lora_slot, request.lora_key = lora
         self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
         return Admission(request_id=msg.request_id, accepted=True)
+
+    def _pin_adapter(self, msg: AddRequest) -> tuple[int, bytes] | Admission | None:
+        """The request's adapter made resident and pinned: (slot, cache key); None for
+        the base; a refusal when it is gone (unloaded meanwhile) or no slot is free."""
+        if msg.lora_name is None:
+            return None
+        assert self.lora is not None  # add_request refused lora_name without --enable-lora
+        try:
+            return self.lora.acquire(msg.lora_name)
+        except AdapterNotFoundError:
+            message, kind = f"The model `{msg.lora_name}` does not exist.", "not_found"
+        except NoFreeSlotError as exc:
+            message, kind = str(exc), "overloaded"
+        return Admission(
+            request_id=msg.request_id, accepted=False, error_kind=kind, message=message
+        )
+
+    def adapter_command(self, cmd: AdapterCommand) -> AdapterReply:
+        """Register / unregister / list LoRA adapters between steps."""
+        if self.lora is None:
+            return AdapterReply(
+                call_id=cmd.call_id,
+                ok=False,
+                error_kind="disabled",
+                message="LoRA adapters are not enabled on this server (start it with --enable-lora).",
+            )
+        manager = self.lora
+        kind: str | None = None
+        message: str | None = None
+        try:
+            if cmd.op == "load":
+                if not cmd.name or not cmd.path:
+                    raise AdapterError("a load needs the adapter's name and path")
+                manager.register(cmd.name, cmd.path)
+            elif cmd.op == "unload":
+                manager.unregister(cmd.name or "")
+            elif cmd.op != "list":
+                raise AdapterError(f"unknown adapter command {cmd.op!r}")
+        except AdapterNotFoundError:
+            kind, message = "not_found", f"The lora adapter '{cmd.name}' cannot be found."
+        except AdapterError as exc:
+            kind, message = "invalid", str(exc)
+        except ValueError as exc:  # the name is registered already
+            kind, message = "conflict", str(exc)
+        except Exception as exc:  # unreadable files and the like: the adapter's fault
+            logger.exception("LoRA adapter command %s %s failed", cmd.op, cmd.name)
+            kind, message = "invalid", f"cannot load the adapter ({type(exc).__name__}: {exc})"
+        cards = [
+            AdapterCard(name=s.name, path=s.path, rank=s.rank, resident=s.resident)
+            for s in manager.status()
+        ]
+        return AdapterReply(
+            call_id=cmd.call_id, ok=kind is None, error_kind=kind, message=message, adapters=cards
+        )
 
     def poll_compiled(self) -> list[tuple[bytes, Admission]]:
         """Admit (or refuse) the constrained requests whose grammar finished compiling."""
@@ -289,6 +388,10 @@ class EngineCore:
         per-request sampler state (runner) go together."""
         self.scheduler.finish(request, reason)
         self.runner.forget(request)
+        if request.lora_slot >= 0:
+            assert self.lora is not None
+            self.lora.release(request.lora_slot)
+            request.lora_slot = -1
 
     def abort_client(self, client_id: bytes) -> int:
         """Abort every request of one worker (it died); returns how many."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from engine.core import EngineCore
 from engine.messages import (
     AbortRequest,
+    AdapterCommand,
     AddRequest,
     Admission,
     EngineMessage,
@@ -68,6 +69,8 @@ def handle_message(
             transport.send(client_id, admission)
     elif isinstance(message, AbortRequest):
         core.abort(message.request_ids)
+    elif isinstance(message, AdapterCommand):
+        transport.send(client_id, core.adapter_command(message))
     elif isinstance(message, Hello):
         pass
 

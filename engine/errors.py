@@ -27,5 +27,10 @@ class InvalidEngineRequestError(EngineError):
         self.param = param
 
 
+class UnknownAdapterError(EngineError):
+    """The request names a LoRA adapter the engine has not registered (404, as vLLM
+    answers an unknown `model`)."""
+
+
 class EngineShuttingDownError(EngineDeadError):
     """The server's drain deadline came before this request finished (503)."""

@@ -36,6 +36,9 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     arrival_time: float = 0.0
     pooling: PoolingParams | None = None
     """Set for an embedding request (then `params` is unused: nothing is sampled)."""
+    lora_name: str | None = None
+    """The LoRA adapter to run with (the request's `model`, or SageMaker's adapter
+    header); None: the base model."""
 
 
 class AbortRequest(msgspec.Struct, tag="abort"):
@@ -52,7 +55,8 @@ class Admission(msgspec.Struct, tag="admission", kw_only=True):
     request_id: str
     accepted: bool
     error_kind: str | None = None
-    """'overloaded' (queue full -> 503) or 'invalid' (-> 400) when not accepted."""
+    """'overloaded' (queue full, no LoRA slot -> 503), 'invalid' (-> 400) or 'not_found'
+    (an unknown LoRA adapter -> 404) when not accepted."""
     message: str | None = None
     param: str | None = None
     """The request field at fault, when the engine knows it (a constraint that failed
@@ -90,11 +94,42 @@ class RequestOutput(msgspec.Struct, tag="out", kw_only=True, omit_defaults=True)
         return self.finish_reason is not None
 
 
+class AdapterCommand(msgspec.Struct, tag="adapter", kw_only=True):
+    """Register, unregister or list LoRA adapters (the load/unload routes, /v1/models).
+    The engine holds the one registry, so every API worker sees the same adapters."""
+
+    call_id: str
+    op: str
+    """'load', 'unload' or 'list'."""
+    name: str | None = None
+    path: str | None = None
+    """'load': a local adapter directory (the worker fetched an s3:// source already)."""
+
+
+class AdapterCard(msgspec.Struct, kw_only=True):
+    name: str
+    path: str
+    rank: int
+    resident: bool
+    """In a --max-loras slot now (else loaded on the next request that names it)."""
+
+
+class AdapterReply(msgspec.Struct, tag="adapter_reply", kw_only=True):
+    call_id: str
+    ok: bool
+    error_kind: str | None = None
+    """'not_found', 'invalid' (bad files, rank, targets), 'conflict' (name taken) or
+    'disabled' (no --enable-lora) when not ok."""
+    message: str | None = None
+    adapters: list[AdapterCard] = msgspec.field(default_factory=list)
+    """Every registered adapter after the command."""
+
+
 class OutputBatch(msgspec.Struct, tag="outs"):
     """All outputs of one engine step that belong to one worker."""
 
     outputs: list[RequestOutput]
 
 
-EngineMessage = AddRequest | AbortRequest | Hello
-WorkerMessage = Admission | OutputBatch
+EngineMessage = AddRequest | AbortRequest | Hello | AdapterCommand
+WorkerMessage = Admission | OutputBatch | AdapterReply

@@ -18,6 +18,7 @@ from engine import prompt_logprobs
 from engine.attention import AttentionBackend, CpuAttentionBackend
 from engine.cuda_graphs import CudaGraphRunner
 from engine.layers.attention import bind_attention
+from engine.lora.manager import LoRAManager
 from engine.messages import TokenLogprob
 from engine.pooler import Pooler
 from engine.pooling_config import PoolingConfig
@@ -91,6 +92,8 @@ class ModelRunner:
         self.pooler = Pooler(pooling or PoolingConfig())
         self.cuda_graphs: CudaGraphRunner | None = None
         """Set by the core after capture (GPU, no --enforce-eager); see engine/cuda_graphs.py."""
+        self.lora: LoRAManager | None = None
+        """Set by the core with --enable-lora: each step tells it which slot each token uses."""
 
     def forget(self, request: Request) -> None:
         self.sampler.forget(request.request_id)
@@ -100,12 +103,38 @@ class ModelRunner:
         decodes = [s for s in scheduled if s.num_new_tokens == 1]
         prefills = [s for s in scheduled if s.num_new_tokens > 1]
         ordered = decodes + prefills
+        has_lora = self._begin_lora(ordered)
+        try:
+            return self._execute(ordered, decodes, prefills, has_lora)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
+
+    def _begin_lora(self, ordered: list[ScheduledRequest]) -> bool:
+        """The step's per-token adapter slots (engine/lora/manager.py); True when any
+        token uses an adapter."""
+        if self.lora is None:
+            return False
+        token_slots: list[int] = []
+        for item in ordered:
+            token_slots.extend([item.request.lora_slot] * item.num_new_tokens)
+        return self.lora.begin_step(token_slots)
+
+    def _execute(
+        self,
+        ordered: list[ScheduledRequest],
+        decodes: list[ScheduledRequest],
+        prefills: list[ScheduledRequest],
+        has_lora: bool,
+    ) -> StepResult:
         input_ids, positions, slots, logits_rows, sampled = self._flatten(ordered)
         dev = self.device
         hidden = None
+        # A step with adapter tokens runs eagerly: the captured graphs and the CPU step
+        # program hold the base model's kernels only (docs/architecture.md, "LoRA").
         # --- CUDA graphs hook: a pure-decode step within the largest bucket replays a
         # captured graph (None otherwise: run eagerly below). See engine/cuda_graphs.py.
-        if self.cuda_graphs is not None and not prefills:
+        if self.cuda_graphs is not None and not prefills and not has_lora:
             block_ids = [s.request.block_ids for s in decodes]
             hidden = self.cuda_graphs.run(input_ids, positions, slots, block_ids)
         # --- end of the CUDA graphs hook
@@ -117,7 +146,11 @@ class ModelRunner:
             meta = self.attention.build_metadata(spans, slots, self.block_size, dev)
             ids_t = torch.tensor(input_ids, dtype=torch.long, device=dev)
             positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
-            if isinstance(self.attention, CpuAttentionBackend) and self.attention.program:
+            if (
+                isinstance(self.attention, CpuAttentionBackend)
+                and self.attention.program
+                and not has_lora
+            ):
                 hidden = self.attention.run_program(ids_t, positions_t, meta)
             else:
                 hidden = self.model(ids_t, positions_t, meta)

@@ -36,6 +36,9 @@ class Request:
         "client_id",
         "finish_reason",
         "grammar",
+        "lora_key",
+        "lora_name",
+        "lora_slot",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_prompt_tokens",
@@ -78,6 +81,12 @@ class Request:
         self.stop_reason: int | None = None
         self.stop_token_set = frozenset(params.stop_token_ids)
         """Checked for every generated token: a set, not the wire list."""
+        self.lora_name: str | None = None
+        self.lora_slot = -1
+        """The resident LoRA slot this request pins (-1: the base model)."""
+        self.lora_key = b""
+        """Seeds the prefix-cache hash chain: KV computed under one adapter is never
+        shared with another adapter or the base (engine/block_manager.py)."""
         self.grammar: GrammarState | None = None
         """Structured outputs: the matcher the sampler masks with (kept across a
         preemption: recompute only refills the KV cache of tokens it already accepted)."""

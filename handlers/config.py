@@ -77,6 +77,9 @@ class ServerConfig:
     error (or an error event) and aborted in the engine; None: no deadline."""
     enable_server_load_tracking: bool = False
     """Expose GET /load."""
+    enable_lora: bool = False
+    """--enable-lora: a `model` that is not a served name names a LoRA adapter, and the
+    adapter routes (SageMaker's /adapters, vLLM's load/unload) exist."""
     enable_prompt_tokens_details: bool = False
     """Report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)."""
     root_path: str = ""

@@ -19,6 +19,7 @@ from engine.errors import (
     EngineNotReadyError,
     EngineOverloadedError,
     InvalidEngineRequestError,
+    UnknownAdapterError,
 )
 
 
@@ -80,6 +81,13 @@ class UnsupportedMediaTypeError(ServingError):
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
 
 
+class FailedDependencyError(ServingError):
+    """An adapter the server cannot serve (bad weights, rank over --max-lora-rank) on
+    SageMaker's `/adapters` route (424, as AWS's container standards answer it)."""
+
+    status = HTTPStatus.FAILED_DEPENDENCY
+
+
 class ServiceUnavailableError(ServingError):
     """Queue full, engine dead or still loading (503): retrying later can succeed."""
 
@@ -113,6 +121,7 @@ _STATUS_TO_CLASS: dict[int, type[ServingError]] = {
         MethodNotAllowedError,
         RequestTooLargeError,
         UnsupportedMediaTypeError,
+        FailedDependencyError,
         ServiceUnavailableError,
         RequestTimeoutError,
         InternalServerError,
@@ -145,6 +154,8 @@ def from_engine_error(exc: BaseException) -> ServingError | None:
         return ServiceUnavailableError(str(exc) or "The model is still loading; retry shortly.")
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailableError(str(exc) or "The engine has stopped; the server restarts.")
+    if isinstance(exc, UnknownAdapterError):
+        return NotFoundError(str(exc), param="model")
     if isinstance(exc, InvalidEngineRequestError):
         return BadRequestError(str(exc), param=exc.param)
     return None

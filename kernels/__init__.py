@@ -19,13 +19,18 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from kernels import reference
+from kernels import reference, reference_lora
 from kernels.metadata import AttentionMetadata
 from kernels.reference import build_cos_sin_cache
+from kernels.reference_lora import LoRAGroup, LoRAStack, LoRAStep
 from kernels.registry import backend_for, select_backend, selected_backend
 
 __all__ = [
     "AttentionMetadata",
+    "LoRAGroup",
+    "LoRAStack",
+    "LoRAStep",
+    "add_lora",
     "build_cos_sin_cache",
     "embedding",
     "fused_add_rms_norm",
@@ -86,3 +91,5 @@ write_kv_cache = _dispatched(
 paged_attention = _dispatched(
     reference.paged_attention, "kernels.triton.paged_attention", "paged_attention_triton"
 )
+add_lora = _dispatched(reference_lora.add_lora, "kernels.triton.lora", "add_lora_triton")
+"""Batched LoRA of one linear layer (shrink, expand): see ``kernels/reference_lora.py``."""

@@ -15,10 +15,14 @@ a quantized method's repacking find their tensors without knowing the architectu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from engine.lora.layer import LinearLoRA
 
 __all__ = ["Linear", "LinearMethod", "Shard", "UnquantizedLinearMethod", "empty_parameter"]
 
@@ -93,9 +97,15 @@ class Linear(nn.Module):
         self.method: LinearMethod = UNQUANTIZED
         self.packed: object | None = None
         """The method's own copy of the weight (e.g. GGUF blocks), when it keeps one."""
+        self.lora: LinearLoRA | None = None
+        """Resident LoRA adapters (`engine/lora/manager.py` attaches them with
+        --enable-lora): their term is added after the method, whichever it is."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x)
+        y = self.method.apply(self, x)
+        if self.lora is not None:
+            y = self.lora.apply(x, y)
+        return y
 
     def shard_offsets(self) -> list[tuple[Shard, int]]:
         """Each shard with its first row."""

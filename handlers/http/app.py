@@ -25,6 +25,7 @@ from handlers.http.metrics import PrometheusStats
 from handlers.http.middleware import ApiKeyAuth, ConfiguredCORS, EngineLifespan, RequestSetup
 from handlers.serving import (
     ServedModel,
+    ServingAdapters,
     ServingChat,
     ServingCompletion,
     ServingEmbedding,
@@ -72,7 +73,13 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
-    app.add_route("/v1/models", resources.Models(ServingModels(served)))
+    adapters = ServingAdapters(served)
+    app.add_route("/v1/models", resources.Models(ServingModels(served, adapters)))
+    if config.enable_lora:
+        app.add_route("/adapters", resources.Adapters(config, adapters))
+        app.add_route("/adapters/{adapter_name}", resources.Adapter(adapters))
+        app.add_route("/v1/load_lora_adapter", resources.LoadLoRAAdapter(config, adapters))
+        app.add_route("/v1/unload_lora_adapter", resources.UnloadLoRAAdapter(config, adapters))
     app.add_route(
         "/invocations",
         resources.Invocations(config, ServingInvocations(chat, completion, tgi, embedding)),

@@ -70,6 +70,11 @@ class _Metrics:
         self.generation_tokens = Counter(
             "hearth:generation_tokens", "Generated tokens sent to clients.", labels
         )
+        self.lora_requests = Counter(
+            "hearth:lora_requests",
+            "Finished requests that ran on a LoRA adapter, by adapter.",
+            ["model_name", "lora_name"],
+        )
 
 
 @lru_cache(maxsize=1)
@@ -88,6 +93,7 @@ class PrometheusStats:
         self._prompt_tokens = metrics.prompt_tokens.labels(model_name)
         self._generation_tokens = metrics.generation_tokens.labels(model_name)
         self._success = metrics.success
+        self._lora_requests = metrics.lora_requests
         self._model_name = model_name
 
     def observe_first_token(self, seconds: float) -> None:
@@ -100,6 +106,8 @@ class PrometheusStats:
         self._e2e.observe(record.e2e)
         self._prompt_tokens.inc(record.num_prompt_tokens)
         self._generation_tokens.inc(record.num_output_tokens)
+        if record.adapter is not None:
+            self._lora_requests.labels(self._model_name, record.adapter).inc()
         if record.status != "error":
             for reason in record.finish_reasons:
                 self._success.labels(self._model_name, reason).inc()

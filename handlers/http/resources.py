@@ -18,10 +18,15 @@ from pydantic import BaseModel
 
 from engine.client import EngineClient
 from handlers.config import ServerConfig
-from handlers.errors import ServiceUnavailableError
+from handlers.errors import FailedDependencyError, ServiceUnavailableError
 from handlers.http.errors import error_response
 from handlers.http.media import read_json
 from handlers.http.metrics import render_metrics
+from handlers.protocol.adapters import (
+    LoadLoRAAdapterRequest,
+    RegisterAdapterRequest,
+    UnloadLoRAAdapterRequest,
+)
 from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
@@ -31,6 +36,7 @@ from handlers.protocol.tokenize import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
+from handlers.serving.adapters import ServingAdapters
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
@@ -39,6 +45,9 @@ from handlers.serving.invocations import ServingInvocations
 from handlers.serving.models import ServingModels
 from handlers.serving.sse import SSEStream
 from handlers.serving.tokenization import ServingTokenization
+
+ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+"""SageMaker's adapter selector on /invocations (an adapter inference component's name)."""
 
 
 def request_context(req: falcon.asgi.Request) -> RequestContext:
@@ -140,7 +149,9 @@ class Invocations(_JsonBody):
         self._serving = serving
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        send_result(resp, await self._serving.invoke(await self.body(req), request_context(req)))
+        ctx = request_context(req)
+        ctx.adapter = req.get_header(ADAPTER_HEADER) or None
+        send_result(resp, await self._serving.invoke(await self.body(req), ctx))
 
 
 class Tokenize(_JsonBody):
@@ -170,7 +181,7 @@ class Models:
         self._serving = serving
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        send_model(resp, self._serving.list())
+        send_model(resp, await self._serving.list())
 
 
 class Ping:
@@ -243,3 +254,61 @@ class Metrics:
         data, content_type = render_metrics()
         resp.content_type = content_type
         resp.data = data
+
+
+def send_text(resp: falcon.asgi.Response, text: str) -> None:
+    """The adapter routes answer plain text on success, as vLLM and SageMaker's do."""
+    resp.content_type = falcon.MEDIA_TEXT
+    resp.text = text
+
+
+class Adapters(_JsonBody):
+    """SageMaker's `POST /adapters {"name", "src"}`: register an adapter."""
+
+    def __init__(self, config: ServerConfig, serving: ServingAdapters) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = parse_request(RegisterAdapterRequest, await self.body(req))
+        await self._serving.load(body.name, body.src, invalid_error=FailedDependencyError)
+        send_text(resp, f"Adapter {body.name} registered")
+
+
+class Adapter:
+    """SageMaker's `DELETE /adapters/{adapter_name}`: unregister it."""
+
+    def __init__(self, serving: ServingAdapters) -> None:
+        self._serving = serving
+
+    async def on_delete(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, adapter_name: str
+    ) -> None:
+        await self._serving.unload(adapter_name)
+        send_text(resp, f"Adapter {adapter_name} unregistered")
+
+
+class LoadLoRAAdapter(_JsonBody):
+    """vLLM's `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingAdapters) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = parse_request(LoadLoRAAdapterRequest, await self.body(req))
+        await self._serving.load(body.lora_name, body.lora_path)
+        send_text(resp, f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+class UnloadLoRAAdapter(_JsonBody):
+    """vLLM's `POST /v1/unload_lora_adapter {"lora_name"}`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingAdapters) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = parse_request(UnloadLoRAAdapterRequest, await self.body(req))
+        await self._serving.unload(body.lora_name)
+        send_text(resp, f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

@@ -4,6 +4,7 @@ They take validated protocol models and return a response model, or an async ite
 of SSE payloads for a stream that is already admitted. They never import Falcon.
 """
 
+from handlers.serving.adapters import ServingAdapters
 from handlers.serving.base import ServingBase
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
@@ -24,6 +25,7 @@ __all__ = [
     "RequestRecord",
     "SSEStream",
     "ServedModel",
+    "ServingAdapters",
     "ServingBase",
     "ServingChat",
     "ServingCompletion",

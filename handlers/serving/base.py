@@ -101,6 +101,7 @@ class ServingBase:
         params: SequenceT[SamplingParams],
         priority: int = 0,
         pooling: PoolingParams | None = None,
+        lora_name: str | None = None,
     ) -> OutputCollector:
         """Admit one engine request per choice (`<engine_id>-<i>`), all or none, into one
         collector (with `pooling`: embedding requests, one per prompt).
@@ -114,7 +115,13 @@ class ServingBase:
         results = await asyncio.gather(
             *(
                 engine.add_request(
-                    f"{engine_id}-{i}", prompt, param, priority, collector, pooling=pooling
+                    f"{engine_id}-{i}",
+                    prompt,
+                    param,
+                    priority,
+                    collector,
+                    lora_name=lora_name,
+                    pooling=pooling,
                 )
                 for i, (prompt, param) in enumerate(zip(prompts, params, strict=True))
             ),
@@ -158,6 +165,9 @@ class ServingBase:
         on always agree.
         """
         served = self.served
+        if ctx.adapter is not None:  # SageMaker's adapter header names the model run
+            model_name = ctx.adapter
+        adapter = ctx.adapter or served.adapter_for(model_name)
         max_model_len = served.info().max_model_len
         vocab_size = served.vocab_size()
         defaults = served.sampling_defaults()
@@ -171,11 +181,13 @@ class ServingBase:
         for prompt in prompts:
             served.log_prompt(response_id, prompt.logged)
         tracker = self.tracker(response_id, ctx)
+        tracker.record.adapter = adapter
         collector = await self.admit(
             engine_id,
             [prompt.token_ids for prompt in prompts for _ in range(n)],
             [choice for param in params for choice in self.choice_params(param, n)],
             priority,
+            lora_name=adapter,
         )
         run = Run(
             response_id=response_id,

@@ -12,5 +12,8 @@ class RequestContext:
 
     request_id: str | None = None
     """The client's id (`X-Request-Id`); it becomes the response id, as in vLLM."""
+    adapter: str | None = None
+    """SageMaker's `X-Amzn-SageMaker-Adapter-Identifier` on /invocations: the LoRA adapter
+    to run, whatever the body's `model` says."""
     arrival_time: float = field(default_factory=time.monotonic)
     """Monotonic clock at arrival: the start of TTFT and end-to-end latency."""

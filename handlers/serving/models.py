@@ -1,26 +1,31 @@
-"""`GET /v1/models`: every served name, one card each."""
+"""`GET /v1/models`: every served name, one card each, then each LoRA adapter with its
+`parent` (the base model's name), as vLLM lists them."""
 
 from __future__ import annotations
 
 from handlers.protocol.models import ModelCard, ModelList
+from handlers.serving.adapters import ServingAdapters
 from handlers.serving.served_model import ServedModel
 
 
 class ServingModels:
-    def __init__(self, served: ServedModel) -> None:
+    def __init__(self, served: ServedModel, adapters: ServingAdapters | None = None) -> None:
         self.served = served
+        self.adapters = adapters or ServingAdapters(served)
 
-    def list(self) -> ModelList:
-        """Answers while the engine is still loading too (then without max_model_len)."""
+    async def list(self) -> ModelList:
+        """Answers while the engine is still loading too (then without max_model_len or
+        adapters)."""
         info = self.served.engine.model_info
         root = self.served.config.model_dir or (info.model_dir if info else None)
-        return ModelList(
-            data=[
-                ModelCard(
-                    id=name,
-                    root=root,
-                    max_model_len=info.max_model_len if info else None,
-                )
-                for name in self.served.names
+        max_model_len = info.max_model_len if info else None
+        cards = [
+            ModelCard(id=name, root=root, max_model_len=max_model_len) for name in self.served.names
+        ]
+        if info is not None and self.served.config.enable_lora:
+            parent = self.served.config.default_model_name
+            cards += [
+                ModelCard(id=a.name, root=a.path, parent=parent, max_model_len=max_model_len)
+                for a in await self.adapters.list()
             ]
-        )
+        return ModelList(data=cards)

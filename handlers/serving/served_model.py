@@ -52,7 +52,13 @@ class ServedModel:
             return self.config.default_model_name
         if requested in self.config.served_model_names:
             return requested
+        if self.config.enable_lora:
+            return requested  # an adapter's name: the engine knows whether it exists
         raise NotFoundError(f"The model `{requested}` does not exist.", param="model")
+
+    def adapter_for(self, name: str) -> str | None:
+        """The LoRA adapter a resolved name runs on; None for the base model."""
+        return None if name in self.config.served_model_names or not name else name
 
     # -- engine facts -----------------------------------------------------------------
     def info(self) -> ModelInfo:

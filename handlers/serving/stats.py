@@ -40,6 +40,8 @@ class RequestRecord:
     ttft: float | None = None
     e2e: float = 0.0
     finish_reasons: list[str] = field(default_factory=list)
+    adapter: str | None = None
+    """The LoRA adapter it ran on (None: the base model)."""
 
 
 class StatsSink(Protocol):

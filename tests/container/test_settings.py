@@ -47,6 +47,8 @@ def _sample(action: argparse.Action) -> str:
         return "0.5"  # a fraction: EngineConfig refuses more than 1
     if flag == "--device":
         return "cuda:1"  # validated by EngineConfig: auto, cpu, cuda or cuda:N
+    if flag == "--lora-modules":
+        return "alpha=/adapters/a,beta=s3://bucket/b"  # NAME=PATH items
     if isinstance(action, argparse.BooleanOptionalAction):
         return "false" if action.default else "true"
     if flag in SECRET_LIST_FLAGS:

@@ -32,6 +32,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _TRITON_KERNEL_MODULES = (
     "kernels.triton.activation",
     "kernels.triton.kv_cache",
+    "kernels.triton.lora",
     "kernels.triton.paged_attention",
     "kernels.triton.rms_norm",
     "kernels.triton.rotary",
