@@ -1,0 +1,99 @@
+"""The gguf-bf16 mode on the real SmolLM2 file: which host gets it, what it computes.
+
+Its contract (engine/backends.py, docs/performance.md "Precision modes"): linear calls of
+fewer than 16 tokens run the float32 block kernel, calls of 16 and more the bfloat16
+tiles; each side is independent of the batch, the threshold is not. Checked here: the
+choice by host and flag, that greedy output agrees with transformers as often as the
+float32 mode's allowance says, and that a request's tokens do not change with load as
+long as every step stays on one side of the threshold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.config import EngineConfig
+from tests.engine.test_greedy_parity import _generate, prompts, reference  # noqa: F401
+
+pytestmark = [pytest.mark.slow]
+ops = pytest.importorskip("kernels.cpu.ops")
+if not ops.available():
+    pytest.skip("host has no AVX2: the fast path does not run here", allow_module_level=True)
+
+from kernels.cpu import bf16_ops  # noqa: E402
+from kernels.cpu.build import host_isa  # noqa: E402
+
+
+def _core(model_dir: str, **overrides):
+    from engine.core import EngineCore
+
+    config = EngineConfig(model=model_dir, max_model_len=2048, max_num_seqs=32, **overrides)
+    return EngineCore(config)
+
+
+@pytest.fixture(scope="module")
+def tiled_core(model_smollm2_dir: str):
+    if not bf16_ops.available():
+        pytest.skip(f"no bfloat16 kernel here: {bf16_ops.tile_path()} ({host_isa().describe()})")
+    # No prefix cache: a cached prefix would shrink a rerun's prefill below 16 tokens and
+    # move it to the other side of the threshold.
+    core = _core(model_smollm2_dir, quantization="gguf-bf16", enable_prefix_caching=False)
+    assert core.backends.quantization == "gguf-bf16"
+    return core
+
+
+def test_every_linear_gets_the_tiles_and_the_mode_is_described(tiled_core) -> None:
+    from engine.layers.gguf_linear import GGUFTiledLinearMethod
+    from engine.layers.linear import Linear
+
+    linears = [m for m in tiled_core.model.modules() if isinstance(m, Linear)]
+    assert all(type(m.method) is GGUFTiledLinearMethod for m in linears)
+    assert all(isinstance(m.packed, bf16_ops.TiledWeight) for m in linears)
+    assert bf16_ops.tile_path() in tiled_core.backends.description
+    assert tiled_core.runner.attention.program is not None  # still one C call per step
+
+
+def test_auto_picks_the_tiles_only_where_amx_runs(model_smollm2_dir: str) -> None:
+    from engine.backends import TILES_BY_DEFAULT
+
+    core = _core(model_smollm2_dir, num_kv_blocks=8)
+    expected = "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.has_amx() else "gguf"
+    assert core.backends.quantization == expected, core.backends.description
+
+
+def test_a_lower_isa_without_bfloat16_refuses_the_mode_naming_the_flag(model_smollm2_dir) -> None:
+    lower = [v for v in host_isa().supported if not bf16_ops.available(v)]
+    if not lower:
+        pytest.skip(f"every variant this host runs has a bfloat16 kernel ({host_isa().describe()})")
+    with pytest.raises(ValueError, match="--quantization gguf-bf16 cannot run"):
+        _core(model_smollm2_dir, num_kv_blocks=8, quantization="gguf-bf16", cpu_isa=lower[0])
+    fallback = _core(model_smollm2_dir, num_kv_blocks=8, cpu_isa=lower[0])
+    assert fallback.backends.quantization == "gguf"
+
+
+def test_greedy_agrees_with_transformers(tiled_core, prompts, reference) -> None:  # noqa: F811
+    """bfloat16 operands move logits by ~1e-3: a near-tie may flip, as in the float32
+    mode's test, and everything after a flip differs. Same allowance: one prompt of 11."""
+    got = _generate(tiled_core, prompts, "tiled", at_once=True)
+    same = [g == r for g, r in zip(got, reference, strict=True)]
+    prefix = [
+        next((i for i, (a, b) in enumerate(zip(g, r, strict=False)) if a != b), min(len(g), len(r)))
+        for g, r in zip(got, reference, strict=True)
+    ]
+    assert sum(same) >= len(prompts) - 1, (same, prefix)
+    assert float(np.mean(prefix)) >= 0.9 * np.mean([len(r) for r in reference]), prefix
+
+
+def test_outputs_do_not_change_with_load_on_one_side_of_the_threshold(
+    tiled_core,
+    prompts,  # noqa: F811
+) -> None:
+    """Every prompt here is 16 tokens or longer, so its prefill runs on the tiles alone or
+    batched; at most 8 sequences decode together, so every decode step stays on the
+    float32 blocks. Then alone and batched give the same tokens."""
+    long = [p for p in prompts if len(p) >= 16][:8]
+    assert len(long) >= 4
+    alone = _generate(tiled_core, long, "alone", at_once=False)
+    batched = _generate(tiled_core, long, "batched", at_once=True)
+    assert alone == batched
