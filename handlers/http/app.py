@@ -28,6 +28,7 @@ from handlers.serving import (
     ServingChat,
     ServingCompletion,
     ServingInvocations,
+    ServingMessages,
     ServingModels,
     ServingTGI,
     ServingTokenization,
@@ -56,6 +57,7 @@ def create_app(
     chat = ServingChat(served, stats)
     completion = ServingCompletion(served, stats)
     tgi = ServingTGI(served, stats)
+    messages = ServingMessages(chat)
     tokenization = ServingTokenization(served)
 
     middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), EngineLifespan(engine)]
@@ -70,9 +72,11 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/models", resources.Models(ServingModels(served)))
+    app.add_route("/v1/messages", resources.Messages(config, messages))
+    app.add_route("/v1/messages/count_tokens", resources.MessagesCountTokens(config, messages))
     app.add_route(
         "/invocations",
-        resources.Invocations(config, ServingInvocations(chat, completion, tgi)),
+        resources.Invocations(config, ServingInvocations(chat, completion, tgi, messages=messages)),
     )
     app.add_route("/tokenize", resources.Tokenize(config, tokenization))
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))

@@ -22,6 +22,7 @@ from handlers.errors import ServiceUnavailableError
 from handlers.http.errors import error_response
 from handlers.http.media import read_json
 from handlers.http.metrics import render_metrics
+from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
 from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
@@ -34,8 +35,9 @@ from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.invocations import ServingInvocations
+from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
-from handlers.serving.sse import SSEStream
+from handlers.serving.sse import NamedEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
 
 
@@ -65,7 +67,12 @@ async def sse_frames(payloads: SSEStream) -> AsyncGenerator[bytes, None]:
     """
     try:
         async for payload in payloads:
-            yield KEEP_ALIVE_COMMENT if payload is None else b"data: " + payload + b"\n\n"
+            if payload is None:
+                yield KEEP_ALIVE_COMMENT
+            elif isinstance(payload, NamedEvent):
+                yield b"event: " + payload.name.encode() + b"\ndata: " + payload.data + b"\n\n"
+            else:
+                yield b"data: " + payload + b"\n\n"
     finally:
         await payloads.aclose()
 
@@ -116,6 +123,36 @@ class Completions(_JsonBody):
             CompletionRequest, await self.body(req), self._serving.served.limits
         )
         send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class Messages(_JsonBody):
+    """Anthropic's `POST /v1/messages` (errors in Anthropic's shape: `handle_error`)."""
+
+    def __init__(self, config: ServerConfig, serving: ServingMessages) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        with anthropic_dialect():
+            request = parse_request(
+                MessagesRouteRequest, await self.body(req), self._serving.chat.served.limits
+            )
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class MessagesCountTokens(_JsonBody):
+    """Anthropic's `POST /v1/messages/count_tokens`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingMessages) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        with anthropic_dialect():
+            request = parse_request(
+                CountTokensRequest, await self.body(req), self._serving.chat.served.limits
+            )
+        send_model(resp, await self._serving.count_tokens(request))
 
 
 class Invocations(_JsonBody):

@@ -9,6 +9,7 @@ from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.invocations import ServingInvocations
+from handlers.serving.messages import ServingMessages
 from handlers.serving.models import ServingModels
 from handlers.serving.served_model import ServedModel
 from handlers.serving.sse import DONE, SSEStream
@@ -27,6 +28,7 @@ __all__ = [
     "ServingChat",
     "ServingCompletion",
     "ServingInvocations",
+    "ServingMessages",
     "ServingModels",
     "ServingTGI",
     "ServingTokenization",

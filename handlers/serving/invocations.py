@@ -4,6 +4,12 @@
 clients of HF's TGI containers send). Dispatching on the key rather than on "the
 first model that validates" (vLLM's way) keeps the precise 400 of the intended API
 instead of a generic "matches nothing".
+
+An Anthropic Messages body (`is_anthropic_body`) goes to Messages before the `messages`
+rule: one with `anthropic_version` (what Bedrock and Vertex bodies carry), or one with
+`messages` and a field only Anthropic's API has at the top level (`system`,
+`stop_sequences`, `thinking`). A body with only `messages` and `max_tokens` stays chat,
+as it always was.
 """
 
 from __future__ import annotations
@@ -20,26 +26,49 @@ from handlers.protocol.tgi import TGIRequest
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
+from handlers.serving.messages import ServingMessages
 from handlers.serving.sse import SSEStream
 from handlers.serving.tgi import ServingTGI
 
+ANTHROPIC_ONLY_FIELDS = ("system", "stop_sequences", "thinking")
+"""Top-level fields of an Anthropic Messages body that no chat completion body has."""
+
 ACCEPTED_KINDS = (
+    "an Anthropic Messages request (with 'anthropic_version', or 'messages' and 'system', "
+    "'stop_sequences' or 'thinking')",
     "a chat completion request (with 'messages')",
     "a completion request (with 'prompt')",
     "a TGI generate request (with 'inputs')",
 )
 
 
+def is_anthropic_body(body: dict[str, Any]) -> bool:
+    """Whether an `/invocations` body is an Anthropic Messages request (module doc)."""
+    if "anthropic_version" in body:
+        return True
+    return "messages" in body and any(name in body for name in ANTHROPIC_ONLY_FIELDS)
+
+
 class ServingInvocations:
-    def __init__(self, chat: ServingChat, completion: ServingCompletion, tgi: ServingTGI) -> None:
+    def __init__(
+        self,
+        chat: ServingChat,
+        completion: ServingCompletion,
+        tgi: ServingTGI,
+        *,
+        messages: ServingMessages | None = None,
+    ) -> None:
         self.chat = chat
         self.completion = completion
         self.tgi = tgi
+        self.messages = messages or ServingMessages(chat)
 
     async def invoke(self, body: Any, ctx: RequestContext) -> BaseModel | SSEStream:
         """Streams iff the body says `"stream": true`, whatever the API."""
         limits = self.chat.served.limits
         if isinstance(body, dict):
+            if is_anthropic_body(body):
+                return await self.messages.create_from_body(body, ctx)
             if "messages" in body:
                 chat = parse_request(ChatCompletionRequest, body, limits)
                 return await self.chat.create(chat, ctx)

@@ -95,6 +95,45 @@ def sse_events(body: bytes) -> list[Any]:
     return events
 
 
+def sse_named_events(body: bytes) -> list[tuple[str | None, Any]]:
+    """(event name, JSON data) of each event of an SSE body (Anthropic's streams name
+    every event); comments dropped."""
+    events: list[tuple[str | None, Any]] = []
+    for block in body.decode().split("\n\n"):
+        lines = block.split("\n")
+        names = [line[7:] for line in lines if line.startswith("event: ")]
+        data = [line[6:] for line in lines if line.startswith("data: ")]
+        if data:
+            events.append((names[0] if names else None, orjson.loads("\n".join(data))))
+    return events
+
+
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    503: "overloaded_error",
+}
+
+
+def assert_anthropic_error(result: Any, status: int) -> dict[str, Any]:
+    """Status and Anthropic's error shape `{"type": "error", "error": {"type", "message"}}`
+    with the type Anthropic names for the status (a falcon.testing Result or a
+    StreamResult)."""
+    code = result.status_code if hasattr(result, "status_code") else result.status
+    body = result.json
+    assert code == status, (code, body)
+    assert body.keys() == {"type", "error"} and body["type"] == "error", body
+    error = body["error"]
+    assert error.keys() == {"type", "message"}, error
+    assert error["type"] == ANTHROPIC_ERROR_TYPES[status], error
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
 def assert_openai_error(result: Any, status: int, param: str | None = ...) -> dict[str, Any]:
     """Status, the OpenAI error shape, and (when given) the param naming the field."""
     assert result.status_code == status, (result.status_code, result.text)
