@@ -216,16 +216,39 @@ class ToolChoice(OpenAIBaseModel):
 
 
 class ThinkingConfig(OpenAIBaseModel):
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    """Anything but "disabled" lets the model reason (see `to_chat_request`)."""
     budget_tokens: int | None = Field(default=None, ge=1024)
     """Anthropic's rule (at least 1024, below max_tokens); advisory here: the model's
     reasoning is not cut at the budget, max_tokens bounds the whole answer."""
+    display: Literal["summarized", "omitted"] | None = None
+    """Accepted; reasoning is returned as the model wrote it."""
 
     @model_validator(mode="after")
     def _budget_when_enabled(self) -> ThinkingConfig:
         if self.type == "enabled" and self.budget_tokens is None:
             raise FieldError("budget_tokens", "thinking of type 'enabled' needs budget_tokens")
         return self
+
+
+class JsonOutputFormat(OpenAIBaseModel):
+    """Anthropic's structured outputs: the answer's text is JSON of this schema."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _check_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_json_schema(value)
+        schema_text(value)
+        return value
+
+
+class OutputConfig(OpenAIBaseModel):
+    effort: str | None = None
+    """Accepted and ignored."""
+    format: JsonOutputFormat | None = None
 
 
 MessagesField = Annotated[list[MessageParam], BeforeValidator(cap_messages), Field(min_length=1)]
@@ -242,6 +265,11 @@ class MessagesPromptRequest(OpenAIBaseModel):
     tools: Annotated[list[ToolParam] | None, BeforeValidator(_client_tools_only)] = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None
+    """The older (beta) spelling of `output_config.format`."""
+    cache_control: dict[str, Any] | None = None
+    """Accepted and ignored: prefix caching is automatic."""
 
     @model_validator(mode="before")
     @classmethod
@@ -275,6 +303,13 @@ class MessagesPromptRequest(OpenAIBaseModel):
                 "a final assistant message (a prefill the answer continues) may hold only text",
             )
         return self
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow (`output_config.format`), if any."""
+        config = self.output_config
+        output = config.format if config is not None and config.format else self.output_format
+        return output.schema_ if output is not None else None
 
     @property
     def system_text(self) -> str | None:

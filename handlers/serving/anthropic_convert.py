@@ -6,8 +6,9 @@ prompt is the first (system) message; a user turn's `tool_result` blocks become 
 messages (in their order among the turn's text); an assistant turn's `tool_use` blocks
 become its `tool_calls` (ids kept, so results pair with calls); earlier `thinking`
 blocks are not rendered. `tool_choice` any/tool/none map to chat's
-required/named/none, whose structured-output constraint forces a valid call; a final
-assistant message is a prefill the answer continues (`continue_final_message`).
+required/named/none, whose structured-output constraint forces a valid call;
+`output_config.format` is chat's `response_format` json_schema; a final assistant
+message is a prefill the answer continues (`continue_final_message`).
 """
 
 from __future__ import annotations
@@ -134,6 +135,11 @@ def to_chat_request(
     if request.messages[-1].role == "assistant":
         data["continue_final_message"] = True
         data["add_generation_prompt"] = False
+    if request.output_schema is not None:
+        data["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": request.output_schema},
+        }
     if request.thinking is not None:
         # Qwen3-style templates switch their reasoning on and off with this.
         data["chat_template_kwargs"] = {"enable_thinking": request.thinking.type != "disabled"}
