@@ -83,6 +83,21 @@ def test_each_event_kind_gets_a_chat_completion(responses: dict, kind: str) -> N
     assert content_type.startswith("application/json")
 
 
+@pytest.mark.parametrize("kind", ["function_url_messages", "function_url_invocations_anthropic"])
+def test_anthropic_messages_through_lambda(responses: dict, kind: str) -> None:
+    """`/v1/messages`, and an Anthropic body (by `anthropic_version`) on `/invocations`."""
+    resp = responses["responses"][kind]
+    assert resp["statusCode"] == 200, resp
+    body = resp["body"]
+    if resp.get("isBase64Encoded"):
+        body = base64.b64decode(body).decode()
+    data = json.loads(body)
+    assert data["type"] == "message" and data["role"] == "assistant"
+    assert data["content"][0]["type"] == "text"
+    assert "Paris" in data["content"][0]["text"]
+    assert data["usage"]["output_tokens"] >= 1
+
+
 def test_import_does_not_wait_for_the_model(responses: dict) -> None:
     # The engine loads in a thread; import returns before it is ready (Lambda's init
     # phase stays short), and the first invocation waits for it.
