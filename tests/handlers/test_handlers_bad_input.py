@@ -681,6 +681,24 @@ ANTHROPIC_CASES = [
     ),
     Case("a-thinking-type", msgs(thinking={"type": "sometimes"}), 400, None, path=MESSAGES),
     Case(
+        "a-forced-tool-and-output-format",
+        msgs(
+            tools=[TOOL],
+            tool_choice={"type": "tool", "name": "f"},
+            output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        ),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-output-format-bad-schema",
+        msgs(output_config={"format": {"type": "json_schema", "schema": 5}}),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
         "a-mcp-servers",
         msgs(mcp_servers=[{"type": "url", "url": "http://x"}]),
         400,

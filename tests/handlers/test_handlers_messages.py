@@ -316,3 +316,13 @@ async def test_invocations_dispatches_anthropic_bodies(client, engine, tokenizer
     assert chat.json["object"] == "chat.completion"
     bad = await call_asgi(client.app, "/invocations", {**bedrock, "max_tokens": 0})
     assert_anthropic_error(bad, 400)
+
+
+async def test_output_config_format_constrains_the_answer(client, engine, tokenizer):
+    script(engine, tokenizer, '{"a": 1}')
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    output = {"format": {"type": "json_schema", "schema": schema}}
+    result = await call_asgi(client.app, MESSAGES, body(output_config=output))
+    assert result.json["content"] == [{"type": "text", "text": '{"a": 1}'}]
+    structured = engine.added[0].params.structured
+    assert structured.kind == "json" and json.loads(structured.value) == schema
