@@ -72,8 +72,9 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/models", resources.Models(ServingModels(served)))
-    app.add_route("/v1/messages", resources.Messages(config, messages))
-    app.add_route("/v1/messages/count_tokens", resources.MessagesCountTokens(config, messages))
+    anthropic = resources.Messages(config, messages)
+    app.add_route("/v1/messages", anthropic)
+    app.add_route("/v1/messages/count_tokens", anthropic, suffix="count_tokens")
     app.add_route(
         "/invocations",
         resources.Invocations(config, ServingInvocations(chat, completion, tgi, messages=messages)),

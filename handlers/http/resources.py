@@ -23,7 +23,7 @@ from handlers.http.errors import error_response
 from handlers.http.media import read_json
 from handlers.http.metrics import render_metrics
 from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
-from handlers.protocol.base import parse_request
+from handlers.protocol.base import ModelT, parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.tokenize import (
@@ -126,32 +126,25 @@ class Completions(_JsonBody):
 
 
 class Messages(_JsonBody):
-    """Anthropic's `POST /v1/messages` (errors in Anthropic's shape: `handle_error`)."""
+    """Anthropic's `POST /v1/messages` and, as the `count_tokens` suffix route,
+    `POST /v1/messages/count_tokens` (errors in Anthropic's shape: `handle_error`)."""
 
     def __init__(self, config: ServerConfig, serving: ServingMessages) -> None:
         super().__init__(config)
         self._serving = serving
 
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+    async def _parse(self, req: falcon.asgi.Request, model: type[ModelT]) -> ModelT:
         with anthropic_dialect():
-            request = parse_request(
-                MessagesRouteRequest, await self.body(req), self._serving.chat.served.limits
-            )
+            return parse_request(model, await self.body(req), self._serving.chat.served.limits)
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = await self._parse(req, MessagesRouteRequest)
         send_result(resp, await self._serving.create(request, request_context(req)))
 
-
-class MessagesCountTokens(_JsonBody):
-    """Anthropic's `POST /v1/messages/count_tokens`."""
-
-    def __init__(self, config: ServerConfig, serving: ServingMessages) -> None:
-        super().__init__(config)
-        self._serving = serving
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        with anthropic_dialect():
-            request = parse_request(
-                CountTokensRequest, await self.body(req), self._serving.chat.served.limits
-            )
+    async def on_post_count_tokens(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response
+    ) -> None:
+        request = await self._parse(req, CountTokensRequest)
         send_model(resp, await self._serving.count_tokens(request))
 
 

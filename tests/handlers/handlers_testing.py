@@ -19,6 +19,7 @@ import falcon.testing
 import orjson
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from engine.config import ModelInfo
 from engine.tokenizer import Tokenizer as HearthTokenizer
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -77,6 +78,19 @@ def build_tiny_model(directory: Path) -> Path:
         )
     )
     return directory
+
+
+def long_context_info(model_dir: Path, tokenizer: HearthTokenizer) -> ModelInfo:
+    """The engine info of tests whose prompts carry tool definitions: those make long
+    prompts for the stand-in tokenizer, so the context (and KV pool) is larger."""
+    return ModelInfo(
+        model_dir=str(model_dir),
+        max_model_len=4096,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=[EOS_ID],
+        num_kv_blocks=512,
+        block_size=16,
+    )
 
 
 def encode(tokenizer: HearthTokenizer, text: str) -> list[int]:

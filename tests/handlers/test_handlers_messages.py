@@ -13,6 +13,7 @@ from handlers_testing import (
     assert_anthropic_error,
     call_asgi,
     encode,
+    long_context_info,
     sse_named_events,
 )
 
@@ -42,15 +43,7 @@ def body(**fields):
 
 @pytest.fixture
 def model_info(model_dir, tokenizer) -> ModelInfo:
-    # Tool definitions make long prompts for the stand-in tokenizer.
-    return ModelInfo(
-        model_dir=str(model_dir),
-        max_model_len=4096,
-        vocab_size=tokenizer.vocab_size,
-        eos_token_ids=[EOS_ID],
-        num_kv_blocks=512,
-        block_size=16,
-    )
+    return long_context_info(model_dir, tokenizer)
 
 
 def script(engine: FakeEngine, tokenizer: Tokenizer, text: str, **kwargs) -> list[int]:

@@ -67,14 +67,19 @@ def responses(tmp_path_factory: pytest.TempPathFactory, model_smollm2_dir: str) 
     return json.loads(line.removeprefix("RESULTS "))
 
 
-@pytest.mark.parametrize("kind", ["api_gateway_rest_v1", "http_api_v2", "function_url", "alb"])
-def test_each_event_kind_gets_a_chat_completion(responses: dict, kind: str) -> None:
-    resp = responses["responses"][kind]
+def _json_body(resp: dict) -> dict:
+    """The JSON body of a 200 Lambda response (base64-decoded when the event said so)."""
     assert resp["statusCode"] == 200, resp
     body = resp["body"]
     if resp.get("isBase64Encoded"):
         body = base64.b64decode(body).decode()
-    data = json.loads(body)
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("kind", ["api_gateway_rest_v1", "http_api_v2", "function_url", "alb"])
+def test_each_event_kind_gets_a_chat_completion(responses: dict, kind: str) -> None:
+    resp = responses["responses"][kind]
+    data = _json_body(resp)
     assert data["object"] == "chat.completion"
     assert "Paris" in data["choices"][0]["message"]["content"]
     headers = {k.lower(): v for k, v in (resp.get("headers") or {}).items()}
@@ -86,12 +91,7 @@ def test_each_event_kind_gets_a_chat_completion(responses: dict, kind: str) -> N
 @pytest.mark.parametrize("kind", ["function_url_messages", "function_url_invocations_anthropic"])
 def test_anthropic_messages_through_lambda(responses: dict, kind: str) -> None:
     """`/v1/messages`, and an Anthropic body (by `anthropic_version`) on `/invocations`."""
-    resp = responses["responses"][kind]
-    assert resp["statusCode"] == 200, resp
-    body = resp["body"]
-    if resp.get("isBase64Encoded"):
-        body = base64.b64decode(body).decode()
-    data = json.loads(body)
+    data = _json_body(responses["responses"][kind])
     assert data["type"] == "message" and data["role"] == "assistant"
     assert data["content"][0]["type"] == "text"
     assert "Paris" in data["content"][0]["text"]
