@@ -319,3 +319,26 @@ async def test_output_config_format_constrains_the_answer(client, engine, tokeni
     assert result.json["content"] == [{"type": "text", "text": '{"a": 1}'}]
     structured = engine.added[0].params.structured
     assert structured.kind == "json" and json.loads(structured.value) == schema
+
+
+async def test_keep_alive_ticks_are_ping_events(make_client, engine, tokenizer):
+    client = make_client(sse_keep_alive_interval=0.01)
+    script(engine, tokenizer, "Hello world!", step_delay=0.05)
+    result = await call_asgi(client.app, MESSAGES, body(stream=True))
+    # Anthropic's clients get events, not SSE comments.
+    assert not [line for line in result.body.split(b"\n") if line.startswith(b":")]
+    names = [name for name, _ in sse_named_events(result.body)]
+    assert names.count("ping") > 2
+    assert names[-1] == "message_stop"
+
+
+async def test_a_client_that_leaves_mid_stream_aborts_the_request(client, engine, tokenizer):
+    script(engine, tokenizer, "Hello world! How are you today?", step_delay=0.02)
+    result = await call_asgi(
+        client.app,
+        MESSAGES,
+        body(stream=True),
+        disconnect_when=lambda sent: sent.count(b"content_block_delta") >= 4,
+    )
+    assert b"message_stop" not in result.body
+    assert engine.aborted and engine.live == set()
