@@ -1,7 +1,8 @@
 """AWS Lambda entry point: the same Falcon app and serving classes, engine in-process.
 
 `handler(event, context)` answers API Gateway REST (v1), HTTP API (v2), Function URL
-and ALB events through Mangum. The engine core runs in a thread of this process; it
+and ALB events through Mangum, on every route of the app: the OpenAI routes, Anthropic
+Messages (`/v1/messages`) and `/invocations` with each body shape it dispatches. The engine core runs in a thread of this process; it
 is started at import (once per execution environment) and the first invocation waits
 for it to be warm, so a cold start stays inside Lambda's init budget. Mangum's
 lifespan is off: with it on, Mangum runs startup and shutdown on every invocation.

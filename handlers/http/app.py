@@ -29,6 +29,7 @@ from handlers.serving import (
     ServingCompletion,
     ServingEmbedding,
     ServingInvocations,
+    ServingMessages,
     ServingModels,
     ServingTGI,
     ServingTokenization,
@@ -58,6 +59,7 @@ def create_app(
     completion = ServingCompletion(served, stats)
     tgi = ServingTGI(served, stats)
     embedding = ServingEmbedding(served, stats)
+    messages = ServingMessages(chat)
     tokenization = ServingTokenization(served)
 
     middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), EngineLifespan(engine)]
@@ -73,9 +75,14 @@ def create_app(
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
     app.add_route("/v1/models", resources.Models(ServingModels(served)))
+    anthropic = resources.Messages(config, messages)
+    app.add_route("/v1/messages", anthropic)
+    app.add_route("/v1/messages/count_tokens", anthropic, suffix="count_tokens")
     app.add_route(
         "/invocations",
-        resources.Invocations(config, ServingInvocations(chat, completion, tgi, embedding)),
+        resources.Invocations(
+            config, ServingInvocations(chat, completion, tgi, embedding, messages=messages)
+        ),
     )
     app.add_route("/tokenize", resources.Tokenize(config, tokenization))
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))

@@ -22,7 +22,8 @@ from handlers.errors import ServiceUnavailableError
 from handlers.http.errors import error_response
 from handlers.http.media import read_json
 from handlers.http.metrics import render_metrics
-from handlers.protocol.base import parse_request
+from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
+from handlers.protocol.base import ModelT, parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import EmbeddingRequest
@@ -36,8 +37,9 @@ from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.invocations import ServingInvocations
+from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
-from handlers.serving.sse import SSEStream
+from handlers.serving.sse import NamedEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
 
 
@@ -67,7 +69,12 @@ async def sse_frames(payloads: SSEStream) -> AsyncGenerator[bytes, None]:
     """
     try:
         async for payload in payloads:
-            yield KEEP_ALIVE_COMMENT if payload is None else b"data: " + payload + b"\n\n"
+            if payload is None:
+                yield KEEP_ALIVE_COMMENT
+            elif isinstance(payload, NamedEvent):
+                yield b"event: " + payload.name.encode() + b"\ndata: " + payload.data + b"\n\n"
+            else:
+                yield b"data: " + payload + b"\n\n"
     finally:
         await payloads.aclose()
 
@@ -128,6 +135,29 @@ class Embeddings(_JsonBody):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = parse_request(EmbeddingRequest, await self.body(req), self._serving.served.limits)
         send_model(resp, await self._serving.create(request, request_context(req)))
+
+
+class Messages(_JsonBody):
+    """Anthropic's `POST /v1/messages` and, as the `count_tokens` suffix route,
+    `POST /v1/messages/count_tokens` (errors in Anthropic's shape: `handle_error`)."""
+
+    def __init__(self, config: ServerConfig, serving: ServingMessages) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def _parse(self, req: falcon.asgi.Request, model: type[ModelT]) -> ModelT:
+        with anthropic_dialect():
+            return parse_request(model, await self.body(req), self._serving.chat.served.limits)
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = await self._parse(req, MessagesRouteRequest)
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+    async def on_post_count_tokens(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response
+    ) -> None:
+        request = await self._parse(req, CountTokensRequest)
+        send_model(resp, await self._serving.count_tokens(request))
 
 
 class Invocations(_JsonBody):

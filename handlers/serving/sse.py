@@ -1,19 +1,31 @@
-"""SSE payloads as the serving classes yield them: bytes of one `data:` line, or None.
+"""SSE payloads as the serving classes yield them: bytes of one `data:` line, a named
+event, or None.
 
 The transport adds the `data: ` framing (`handlers.http.resources.sse_frames`). `None`
-is a keep-alive tick (`: ping`, only with --sse-keep-alive-interval), never data.
+is a keep-alive tick (`: ping`, only with --sse-keep-alive-interval), never data. A
+`NamedEvent` also gets an `event:` line: Anthropic's clients dispatch on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 import orjson
 from pydantic import BaseModel
 
 from handlers.errors import ServingError
 
-SSEPayload = bytes | None
+
+@dataclass(frozen=True, slots=True)
+class NamedEvent:
+    """An event with a name: `event: <name>` then `data: <data>`."""
+
+    name: str
+    data: bytes
+
+
+SSEPayload = bytes | NamedEvent | None
 SSEStream = AsyncGenerator[SSEPayload, None]
 """What a streaming serving method returns (admission already done)."""
 

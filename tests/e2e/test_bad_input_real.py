@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.clients import assert_openai_error, wait_metric
+from tests.e2e.clients import assert_anthropic_error, assert_openai_error, wait_metric
 from tests.e2e.server import Server
 
 pytestmark = pytest.mark.slow
@@ -27,6 +27,8 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 INVOCATIONS = "/invocations"
 EMBEDDINGS = "/v1/embeddings"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 @dataclass(frozen=True)
@@ -547,6 +549,159 @@ CASES = [
 ]
 
 
+def msgs(**fields: Any) -> dict[str, Any]:
+    """An Anthropic Messages body; a field set to None is dropped."""
+    body = {"model": "smollm2", "max_tokens": 4, "messages": USER, **fields}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def blocks(*content: Any, role: str = "user") -> list[dict[str, Any]]:
+    return [{"role": role, "content": list(content)}]
+
+
+TOOL = {"name": "f", "input_schema": {"type": "object"}}
+TOOL_USE = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+
+# Anthropic's routes (and an Anthropic body on /invocations): Anthropic's error shape.
+ANTHROPIC_CASES = [
+    Case("a-invalid-json", b'{"messages": [', 400, ..., path=MESSAGES),
+    Case("a-body-array", [1], 400, ..., path=MESSAGES),
+    Case(
+        "a-body-too-large", b'{"x": "' + b"a" * (7 * 1024 * 1024) + b'"}', 413, ..., path=MESSAGES
+    ),
+    Case(
+        "a-wrong-content-type", b"{}", 415, ..., MESSAGES, "POST", (("content-type", "text/plain"),)
+    ),
+    Case("a-wrong-method", None, 405, ..., path=MESSAGES, method="GET"),
+    Case("a-unknown-route", None, 404, ..., path=MESSAGES + "/batches", method="GET"),
+    Case("a-model-missing", msgs(model=None), 400, ..., path=MESSAGES),
+    Case("a-unknown-model", msgs(model="claude-sonnet-4-5"), 404, ..., path=MESSAGES),
+    Case("a-max-tokens-missing", msgs(max_tokens=None), 400, ..., path=MESSAGES),
+    Case("a-max-tokens-zero", msgs(max_tokens=0), 400, ..., path=MESSAGES),
+    Case("a-max-tokens-over-context", msgs(max_tokens=MAX_MODEL_LEN), 400, ..., path=MESSAGES),
+    Case("a-messages-empty", msgs(messages=[]), 400, ..., path=MESSAGES),
+    Case(
+        "a-role-system",
+        msgs(messages=[{"role": "system", "content": "x"}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-image-block",
+        msgs(messages=blocks({"type": "image", "source": {}})),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-block-not-object", msgs(messages=blocks("hi")), 400, ..., path=MESSAGES),
+    Case("a-tool-use-in-user", msgs(messages=blocks(TOOL_USE)), 400, ..., path=MESSAGES),
+    Case(
+        "a-tool-use-input-not-object",
+        msgs(messages=[*blocks({**TOOL_USE, "input": [1]}, role="assistant"), *USER]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-prefill-with-tool-use",
+        msgs(messages=[*USER, *blocks(TOOL_USE, role="assistant")]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-system-image", msgs(system=[{"type": "image"}]), 400, ..., path=MESSAGES),
+    Case("a-temperature-high", msgs(temperature=1.5), 400, ..., path=MESSAGES),
+    Case("a-top-k-negative", msgs(top_k=-1), 400, ..., path=MESSAGES),
+    Case("a-stop-sequence-empty", msgs(stop_sequences=[""]), 400, ..., path=MESSAGES),
+    Case("a-stream-string", msgs(stream="yes"), 400, ..., path=MESSAGES),
+    Case(
+        "a-server-tool",
+        msgs(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-schema-not-object",
+        msgs(tools=[{**TOOL, "input_schema": {"type": "string"}}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-tool-names-twice", msgs(tools=[TOOL, TOOL]), 400, ..., path=MESSAGES),
+    Case(
+        "a-tool-choice-unknown-tool",
+        msgs(tools=[TOOL], tool_choice={"type": "tool", "name": "g"}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-choice-any-without-tools",
+        msgs(tool_choice={"type": "any"}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-forced-tool-and-output-format",
+        msgs(
+            tools=[TOOL],
+            tool_choice={"type": "any"},
+            output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        ),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-output-format-bad-schema",
+        msgs(output_config={"format": {"type": "json_schema", "schema": 5}}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-thinking-budget-over-max",
+        msgs(thinking={"type": "enabled", "budget_tokens": 2000}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-mcp-servers",
+        msgs(mcp_servers=[{"type": "url", "url": "http://x"}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-too-long-prompt",
+        msgs(messages=[{"role": "user", "content": LONG_TEXT}], stream=True),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-count-model-missing", {"messages": USER}, 400, ..., path=COUNT_TOKENS),
+    Case("a-count-unknown-model", {"model": "x", "messages": USER}, 404, ..., path=COUNT_TOKENS),
+    Case(
+        "a-count-image",
+        {"model": "smollm2", "messages": blocks({"type": "image"})},
+        400,
+        ...,
+        path=COUNT_TOKENS,
+    ),
+    Case(
+        "a-invocations-bad",
+        {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 0, "messages": USER},
+        400,
+        ...,
+        path=INVOCATIONS,
+    ),
+]
+
+
 def send(http: httpx.Client, server: Server, case: Case) -> httpx.Response:
     headers = dict(case.headers)
     headers.setdefault("content-type", "application/json")
@@ -564,7 +719,8 @@ def http() -> httpx.Client:
 
 def test_matrix_is_broad() -> None:
     assert len(CASES) >= 50
-    assert len({c.id for c in CASES}) == len(CASES)
+    every = CASES + ANTHROPIC_CASES
+    assert len({c.id for c in every}) == len(every)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -577,9 +733,19 @@ def test_bad_input_real_server(default_server: Server, http: httpx.Client, case:
         assert response.headers.get("allow"), response.headers
 
 
+@pytest.mark.parametrize("case", ANTHROPIC_CASES, ids=[c.id for c in ANTHROPIC_CASES])
+def test_bad_input_anthropic_real_server(
+    default_server: Server, http: httpx.Client, case: Case
+) -> None:
+    response = send(http, default_server, case)
+    assert response.status_code < 500, response.text[:500]
+    assert_anthropic_error(response, case.status)
+    assert not response.content.startswith((b"data:", b"event:"))
+
+
 def test_server_is_whole_after_the_matrix(default_server: Server, http: httpx.Client) -> None:
     """Run last in this module (pytest keeps file order): the matrix left nothing behind."""
-    for case in CASES:  # once more, back to back, on one connection
+    for case in CASES + ANTHROPIC_CASES:  # once more, back to back, on one connection
         assert send(http, default_server, case).status_code == case.status, case.id
     assert http.get(default_server.url + "/health").status_code == 200
     reply = http.post(
