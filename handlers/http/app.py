@@ -33,6 +33,8 @@ from handlers.serving import (
     ServingTokenization,
     StatsSink,
 )
+from handlers.serving.response_store import ResponseStore
+from handlers.serving.responses import ServingResponses
 
 
 def create_app(
@@ -57,6 +59,15 @@ def create_app(
     completion = ServingCompletion(served, stats)
     tgi = ServingTGI(served, stats)
     tokenization = ServingTokenization(served)
+    responses = ServingResponses(
+        chat,
+        ResponseStore(
+            config.runtime_dir,
+            max_entries=config.responses_store_max_entries,
+            max_bytes=config.responses_store_max_bytes,
+            ttl_s=config.responses_store_ttl,
+        ),
+    )
 
     middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), EngineLifespan(engine)]
     if config.allowed_origins:
@@ -70,9 +81,13 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/models", resources.Models(ServingModels(served)))
+    app.add_route("/v1/responses", resources.Responses(config, responses))
+    response_by_id = resources.ResponseById(responses)
+    app.add_route("/v1/responses/{response_id}", response_by_id)
+    app.add_route("/v1/responses/{response_id}/cancel", response_by_id, suffix="cancel")
     app.add_route(
         "/invocations",
-        resources.Invocations(config, ServingInvocations(chat, completion, tgi)),
+        resources.Invocations(config, ServingInvocations(chat, completion, tgi, responses)),
     )
     app.add_route("/tokenize", resources.Tokenize(config, tokenization))
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))

@@ -25,6 +25,7 @@ from handlers.http.metrics import render_metrics
 from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -35,7 +36,8 @@ from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.models import ServingModels
-from handlers.serving.sse import SSEStream
+from handlers.serving.responses import ServingResponses
+from handlers.serving.sse import SSEEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
 
 
@@ -65,7 +67,12 @@ async def sse_frames(payloads: SSEStream) -> AsyncGenerator[bytes, None]:
     """
     try:
         async for payload in payloads:
-            yield KEEP_ALIVE_COMMENT if payload is None else b"data: " + payload + b"\n\n"
+            if payload is None:
+                yield KEEP_ALIVE_COMMENT
+            elif isinstance(payload, SSEEvent):
+                yield b"event: " + payload.name.encode() + b"\ndata: " + payload.data + b"\n\n"
+            else:
+                yield b"data: " + payload + b"\n\n"
     finally:
         await payloads.aclose()
 
@@ -116,6 +123,40 @@ class Completions(_JsonBody):
             CompletionRequest, await self.body(req), self._serving.served.limits
         )
         send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class Responses(_JsonBody):
+    """`POST /v1/responses`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingResponses) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(ResponsesRequest, await self.body(req), self._serving.limits)
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class ResponseById:
+    """`GET` and `DELETE /v1/responses/{response_id}`; `POST .../cancel` (suffix)."""
+
+    def __init__(self, serving: ServingResponses) -> None:
+        self._serving = serving
+
+    async def on_get(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.retrieve(response_id))
+
+    async def on_delete(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.delete(response_id))
+
+    async def on_post_cancel(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.cancel(response_id))
 
 
 class Invocations(_JsonBody):

@@ -45,6 +45,17 @@ class ServingChat(ServingBase):
         Everything that can be refused is refused before this returns, so a streaming
         caller only ever starts a 200 response for an admitted request.
         """
+        run, template = await self.start(request, ctx)
+        if request.stream:
+            return self._stream(run, request, template)
+        return await self.respond(run, request, template)
+
+    async def start(
+        self, request: ChatCompletionRequest, ctx: RequestContext
+    ) -> tuple[Run, ChatTemplateChoice]:
+        """Render, tokenize and admit: the part of `create` that the Responses API
+        (`handlers/serving/responses.py`) shares, so both routes have one renderer, one
+        tool parser and one reasoning parser."""
         served = self.served
         model_name = self.model_name(request.model)
         template = choose_chat_template(served, request)
@@ -63,9 +74,7 @@ class ServingChat(ServingBase):
             n=request.n,
             priority=request.priority,
         )
-        if request.stream:
-            return self._stream(run, request, template)
-        return await self._respond(run, request, template)
+        return run, template
 
     def _echo_text(self, request: ChatCompletionRequest) -> str:
         """vLLM's chat echo: the last message's content, if it has the response role."""
@@ -87,7 +96,7 @@ class ServingChat(ServingBase):
         return ChatCompletionLogProbs(content=content)
 
     # -- non-streaming ----------------------------------------------------------------
-    async def _respond(
+    async def respond(
         self, run: Run, request: ChatCompletionRequest, template: ChatTemplateChoice
     ) -> ChatCompletionResponse:
         await self.collect(run)
@@ -189,7 +198,7 @@ class ServingChat(ServingBase):
             seq, delta = item
             if not (delta.text or delta.logprobs or delta.finish_reason):
                 continue
-            message, finish = self._delta_message(delta, tools[seq.index], reasoning[seq.index])
+            message, finish = self.delta_message(delta, tools[seq.index], reasoning[seq.index])
             choice_fields: dict[str, Any] = {
                 "index": seq.index,
                 "delta": message,
@@ -203,7 +212,7 @@ class ServingChat(ServingBase):
             yield payload
 
     @staticmethod
-    def _delta_message(
+    def delta_message(
         delta: ChoiceDelta, tools: ToolCallStreamer, reasoning: ReasoningStreamer
     ) -> tuple[DeltaMessage, str | None]:
         """One delta's text through the reasoning split and the tool-call streamer; at
