@@ -248,8 +248,23 @@ class PlainTextFormat(OpenAIBaseModel):
     type: Literal["text", "json_object"]
 
 
+TextFormat = Annotated[
+    Annotated[JsonSchemaTextFormat, Tag("json-schema-format")]
+    | Annotated[PlainTextFormat, Tag("plain-format")],
+    Discriminator(
+        lambda v: (
+            "json-schema-format"
+            if (v.get("type") if isinstance(v, dict) else getattr(v, "type", None)) == "json_schema"
+            else "plain-format"
+        )
+    ),
+]
+"""By `type`, so a bad json_schema format is reported against its own fields (the tags
+hold a '-' and never show in a `param`)."""
+
+
 class TextConfig(OpenAIBaseModel):
-    format: JsonSchemaTextFormat | PlainTextFormat | None = None
+    format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
     """Accepted; a local model has no verbosity control."""
 
