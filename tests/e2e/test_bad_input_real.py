@@ -519,7 +519,7 @@ CASES = [
         "responses-bad-schema",
         resp(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}),
         400,
-        ...,
+        "text.format.schema",
         path=RESPONSES,
     ),
     Case(
