@@ -17,15 +17,14 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel, reject_unsupported
 from handlers.protocol.chat import MAX_MESSAGES, MAX_TOOLS, FunctionDefinition
-from handlers.protocol.json_schema import check_json_schema, parse_schema, schema_text
 from handlers.protocol.sampling import INT64_MAX
+from handlers.protocol.structured import JsonSchemaFormat
 
 # Parameters that would change the output if honoured and that this server cannot honour
 # (SamplingRequest.unsupported_fields explains why they are a 400, not ignored).
@@ -184,30 +183,13 @@ def _check_input(value: Any) -> Any:
 
 
 # -- tools, tool choice, text format --------------------------------------------------
-class FunctionTool(OpenAIBaseModel):
-    """A Responses function tool: chat's function definition, flattened."""
+class FunctionTool(FunctionDefinition):
+    """A Responses function tool: chat's function definition (its checks), flattened."""
 
     type: Literal["function"]
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    @field_validator("parameters")
-    @classmethod
-    def _check_parameters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None:
-            check_json_schema(value)
-            schema_text(value)
-        return value
 
     def definition(self) -> FunctionDefinition:
-        return FunctionDefinition(
-            name=self.name,
-            description=self.description,
-            parameters=self.parameters,
-            strict=self.strict,
-        )
+        return FunctionDefinition.model_validate(self.model_dump(exclude={"type"}))
 
 
 def _function_tools_only(value: Any) -> Any:
@@ -229,19 +211,10 @@ class ToolChoiceFunction(OpenAIBaseModel):
     name: str
 
 
-class JsonSchemaTextFormat(OpenAIBaseModel):
-    type: Literal["json_schema"]
-    name: str = Field(default="schema", max_length=64)
-    description: str | None = None
-    json_schema: Any = Field(alias="schema")
-    strict: bool | None = None
+class JsonSchemaTextFormat(JsonSchemaFormat):
+    """Chat's `response_format.json_schema`, flattened beside `type`."""
 
-    @field_validator("json_schema", mode="before")
-    @classmethod
-    def _check_schema(cls, value: Any) -> Any:
-        if value is None:
-            raise FieldError(None, "json_schema needs a schema")
-        return parse_schema(value)
+    type: Literal["json_schema"]
 
 
 class PlainTextFormat(OpenAIBaseModel):
@@ -353,35 +326,11 @@ class ResponsesRequest(OpenAIBaseModel):
             return value
         raise FieldError(None, "must be 'none', 'auto', 'required' or a function tool")
 
-    @field_validator("tools")
-    @classmethod
-    def _unique_names(cls, value: list[FunctionTool] | None) -> list[FunctionTool] | None:
-        if value is None:
-            return None
-        names = [t.name for t in value]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise FieldError((i, "name"), f"tool name {name!r} is used twice")
-        schema_text([t.parameters for t in value])
-        return value
-
     @model_validator(mode="after")
-    def _check_request(self, info: ValidationInfo) -> ResponsesRequest:
-        choice = self.tool_choice
-        if choice not in (None, "none") and not self.tools:
-            raise FieldError("tool_choice", "tool_choice is only allowed when tools are given")
-        if isinstance(choice, ToolChoiceFunction) and all(
-            t.name != choice.name for t in self.tools or ()
-        ):
-            raise FieldError(
-                ("tool_choice", "name"), f"tool {choice.name!r} is not among the tools"
-            )
-        forced = choice == "required" or isinstance(choice, ToolChoiceFunction)
-        fmt = self.text.format if self.text else None
-        if forced and fmt is not None and fmt.type != "text":
-            raise FieldError(
-                "tool_choice", "a forced tool call cannot be combined with text.format"
-            )
+    def _check_request(self) -> ResponsesRequest:
+        # NOTE: the tool rules (unique names, a tool_choice among the tools, no forced call
+        # with text.format) are chat's, checked when the chat request is built
+        # (handlers/serving/responses_input.py), with the fields renamed back.
         if self.metadata is not None and len(self.metadata) > 16:
             raise FieldError("metadata", "metadata holds at most 16 pairs")
         return self

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from handlers.errors import BadRequestError, NotFoundError
+from handlers.protocol.base import RequestLimits
 from handlers.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from handlers.protocol.responses import (
     OutputItem,
@@ -54,7 +55,7 @@ class ServingResponses:
         self.store = store
 
     @property
-    def limits(self) -> Any:
+    def limits(self) -> RequestLimits:
         return self.chat.served.limits
 
     async def create(
