@@ -171,12 +171,11 @@ def test_a_stored_response_continues_and_is_shared_by_the_workers(
             client(default_server).responses.retrieve(first.id)
 
 
-def test_the_agents_sdk_runs_an_agent_with_a_function_tool(default_server: Server) -> None:
-    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+def _weather_agent(server: Server, calls: list[str]) -> Any:
+    from agents import Agent, ModelSettings, function_tool, set_tracing_disabled
     from agents.models.openai_responses import OpenAIResponsesModel
 
     set_tracing_disabled(True)
-    calls: list[str] = []
 
     @function_tool
     def get_weather(city: str) -> str:
@@ -184,18 +183,49 @@ def test_the_agents_sdk_runs_an_agent_with_a_function_tool(default_server: Serve
         calls.append(city)
         return f"It is sunny and 21 C in {city}."
 
-    agent = Agent(
+    return Agent(
         name="weather",
         instructions="You answer questions about the weather. Use the tool.",
         tools=[get_weather],
-        model=OpenAIResponsesModel(model=MODEL, openai_client=async_client(default_server)),
+        model=OpenAIResponsesModel(model=MODEL, openai_client=async_client(server)),
         # The first turn must call the tool (a 135M model would not always choose to);
         # the Agents SDK resets tool_choice after a tool ran, so the next turn answers.
         model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=64),
     )
+
+
+def test_the_agents_sdk_runs_an_agent_with_a_function_tool(default_server: Server) -> None:
+    from agents import Runner
+
+    calls: list[str] = []
+    agent = _weather_agent(default_server, calls)
     result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=4))
     assert calls, "the tool ran"
     assert isinstance(result.final_output, str) and result.final_output.strip()
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
     assert kinds[-1] == "message_output_item", kinds
+
+
+def test_the_agents_sdk_streams_an_agent_run(default_server: Server) -> None:
+    """`Runner.run_streamed` reads our typed events (its stream path, not create())."""
+    from agents import Runner
+
+    calls: list[str] = []
+    agent = _weather_agent(default_server, calls)
+
+    async def run() -> tuple[Any, list[str]]:
+        streamed = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=4)
+        raw = [
+            event.data.type
+            async for event in streamed.stream_events()
+            if event.type == "raw_response_event"
+        ]
+        return streamed, raw
+
+    streamed, raw = asyncio.run(run())
+    assert calls, "the tool ran"
+    assert raw.count("response.completed") >= 2, "two model turns: the call, the answer"
+    assert "response.function_call_arguments.done" in raw
+    assert "response.output_text.delta" in raw
+    assert isinstance(streamed.final_output, str) and streamed.final_output.strip()
