@@ -444,3 +444,34 @@ async def test_invocations_dispatches_a_responses_body(client, engine, tokenizer
     assert _output_text(result.json) == "Paris."
     stream = await call_asgi(client.app, "/invocations", {"input": "Capital?", "stream": True})
     assert _events(stream)[-1]["type"] == "response.completed"
+
+
+async def test_a_tool_round_trip_through_previous_response_id(client, engine, tokenizer):
+    """The agent loop with server-side state: the call is stored, the client sends only
+    the call's output and the id, and the prompt holds the whole exchange."""
+    _script(
+        engine,
+        tokenizer,
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+    )
+    first = (
+        await call_asgi(client.app, RESPONSES, {"input": "Weather in Paris?", "tools": [WEATHER]})
+    ).json
+    [call] = first["output"]
+    _script(engine, tokenizer, "It is 20 C in Paris.")
+    body = {
+        "previous_response_id": first["id"],
+        "tools": [WEATHER],
+        "input": [
+            {"type": "function_call_output", "call_id": call["call_id"], "output": '{"temp": 20}'}
+        ],
+    }
+    second = await call_asgi(client.app, RESPONSES, body)
+    assert _output_text(second.json) == "It is 20 C in Paris."
+    prompt = _prompt(engine, tokenizer)
+    assert "user\nWeather in Paris?<|im_end|>" in prompt
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        in prompt
+    )
+    assert '<tool_response>\n{"temp": 20}\n</tool_response>' in prompt
