@@ -27,6 +27,7 @@ from handlers.protocol.base import ModelT, parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import EmbeddingRequest
+from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -39,7 +40,8 @@ from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
-from handlers.serving.sse import NamedEvent, SSEStream
+from handlers.serving.responses import ServingResponses
+from handlers.serving.sse import SSEEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
 
 
@@ -71,7 +73,7 @@ async def sse_frames(payloads: SSEStream) -> AsyncGenerator[bytes, None]:
         async for payload in payloads:
             if payload is None:
                 yield KEEP_ALIVE_COMMENT
-            elif isinstance(payload, NamedEvent):
+            elif isinstance(payload, SSEEvent):
                 yield b"event: " + payload.name.encode() + b"\ndata: " + payload.data + b"\n\n"
             else:
                 yield b"data: " + payload + b"\n\n"
@@ -158,6 +160,40 @@ class Messages(_JsonBody):
     ) -> None:
         request = await self._parse(req, CountTokensRequest)
         send_model(resp, await self._serving.count_tokens(request))
+
+
+class Responses(_JsonBody):
+    """`POST /v1/responses`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingResponses) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(ResponsesRequest, await self.body(req), self._serving.limits)
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class ResponseById:
+    """`GET` and `DELETE /v1/responses/{response_id}`; `POST .../cancel` (suffix)."""
+
+    def __init__(self, serving: ServingResponses) -> None:
+        self._serving = serving
+
+    async def on_get(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.retrieve(response_id))
+
+    async def on_delete(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.delete(response_id))
+
+    async def on_post_cancel(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.cancel(response_id))
 
 
 class Invocations(_JsonBody):

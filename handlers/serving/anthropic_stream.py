@@ -28,17 +28,17 @@ from handlers.protocol.anthropic import (
 )
 from handlers.protocol.chat import DeltaMessage
 from handlers.serving.anthropic_convert import tool_use_id
-from handlers.serving.sse import NamedEvent
+from handlers.serving.sse import SSEEvent
 
 
-def named_event(event: StreamEvent) -> NamedEvent:
+def named_event(event: StreamEvent) -> SSEEvent:
     """An event as SSE: its `type` is also the `event:` name the SDKs dispatch on."""
-    return NamedEvent(event.type, event.__pydantic_serializer__.to_json(event))
+    return SSEEvent(event.type, event.__pydantic_serializer__.to_json(event))
 
 
-def error_event(error: ServingError) -> NamedEvent:
+def error_event(error: ServingError) -> SSEEvent:
     """A failure after the status line: Anthropic's `error` event."""
-    return NamedEvent("error", orjson.dumps(anthropic_error_body(error.message, error.status)))
+    return SSEEvent("error", orjson.dumps(anthropic_error_body(error.message, error.status)))
 
 
 class ContentBlocks:

@@ -67,9 +67,9 @@ class ServingChat(ServingBase):
         self, request: ChatCompletionRequest, ctx: RequestContext
     ) -> tuple[Run, ChatTemplateChoice]:
         """Model check, render, forced-tool constraint, admission: the run and the
-        template its output is parsed with. `/v1/messages` starts its runs here too and
-        reads them back through `respond` / `message_deltas` (one renderer, one tool
-        parser, one reasoning split)."""
+        template its output is parsed with. `/v1/messages` and `/v1/responses` start
+        their runs here too and read them back through `respond` / `message_deltas` (one
+        renderer, one tool parser, one reasoning split)."""
         model_name = self.model_name(request.model)
         template, prompt_text, prompt_ids = await self.render_prompt(request)
         structured = forced_tool_spec(request)
@@ -218,8 +218,8 @@ class ServingChat(ServingBase):
     ) -> AsyncGenerator[tuple[Choice, ChoiceDelta, DeltaMessage, str | None] | None, None]:
         """(choice, engine delta, message delta, finish reason) per delta that says
         something, through each choice's reasoning split and tool-call streamer; None
-        for a keep-alive tick. The chat stream wraps these in chunks; the Messages
-        stream in Anthropic's events."""
+        for a keep-alive tick. The chat stream wraps these in chunks; the Messages and
+        Responses streams in their typed events."""
         tools = {
             seq.index: ToolCallStreamer(request, template.tool_format) for seq in run.sequences
         }

@@ -1,19 +1,20 @@
 """SageMaker's `POST /invocations`: one route, the API chosen by the body's shape.
 
 `messages` means chat, `prompt` means completion, `inputs` means TGI's generate (what
-clients of HF's TGI containers send). An embeddings body is marked, because its `input`
-is also the Responses API's: `"task": "embeddings"` (dropped before validation), or an
-`encoding_format` field, which only the embeddings API has. A body marker rather than
-a header, because SageMaker forwards no custom headers to the container. The marker is
-checked first. Dispatching on the key rather than on "the first model that validates"
-(vLLM's way) keeps the precise 400 of the intended API instead of a generic "matches
-nothing".
+clients of HF's TGI containers send), `input` means the Responses API. An embeddings
+body is marked, because its `input` is also the Responses API's: `"task": "embeddings"`
+(dropped before validation), or an `encoding_format` field, which only the embeddings
+API has. A body marker rather than a header, because SageMaker forwards no custom
+headers to the container. Dispatching on the key rather than on "the first model that
+validates" (vLLM's way) keeps the precise 400 of the intended API instead of a generic
+"matches nothing".
 
-An Anthropic Messages body (`is_anthropic_body`) goes to Messages before the `messages`
-rule: one with `anthropic_version` (what Bedrock and Vertex bodies carry), or one with
-`messages` and a field only Anthropic's API has at the top level (`system`,
-`stop_sequences`, `thinking`). A body with only `messages` and `max_tokens` stays chat,
-as it always was.
+The rules are tried in order: the embeddings marker, then an Anthropic Messages body
+(`is_anthropic_body`): one with `anthropic_version` (what Bedrock and Vertex bodies
+carry), or one with `messages` and a field only Anthropic's API has at the top level
+(`system`, `stop_sequences`, `thinking`); then `input` (Responses), then `messages`,
+`prompt` and `inputs`. A body with only `messages` and `max_tokens` stays chat, as it
+always was.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import EmbeddingRequest
+from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tgi import TGIRequest
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.messages import ServingMessages
+from handlers.serving.responses import ServingResponses
 from handlers.serving.sse import SSEStream
 from handlers.serving.tgi import ServingTGI
 
@@ -43,6 +46,7 @@ ACCEPTED_KINDS = (
     "an embeddings request (with 'input' and \"task\": \"embeddings\" or 'encoding_format')",
     "an Anthropic Messages request (with 'anthropic_version', or 'messages' and 'system', "
     "'stop_sequences' or 'thinking')",
+    "a Responses request (with 'input')",
     "a chat completion request (with 'messages')",
     "a completion request (with 'prompt')",
     "a TGI generate request (with 'inputs')",
@@ -72,12 +76,14 @@ class ServingInvocations:
         embedding: ServingEmbedding,
         *,
         messages: ServingMessages | None = None,
+        responses: ServingResponses | None = None,
     ) -> None:
         self.chat = chat
         self.completion = completion
         self.tgi = tgi
         self.embedding = embedding
         self.messages = messages or ServingMessages(chat)
+        self.responses = responses
 
     async def invoke(self, body: Any, ctx: RequestContext) -> BaseModel | SSEStream:
         """Streams iff the body says `"stream": true`, whatever the API."""
@@ -89,6 +95,9 @@ class ServingInvocations:
                 return await self.embedding.create(embed, ctx)
             if is_anthropic_body(body):
                 return await self.messages.create_from_body(body, ctx)
+            if "input" in body and self.responses is not None:
+                request = parse_request(ResponsesRequest, body, limits)
+                return await self.responses.create(request, ctx)
             if "messages" in body:
                 chat = parse_request(ChatCompletionRequest, body, limits)
                 return await self.chat.create(chat, ctx)

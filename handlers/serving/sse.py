@@ -1,9 +1,10 @@
 """SSE payloads as the serving classes yield them: bytes of one `data:` line, a named
-event, or None.
+`SSEEvent`, or None.
 
-The transport adds the `data: ` framing (`handlers.http.resources.sse_frames`). `None`
-is a keep-alive tick (`: ping`, only with --sse-keep-alive-interval), never data. A
-`NamedEvent` also gets an `event:` line: Anthropic's clients dispatch on it.
+The transport adds the `data: ` framing (`handlers.http.resources.sse_frames`), and an
+`event: ` line for an `SSEEvent` (Anthropic's and the Responses API's clients dispatch on
+it). `None` is a keep-alive tick (`: ping`, only with --sse-keep-alive-interval), never
+data.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from handlers.errors import ServingError
 
 
 @dataclass(frozen=True, slots=True)
-class NamedEvent:
-    """An event with a name: `event: <name>` then `data: <data>`."""
+class SSEEvent:
+    """A payload sent with an `event:` line before its `data:` line: the Messages and
+    Responses APIs name every event by its type (as Anthropic, OpenAI and vLLM do)."""
 
     name: str
     data: bytes
 
 
-SSEPayload = bytes | NamedEvent | None
+SSEPayload = bytes | SSEEvent | None
 SSEStream = AsyncGenerator[SSEPayload, None]
 """What a streaming serving method returns (admission already done)."""
 

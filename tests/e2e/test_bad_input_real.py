@@ -29,6 +29,7 @@ INVOCATIONS = "/invocations"
 EMBEDDINGS = "/v1/embeddings"
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
+RESPONSES = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,13 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 def comp(**fields: Any) -> dict[str, Any]:
     return {"model": "smollm2", "prompt": "Hello", "max_tokens": 4, **fields}
+
+
+def resp(**fields: Any) -> dict[str, Any]:
+    return {"model": "smollm2", "input": "Hello", "max_output_tokens": 4, **fields}
+
+
+FUNCTION_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
 
 def tgi(**parameters: Any) -> dict[str, Any]:
@@ -505,6 +513,100 @@ CASES = [
     Case("detokenize-out-of-vocab", {"tokens": [VOCAB]}, 400, "tokens", path="/detokenize"),
     Case("detokenize-strings", {"tokens": ["a"]}, 400, "tokens[0]", path="/detokenize"),
     Case("detokenize-missing", {}, 400, "tokens", path="/detokenize"),
+    # -- responses ----------------------------------------------------------------------------
+    Case("responses-input-missing", {"model": "smollm2"}, 400, "input", path=RESPONSES),
+    Case("responses-input-empty", resp(input=[]), 400, "input", path=RESPONSES),
+    Case(
+        "responses-item-type",
+        resp(input=[{"type": "computer_call", "id": "x"}]),
+        400,
+        "input[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-image-part",
+        resp(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+        400,
+        "input[0].content[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-call-without-call-id",
+        resp(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+        400,
+        "input[0].call_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-hosted-tool",
+        resp(tools=[{"type": "file_search"}], stream=True),
+        400,
+        "tools[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-unknown",
+        resp(tools=[FUNCTION_TOOL], tool_choice={"type": "function", "name": "g"}),
+        400,
+        "tool_choice.name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-format-without-schema",
+        resp(text={"format": {"type": "json_schema", "name": "x"}}),
+        400,
+        "text.format.schema",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-bad-schema",
+        resp(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}),
+        400,
+        "text.format.schema",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-max-output-tokens-huge",
+        resp(max_output_tokens=10**6, stream=True),
+        400,
+        "max_output_tokens",
+        path=RESPONSES,
+    ),
+    Case("responses-temperature", resp(temperature=-1), 400, "temperature", path=RESPONSES),
+    Case("responses-background", resp(background=True), 400, "background", path=RESPONSES),
+    Case(
+        "responses-too-long",
+        resp(input=LONG_TEXT, stream=True),
+        400,
+        "input",
+        path=RESPONSES,
+    ),
+    Case("responses-unknown-model", resp(model="x"), 404, "model", path=RESPONSES),
+    Case(
+        "responses-previous-unknown",
+        resp(previous_response_id="resp_nope", stream=True),
+        404,
+        "previous_response_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-get-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="GET",
+    ),
+    Case(
+        "responses-delete-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="DELETE",
+    ),
+    Case("responses-cancel-unknown", {}, 404, "response_id", path=RESPONSES + "/resp_nope/cancel"),
+    Case("invocations-responses-bad", {"input": 5}, 400, "input", path=INVOCATIONS),
     # -- /invocations: every kind, TGI -----------------------------------------------------------
     Case("invocations-garbage", {"hello": "world"}, 400, None, path=INVOCATIONS),
     Case("invocations-bad-json", b"{nope", 400, None, path=INVOCATIONS),

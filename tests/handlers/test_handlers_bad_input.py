@@ -19,6 +19,7 @@ COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
+RESPONSES = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,13 @@ class Case:
 
 def chat(**fields: Any) -> dict[str, Any]:
     return {"messages": USER, **fields}
+
+
+def resp(**fields: Any) -> dict[str, Any]:
+    return {"input": "Hello", **fields}
+
+
+FUNCTION_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
 
 def tag(**item: Any) -> dict[str, Any]:
@@ -477,6 +485,179 @@ CASES = [
         "parameters.top_k",
         path="/invocations",
     ),
+    # -- responses ------------------------------------------------------------------------
+    Case("responses-input-missing", {}, 400, "input", path=RESPONSES),
+    Case("responses-input-empty", resp(input=""), 400, "input", path=RESPONSES),
+    Case("responses-input-empty-list", resp(input=[]), 400, "input", path=RESPONSES),
+    Case("responses-input-number", resp(input=5), 400, "input", path=RESPONSES),
+    Case("responses-item-not-object", resp(input=["hi"]), 400, "input[0]", path=RESPONSES),
+    Case(
+        "responses-item-type",
+        resp(input=[{"type": "web_search_call", "id": "x"}]),
+        400,
+        "input[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-item-role",
+        resp(input=[{"role": "robot", "content": "x"}]),
+        400,
+        "input[0].role",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-image-part",
+        resp(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+        400,
+        "input[0].content[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-part-without-text",
+        resp(input=[{"role": "user", "content": [{"type": "input_text"}]}]),
+        400,
+        "input[0].content[0].text",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-call-without-call-id",
+        resp(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+        400,
+        "input[0].call_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-output-without-output",
+        resp(input=[{"type": "function_call_output", "call_id": "c"}]),
+        400,
+        "input[0].output",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-hosted-tool",
+        resp(tools=[{"type": "web_search"}]),
+        400,
+        "tools[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-name",
+        resp(tools=[{"type": "function", "name": "bad name"}]),
+        400,
+        "tools[0].name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-twice",
+        resp(tools=[FUNCTION_TOOL, FUNCTION_TOOL]),
+        400,
+        "tools[1].name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-unknown",
+        resp(tools=[FUNCTION_TOOL], tool_choice={"type": "function", "name": "g"}),
+        400,
+        "tool_choice.name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-no-tools",
+        resp(tool_choice="required"),
+        400,
+        "tool_choice",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-hosted",
+        resp(tools=[FUNCTION_TOOL], tool_choice={"type": "web_search"}),
+        400,
+        "tool_choice.type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-format-type",
+        resp(text={"format": {"type": "xml"}}),
+        400,
+        "text.format.type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-format-without-schema",
+        resp(text={"format": {"type": "json_schema", "name": "x"}}),
+        400,
+        "text.format.schema",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-forced-call-and-format",
+        resp(
+            tools=[FUNCTION_TOOL], tool_choice="required", text={"format": {"type": "json_object"}}
+        ),
+        400,
+        "tool_choice",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-max-output-tokens-zero",
+        resp(max_output_tokens=0),
+        400,
+        "max_output_tokens",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-max-output-tokens-huge",
+        resp(max_output_tokens=10**6),
+        400,
+        "max_output_tokens",
+        path=RESPONSES,
+    ),
+    Case("responses-temperature", resp(temperature=2.5), 400, "temperature", path=RESPONSES),
+    Case("responses-top-p", resp(top_p=0), 400, "top_p", path=RESPONSES),
+    Case(
+        "responses-effort",
+        resp(reasoning={"effort": "max"}),
+        400,
+        "reasoning.effort",
+        path=RESPONSES,
+    ),
+    Case("responses-stream-string", resp(stream="yes"), 400, "stream", path=RESPONSES),
+    Case("responses-background", resp(background=True), 400, "background", path=RESPONSES),
+    Case("responses-truncation-auto", resp(truncation="auto"), 400, "truncation", path=RESPONSES),
+    Case("responses-too-long", resp(input="word " * 400), 400, "input", path=RESPONSES),
+    Case("responses-unknown-model", resp(model="x"), 404, "model", path=RESPONSES),
+    Case(
+        "responses-previous-unknown",
+        resp(previous_response_id="resp_nope"),
+        404,
+        "previous_response_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-get-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="GET",
+    ),
+    Case(
+        "responses-delete-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="DELETE",
+    ),
+    Case(
+        "responses-cancel-unknown",
+        {},
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope/cancel",
+    ),
+    Case("responses-list-method", None, 405, None, path=RESPONSES, method="GET"),
+    Case("invocations-responses-input", {"input": 5}, 400, "input", path="/invocations"),
     Case("invocations-garbage", {"hello": "world"}, 400, None, path="/invocations"),
     # -- embeddings --------------------------------------------------------------------------
     Case("embed-input-missing", {"model": "tiny"}, 400, "input", path=EMBEDDINGS),

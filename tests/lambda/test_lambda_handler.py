@@ -153,3 +153,13 @@ def test_import_does_not_wait_for_the_model(responses: dict) -> None:
 
 def test_ping_through_lambda(responses: dict) -> None:
     assert responses["responses"]["ping_v2"]["statusCode"] == 200
+
+
+@pytest.mark.parametrize("kind", ["responses_function_url", "responses_invocations"])
+def test_a_responses_body_gets_a_response(responses: dict, kind: str) -> None:
+    """`POST /v1/responses`, and `/invocations` with a Responses body (`input`)."""
+    data = _json_body(responses["responses"][kind])
+    assert data["object"] == "response" and data["status"] == "completed", data
+    [message] = data["output"]
+    assert "Paris" in message["content"][0]["text"]
+    assert data["usage"]["input_tokens"] > 0
