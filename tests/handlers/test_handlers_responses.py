@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeEngine, Script
-from handlers_testing import EOS_ID, call_asgi, encode
+from handlers_testing import EOS_ID, call_asgi, encode, long_context_info, sse_named_events
 
 from engine.config import ModelInfo
 
@@ -31,15 +31,7 @@ WEATHER = {
 
 @pytest.fixture
 def model_info(model_dir, tokenizer) -> ModelInfo:
-    # Tool definitions make long prompts for the stand-in tokenizer.
-    return ModelInfo(
-        model_dir=str(model_dir),
-        max_model_len=4096,
-        vocab_size=tokenizer.vocab_size,
-        eos_token_ids=[EOS_ID],
-        num_kv_blocks=512,
-        block_size=16,
-    )
+    return long_context_info(model_dir, tokenizer)
 
 
 def _script(engine: FakeEngine, tokenizer, text: str, **fields: Any) -> None:
@@ -263,13 +255,9 @@ async def test_reasoning_is_a_reasoning_item_with_its_summary(make_client, engin
 
 # -- streaming ----------------------------------------------------------------------------
 def _events(result) -> list[dict[str, Any]]:
-    events = result.events
-    names = [
-        line[len("event: ") :]
-        for line in result.body.decode().split("\n")
-        if line.startswith("event: ")
-    ]
-    assert names == [e["type"] for e in events], "each event is named by its type"
+    named = sse_named_events(result.body)
+    events = [data for _, data in named]
+    assert [name for name, _ in named] == [e["type"] for e in events], "named by its type"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     return events
 
