@@ -314,6 +314,25 @@ def add_serve_flags(
         "Largest request body, e.g. 6MiB (a bigger one is a 413; SageMaker's own limit is 6 MiB)",
     )
     api.value(
+        "--responses-store-max-entries",
+        Bounded(int, at_least=0),
+        _SERVER_DEFAULTS.responses_store_max_entries,
+        "Stored responses (/v1/responses with store: true) kept at most, shared by all API "
+        "workers; the oldest go first; 0 stores nothing",
+    )
+    api.value(
+        "--responses-store-max-bytes",
+        parse_bytes,
+        _SERVER_DEFAULTS.responses_store_max_bytes,
+        "Bytes of stored responses and their conversations kept at most, e.g. 256MiB",
+    )
+    api.value(
+        "--responses-store-ttl",
+        Bounded(float, above=0.0),
+        _SERVER_DEFAULTS.responses_store_ttl,
+        "Seconds a stored response is kept",
+    )
+    api.value(
         "--engine-heartbeat-timeout",
         Bounded(float, above=0.0),
         _SERVER_DEFAULTS.engine_heartbeat_timeout,

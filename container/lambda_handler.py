@@ -1,10 +1,13 @@
 """AWS Lambda entry point: the same Falcon app and serving classes, engine in-process.
 
 `handler(event, context)` answers API Gateway REST (v1), HTTP API (v2), Function URL
-and ALB events through Mangum. The engine core runs in a thread of this process; it
-is started at import (once per execution environment) and the first invocation waits
-for it to be warm, so a cold start stays inside Lambda's init budget. Mangum's
-lifespan is off: with it on, Mangum runs startup and shutdown on every invocation.
+and ALB events through Mangum, on every route of the app: the OpenAI routes (the
+Responses API included: `/v1/responses`), Anthropic Messages (`/v1/messages`) and
+`/invocations` with each body shape it dispatches. The engine core runs in a thread of
+this process; it is started at import (once per execution environment) and the first
+invocation waits for it to be warm, so a cold start stays inside Lambda's init budget.
+Mangum's lifespan is off: with it on, Mangum runs startup and shutdown on every
+invocation.
 
 Configuration is `hearth serve`'s: every `HEARTH_<FLAG>` variable, read by the same
 code (`container/settings.py`), so a function and a container given one environment

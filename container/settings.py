@@ -103,6 +103,9 @@ def serve_configs(
         max_stop_strings=args.max_stop_strings,
         max_request_body_bytes=args.max_request_body_bytes,
         engine_heartbeat_timeout=args.engine_heartbeat_timeout,
+        responses_store_max_entries=args.responses_store_max_entries,
+        responses_store_max_bytes=args.responses_store_max_bytes,
+        responses_store_ttl=args.responses_store_ttl,
         runtime_dir=runtime_dir,
     )
     return engine, server

@@ -28,11 +28,19 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 6 * 1024 * 1024
 """SageMaker's InvokeEndpoint limit (6 MiB); a bigger body could never arrive there."""
 
 
+DEFAULT_RESPONSES_STORE_MAX_ENTRIES = 1024
+DEFAULT_RESPONSES_STORE_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_RESPONSES_STORE_TTL_S = 3600.0
+"""The stored responses of /v1/responses: 1024 entries, 256 MiB and one hour, whichever
+bound is reached first (handlers/serving/response_store.py)."""
+
 _LIMIT_MINIMUMS = {
     "max_n": 1,
     "max_request_body_bytes": 1,
     "max_stop_strings": 1,
     "max_logprobs": 0,
+    "responses_store_max_entries": 0,
+    "responses_store_max_bytes": 1,
 }
 
 
@@ -105,6 +113,14 @@ class ServerConfig:
     generation_config: str = "auto"
     """'auto': the model's generation_config.json sets default sampling params (as vLLM);
     'vllm': OpenAI defaults only."""
+    responses_store_max_entries: int = DEFAULT_RESPONSES_STORE_MAX_ENTRIES
+    """Stored responses (`store: true` of /v1/responses) kept at most; the oldest go
+    first; 0: nothing is stored (--responses-store-max-entries)."""
+    responses_store_max_bytes: int = DEFAULT_RESPONSES_STORE_MAX_BYTES
+    """Bytes of stored responses and their conversations kept at most
+    (--responses-store-max-bytes)."""
+    responses_store_ttl: float = DEFAULT_RESPONSES_STORE_TTL_S
+    """Seconds a stored response is kept (--responses-store-ttl)."""
 
     def __post_init__(self) -> None:
         # NOTE: lists from callers (and JSON) become tuples so the config is really immutable.
@@ -125,6 +141,8 @@ class ServerConfig:
         for digest in self.api_key_digests:
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
                 raise ValueError("ServerConfig.api_key_digests holds SHA-256 hex digests")
+        if not self.responses_store_ttl > 0:
+            raise ValueError("ServerConfig.responses_store_ttl must be > 0")
         for name in ("sse_keep_alive_interval", "request_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:

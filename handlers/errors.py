@@ -7,6 +7,10 @@ chunk and the Lambda adapter all render it with `error_body()`, so the three agr
 Type names follow vLLM (`BadRequestError`, `NotFoundError`, `InternalServerError`),
 which are the `openai` SDK's exception class names; the statuses vLLM does not name
 get the SDK's name for that status.
+
+The Anthropic routes answer the same errors in Anthropic's shape
+(`anthropic_error_body`): a `ServingError` raised while serving one of them carries
+`dialect = "anthropic"`, so the HTTP layer and the SSE error event render it that way.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ class ServingError(Exception):
     status: HTTPStatus = HTTPStatus.BAD_REQUEST
     type: str = "BadRequestError"
     """The wire `type`: a subclass's own class name unless it sets one (see module doc)."""
+    dialect: str = "openai"
+    """The error shape of the API that raised it: "openai", or "anthropic" (set on the
+    instance by the Messages serving class, whose clients parse only Anthropic's shape)."""
 
     def __init__(
         self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
@@ -44,6 +51,9 @@ class ServingError(Exception):
             cls.type = cls.__name__
 
     def body(self) -> dict[str, Any]:
+        """The body in this error's dialect."""
+        if self.dialect == "anthropic":
+            return anthropic_error_body(self.message, self.status)
         return error_body(self.message, self.type, self.status, self.param)
 
 
@@ -110,6 +120,30 @@ class InternalServerError(ServingError):
 def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict[str, Any]:
     """`{"error": {"message", "type", "param", "code"}}` as vLLM answers it."""
     return {"error": {"message": message, "type": type_, "param": param, "code": int(status)}}
+
+
+ANTHROPIC_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+"""Anthropic's error type names by status (docs.anthropic.com, "Errors"). hearth answers
+a full queue or a loading engine 503 (not Anthropic's 529), typed `overloaded_error`."""
+
+
+def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}`, Anthropic's error shape; a status
+    it does not name is `invalid_request_error` (4xx) or `api_error` (5xx)."""
+    fallback = "api_error" if status >= 500 else "invalid_request_error"
+    kind = ANTHROPIC_ERROR_TYPES.get(int(status), fallback)
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 _STATUS_TO_CLASS: dict[int, type[ServingError]] = {

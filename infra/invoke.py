@@ -90,7 +90,16 @@ def load_body(text: str) -> dict[str, Any]:
 
 
 def response_text(response: Mapping[str, Any]) -> str:
-    """The generated text of a non-streamed chat or completion response (first choice)."""
+    """The generated text of a non-streamed chat or completion response (first choice),
+    or of a Responses API `response` (its message items' text)."""
+    if response.get("object") == "response" and isinstance(response.get("output"), list):
+        return "".join(
+            str(part.get("text") or "")
+            for item in response["output"]
+            if isinstance(item, dict) and item.get("type") == "message"
+            for part in item.get("content") or []
+            if isinstance(part, dict)
+        )
     choices = response.get("choices")
     if not isinstance(choices, list) or not choices:
         raise DeployError(f"response has no choices: {json.dumps(response)[:200]}")
@@ -167,11 +176,30 @@ def payload_chunks(events: Iterable[Mapping[str, Any]]) -> Iterator[bytes]:
         raise StreamError(f"model stream error ({code}): {message}") from exc
 
 
-def deltas_from_sse(data: Iterable[str]) -> Iterator[Delta]:
-    """Turn OpenAI stream events (chat or completion chunks) into :class:`Delta` values.
+_RESPONSES_END = {"response.completed": "stop", "response.incomplete": "length"}
 
-    Stops at ``data: [DONE]``; an ``{"error": ...}`` chunk (how hearth reports a failure
-    after the 200 status went out) and a stream without ``[DONE]`` raise StreamError.
+
+def _responses_event(event: Mapping[str, Any]) -> Delta | None:
+    """A Responses API stream event (it has a `type`) as a Delta: text deltas, and the
+    end (`response.completed` / `response.incomplete`: such a stream has no `[DONE]`)."""
+    kind = event.get("type")
+    if kind == "response.output_text.delta":
+        return Delta(index=0, text=str(event.get("delta") or ""))
+    if kind in _RESPONSES_END:
+        return Delta(index=0, text="", finish_reason=_RESPONSES_END[kind])
+    if kind in ("error", "response.failed"):
+        error = (event.get("response") or {}).get("error") or event
+        raise StreamError(f"server error during the stream: {error.get('message', error)}")
+    return None
+
+
+def deltas_from_sse(data: Iterable[str]) -> Iterator[Delta]:
+    """Turn OpenAI stream events (chat or completion chunks, or the Responses API's typed
+    events) into :class:`Delta` values.
+
+    Stops at ``data: [DONE]`` (a Responses stream at its `response.completed`); an
+    ``{"error": ...}`` chunk (how hearth reports a failure after the 200 status went out)
+    and a stream without its end raise StreamError.
     """
     for item in data:
         if item.strip() == "[DONE]":
@@ -182,6 +210,13 @@ def deltas_from_sse(data: Iterable[str]) -> Iterator[Delta]:
             raise StreamError(f"malformed stream event: {item[:200]!r}") from exc
         if not isinstance(chunk, dict):
             raise StreamError(f"unexpected stream event: {item[:200]!r}")
+        if isinstance(chunk.get("type"), str):
+            delta = _responses_event(chunk)
+            if delta is not None:
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+            continue
         if "error" in chunk:
             err = chunk["error"]
             message = err.get("message", err) if isinstance(err, dict) else err
@@ -295,6 +330,16 @@ def invoke_lambda(
     return answer
 
 
+def _lambda_path(body: Mapping[str, Any]) -> str:
+    """The route a body goes to on a Lambda function (which has no /invocations dispatch
+    of its own): chat by `messages`, the Responses API by `input`, else completions."""
+    if "messages" in body:
+        return "/v1/chat/completions"
+    if "input" in body:
+        return "/v1/responses"
+    return "/v1/completions"
+
+
 def send(
     clients: Clients,
     body: Mapping[str, Any],
@@ -321,7 +366,7 @@ def send(
                 "through its Function URL (deploy with --mode stream)"
             )
         lam = clients("lambda", read_timeout_s=905, max_attempts=1)
-        path = path or ("/v1/chat/completions" if "messages" in body else "/v1/completions")
+        path = path or _lambda_path(body)
         answer = invoke_lambda(lam, function, body, path)
     elif endpoint:
         rt = clients("sagemaker-runtime", read_timeout_s=70, max_attempts=2)

@@ -30,11 +30,14 @@ from handlers.serving import (
     ServingCompletion,
     ServingEmbedding,
     ServingInvocations,
+    ServingMessages,
     ServingModels,
     ServingTGI,
     ServingTokenization,
     StatsSink,
 )
+from handlers.serving.response_store import ResponseStore
+from handlers.serving.responses import ServingResponses
 
 
 def create_app(
@@ -59,7 +62,17 @@ def create_app(
     completion = ServingCompletion(served, stats)
     tgi = ServingTGI(served, stats)
     embedding = ServingEmbedding(served, stats)
+    messages = ServingMessages(chat)
     tokenization = ServingTokenization(served)
+    responses = ServingResponses(
+        chat,
+        ResponseStore(
+            config.runtime_dir,
+            max_entries=config.responses_store_max_entries,
+            max_bytes=config.responses_store_max_bytes,
+            ttl_s=config.responses_store_ttl,
+        ),
+    )
 
     middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), EngineLifespan(engine)]
     if config.allowed_origins:
@@ -80,9 +93,21 @@ def create_app(
         app.add_route("/adapters/{adapter_name}", resources.Adapter(adapters))
         app.add_route("/v1/load_lora_adapter", resources.LoadLoRAAdapter(config, adapters))
         app.add_route("/v1/unload_lora_adapter", resources.UnloadLoRAAdapter(config, adapters))
+    anthropic = resources.Messages(config, messages)
+    app.add_route("/v1/messages", anthropic)
+    app.add_route("/v1/messages/count_tokens", anthropic, suffix="count_tokens")
+    app.add_route("/v1/responses", resources.Responses(config, responses))
+    response_by_id = resources.ResponseById(responses)
+    app.add_route("/v1/responses/{response_id}", response_by_id)
+    app.add_route("/v1/responses/{response_id}/cancel", response_by_id, suffix="cancel")
     app.add_route(
         "/invocations",
-        resources.Invocations(config, ServingInvocations(chat, completion, tgi, embedding)),
+        resources.Invocations(
+            config,
+            ServingInvocations(
+                chat, completion, tgi, embedding, messages=messages, responses=responses
+            ),
+        ),
     )
     app.add_route("/tokenize", resources.Tokenize(config, tokenization))
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))

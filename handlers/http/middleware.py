@@ -25,6 +25,8 @@ filesystem path) and show the traffic."""
 
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 REQUEST_ID_HEADER = "X-Request-Id"
+API_KEY_HEADER = "X-Api-Key"
+"""The Anthropic clients' key header (`ApiKeyAuth` also takes `Authorization: Bearer`)."""
 _MAX_REQUEST_ID_LEN = 256
 
 
@@ -81,8 +83,11 @@ def _valid_request_id(value: str) -> bool:
 
 
 class ApiKeyAuth:
-    """`Authorization: Bearer <key>` on every route but the open ones (and CORS
-    preflights, which browsers send without credentials)."""
+    """`Authorization: Bearer <key>` or `x-api-key: <key>` on every route but the open
+    ones (and CORS preflights, which browsers send without credentials).
+
+    `x-api-key` is how the `anthropic` SDK (and Claude Code) send their key; it is
+    accepted on every route, so one client configuration works for all of them."""
 
     def __init__(self, config: ServerConfig) -> None:
         self._digests = [bytes.fromhex(d) for d in config.api_key_digests]
@@ -94,8 +99,11 @@ class ApiKeyAuth:
         scheme, _, token = header.partition(" ")
         if scheme.lower() == "bearer" and token and self._matches(token.strip()):
             return
+        api_key = req.get_header(API_KEY_HEADER)
+        if api_key and self._matches(api_key.strip()):
+            return
         raise AuthenticationError(
-            "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+            "Invalid or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
             headers={"WWW-Authenticate": "Bearer"},
         )
 

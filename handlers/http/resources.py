@@ -27,10 +27,12 @@ from handlers.protocol.adapters import (
     RegisterAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
-from handlers.protocol.base import parse_request
+from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
+from handlers.protocol.base import ModelT, parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import EmbeddingRequest
+from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -42,8 +44,10 @@ from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.invocations import ServingInvocations
+from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
-from handlers.serving.sse import SSEStream
+from handlers.serving.responses import ServingResponses
+from handlers.serving.sse import SSEEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
 
 ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
@@ -76,7 +80,12 @@ async def sse_frames(payloads: SSEStream) -> AsyncGenerator[bytes, None]:
     """
     try:
         async for payload in payloads:
-            yield KEEP_ALIVE_COMMENT if payload is None else b"data: " + payload + b"\n\n"
+            if payload is None:
+                yield KEEP_ALIVE_COMMENT
+            elif isinstance(payload, SSEEvent):
+                yield b"event: " + payload.name.encode() + b"\ndata: " + payload.data + b"\n\n"
+            else:
+                yield b"data: " + payload + b"\n\n"
     finally:
         await payloads.aclose()
 
@@ -137,6 +146,63 @@ class Embeddings(_JsonBody):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = parse_request(EmbeddingRequest, await self.body(req), self._serving.served.limits)
         send_model(resp, await self._serving.create(request, request_context(req)))
+
+
+class Messages(_JsonBody):
+    """Anthropic's `POST /v1/messages` and, as the `count_tokens` suffix route,
+    `POST /v1/messages/count_tokens` (errors in Anthropic's shape: `handle_error`)."""
+
+    def __init__(self, config: ServerConfig, serving: ServingMessages) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def _parse(self, req: falcon.asgi.Request, model: type[ModelT]) -> ModelT:
+        with anthropic_dialect():
+            return parse_request(model, await self.body(req), self._serving.chat.served.limits)
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = await self._parse(req, MessagesRouteRequest)
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+    async def on_post_count_tokens(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response
+    ) -> None:
+        request = await self._parse(req, CountTokensRequest)
+        send_model(resp, await self._serving.count_tokens(request))
+
+
+class Responses(_JsonBody):
+    """`POST /v1/responses`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingResponses) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(ResponsesRequest, await self.body(req), self._serving.limits)
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class ResponseById:
+    """`GET` and `DELETE /v1/responses/{response_id}`; `POST .../cancel` (suffix)."""
+
+    def __init__(self, serving: ServingResponses) -> None:
+        self._serving = serving
+
+    async def on_get(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.retrieve(response_id))
+
+    async def on_delete(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.delete(response_id))
+
+    async def on_post_cancel(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        send_model(resp, await self._serving.cancel(response_id))
 
 
 class Invocations(_JsonBody):

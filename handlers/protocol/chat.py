@@ -111,7 +111,7 @@ MAX_CONTENT_PARTS = 4096
 """Content parts and tool calls over all messages of one request."""
 
 
-def _cap_messages(value: Any) -> Any:
+def cap_messages(value: Any) -> Any:
     """Counted on the raw list, before a single message is validated."""
     if not isinstance(value, list):
         return value
@@ -134,7 +134,7 @@ def _cap_messages(value: Any) -> Any:
 
 
 MessagesField = Annotated[
-    list[ChatMessageParam], BeforeValidator(_cap_messages), Field(min_length=1)
+    list[ChatMessageParam], BeforeValidator(cap_messages), Field(min_length=1)
 ]
 """`messages` of chat and of /tokenize, capped in count."""
 

@@ -11,6 +11,7 @@ from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.invocations import ServingInvocations
+from handlers.serving.messages import ServingMessages
 from handlers.serving.models import ServingModels
 from handlers.serving.served_model import ServedModel
 from handlers.serving.sse import DONE, SSEStream
@@ -31,6 +32,7 @@ __all__ = [
     "ServingCompletion",
     "ServingEmbedding",
     "ServingInvocations",
+    "ServingMessages",
     "ServingModels",
     "ServingTGI",
     "ServingTokenization",

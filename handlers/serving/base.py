@@ -40,7 +40,7 @@ from handlers.serving.stats import NullStatsSink, RequestTracker, StatsSink
 
 logger = logging.getLogger(__name__)
 
-ErrorEncoder = Callable[[ServingError], bytes]
+ErrorEncoder = Callable[[ServingError], SSEPayload]
 
 
 @dataclass(frozen=True, slots=True)

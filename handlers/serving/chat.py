@@ -45,13 +45,33 @@ class ServingChat(ServingBase):
         Everything that can be refused is refused before this returns, so a streaming
         caller only ever starts a 200 response for an admitted request.
         """
+        run, template = await self.start(request, ctx)
+        if request.stream:
+            return self._stream(run, request, template)
+        return await self.respond(run, request, template)
+
+    async def render_prompt(
+        self, request: ChatCompletionRequest
+    ) -> tuple[ChatTemplateChoice, str, list[int]]:
+        """(template, prompt text, prompt ids): what `start` admits, and all that
+        Anthropic's count_tokens needs, so the two can never count differently."""
         served = self.served
-        model_name = self.model_name(request.model)
         template = choose_chat_template(served, request)
         prompt_text = await render_chat(served, request, template, documents=request.documents)
         prompt_ids = await served.encode(
             prompt_text, add_special_tokens=request.add_special_tokens, param="messages"
         )
+        return template, prompt_text, prompt_ids
+
+    async def start(
+        self, request: ChatCompletionRequest, ctx: RequestContext
+    ) -> tuple[Run, ChatTemplateChoice]:
+        """Model check, render, forced-tool constraint, admission: the run and the
+        template its output is parsed with. `/v1/messages` and `/v1/responses` start
+        their runs here too and read them back through `respond` / `message_deltas` (one
+        renderer, one tool parser, one reasoning split)."""
+        model_name = self.model_name(request.model)
+        template, prompt_text, prompt_ids = await self.render_prompt(request)
         structured = forced_tool_spec(request)
         run = await self.start_run(
             ctx,
@@ -63,9 +83,7 @@ class ServingChat(ServingBase):
             n=request.n,
             priority=request.priority,
         )
-        if request.stream:
-            return self._stream(run, request, template)
-        return await self._respond(run, request, template)
+        return run, template
 
     def _echo_text(self, request: ChatCompletionRequest) -> str:
         """vLLM's chat echo: the last message's content, if it has the response role."""
@@ -87,7 +105,7 @@ class ServingChat(ServingBase):
         return ChatCompletionLogProbs(content=content)
 
     # -- non-streaming ----------------------------------------------------------------
-    async def _respond(
+    async def respond(
         self, run: Run, request: ChatCompletionRequest, template: ChatTemplateChoice
     ) -> ChatCompletionResponse:
         await self.collect(run)
@@ -178,6 +196,30 @@ class ServingChat(ServingBase):
                     ],
                     running_usage(),
                 )
+        async for item in self.message_deltas(run, request, template):
+            if item is None:
+                yield None
+                continue
+            seq, delta, message, finish = item
+            choice_fields: dict[str, Any] = {
+                "index": seq.index,
+                "delta": message,
+                "logprobs": self._logprobs(request, delta.logprobs),
+                "finish_reason": finish,
+            }
+            if delta.finish_reason is not None:
+                choice_fields["stop_reason"] = delta.stop_reason
+            yield chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
+        for payload in chunks.tail():
+            yield payload
+
+    async def message_deltas(
+        self, run: Run, request: ChatCompletionRequest, template: ChatTemplateChoice
+    ) -> AsyncGenerator[tuple[Choice, ChoiceDelta, DeltaMessage, str | None] | None, None]:
+        """(choice, engine delta, message delta, finish reason) per delta that says
+        something, through each choice's reasoning split and tool-call streamer; None
+        for a keep-alive tick. The chat stream wraps these in chunks; the Messages and
+        Responses streams in their typed events."""
         tools = {
             seq.index: ToolCallStreamer(request, template.tool_format) for seq in run.sequences
         }
@@ -190,17 +232,7 @@ class ServingChat(ServingBase):
             if not (delta.text or delta.logprobs or delta.finish_reason):
                 continue
             message, finish = self._delta_message(delta, tools[seq.index], reasoning[seq.index])
-            choice_fields: dict[str, Any] = {
-                "index": seq.index,
-                "delta": message,
-                "logprobs": self._logprobs(request, delta.logprobs),
-                "finish_reason": finish,
-            }
-            if delta.finish_reason is not None:
-                choice_fields["stop_reason"] = delta.stop_reason
-            yield chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
-        for payload in chunks.tail():
-            yield payload
+            yield seq, delta, message, finish
 
     @staticmethod
     def _delta_message(

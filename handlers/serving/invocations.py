@@ -1,12 +1,20 @@
 """SageMaker's `POST /invocations`: one route, the API chosen by the body's shape.
 
 `messages` means chat, `prompt` means completion, `inputs` means TGI's generate (what
-clients of HF's TGI containers send). An embeddings body is marked, because its `input`
-is also the Responses API's: `"task": "embeddings"` (dropped before validation), or an
-`encoding_format` field, which only the embeddings API has. A body marker rather than
-a header, because SageMaker forwards no custom headers to the container. Dispatching on the key rather than on "the
-first model that validates" (vLLM's way) keeps the precise 400 of the intended API
-instead of a generic "matches nothing".
+clients of HF's TGI containers send), `input` means the Responses API. An embeddings
+body is marked, because its `input` is also the Responses API's: `"task": "embeddings"`
+(dropped before validation), or an `encoding_format` field, which only the embeddings
+API has. A body marker rather than a header, because SageMaker forwards no custom
+headers to the container. Dispatching on the key rather than on "the first model that
+validates" (vLLM's way) keeps the precise 400 of the intended API instead of a generic
+"matches nothing".
+
+The rules are tried in order: the embeddings marker, then an Anthropic Messages body
+(`is_anthropic_body`): one with `anthropic_version` (what Bedrock and Vertex bodies
+carry), or one with `messages` and a field only Anthropic's API has at the top level
+(`system`, `stop_sequences`, `thinking`); then `input` (Responses), then `messages`,
+`prompt` and `inputs`. A body with only `messages` and `max_tokens` stays chat, as it
+always was.
 """
 
 from __future__ import annotations
@@ -20,19 +28,28 @@ from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import EmbeddingRequest
+from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tgi import TGIRequest
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
+from handlers.serving.messages import ServingMessages
+from handlers.serving.responses import ServingResponses
 from handlers.serving.sse import SSEStream
 from handlers.serving.tgi import ServingTGI
 
+ANTHROPIC_ONLY_FIELDS = ("system", "stop_sequences", "thinking")
+"""Top-level fields of an Anthropic Messages body that no chat completion body has."""
+
 ACCEPTED_KINDS = (
+    "an embeddings request (with 'input' and \"task\": \"embeddings\" or 'encoding_format')",
+    "an Anthropic Messages request (with 'anthropic_version', or 'messages' and 'system', "
+    "'stop_sequences' or 'thinking')",
+    "a Responses request (with 'input')",
     "a chat completion request (with 'messages')",
     "a completion request (with 'prompt')",
     "a TGI generate request (with 'inputs')",
-    "an embeddings request (with 'input' and \"task\": \"embeddings\" or 'encoding_format')",
 )
 
 EMBEDDINGS_TASK = "embeddings"
@@ -43,6 +60,13 @@ def is_embeddings_body(body: dict[str, Any]) -> bool:
     return body.get("task") == EMBEDDINGS_TASK or "encoding_format" in body
 
 
+def is_anthropic_body(body: dict[str, Any]) -> bool:
+    """Whether an `/invocations` body is an Anthropic Messages request (module doc)."""
+    if "anthropic_version" in body:
+        return True
+    return "messages" in body and any(name in body for name in ANTHROPIC_ONLY_FIELDS)
+
+
 class ServingInvocations:
     def __init__(
         self,
@@ -50,16 +74,30 @@ class ServingInvocations:
         completion: ServingCompletion,
         tgi: ServingTGI,
         embedding: ServingEmbedding,
+        *,
+        messages: ServingMessages | None = None,
+        responses: ServingResponses | None = None,
     ) -> None:
         self.chat = chat
         self.completion = completion
         self.tgi = tgi
         self.embedding = embedding
+        self.messages = messages or ServingMessages(chat)
+        self.responses = responses
 
     async def invoke(self, body: Any, ctx: RequestContext) -> BaseModel | SSEStream:
         """Streams iff the body says `"stream": true`, whatever the API."""
         limits = self.chat.served.limits
         if isinstance(body, dict):
+            if is_embeddings_body(body):
+                fields = {key: value for key, value in body.items() if key != "task"}
+                embed = parse_request(EmbeddingRequest, fields, limits)
+                return await self.embedding.create(embed, ctx)
+            if is_anthropic_body(body):
+                return await self.messages.create_from_body(body, ctx)
+            if "input" in body and self.responses is not None:
+                request = parse_request(ResponsesRequest, body, limits)
+                return await self.responses.create(request, ctx)
             if "messages" in body:
                 chat = parse_request(ChatCompletionRequest, body, limits)
                 return await self.chat.create(chat, ctx)
@@ -68,10 +106,6 @@ class ServingInvocations:
                 return await self.completion.create(completion, ctx)
             if "inputs" in body:
                 return await self.tgi.generate(parse_request(TGIRequest, body, limits), ctx)
-            if is_embeddings_body(body):
-                fields = {key: value for key, value in body.items() if key != "task"}
-                embed = parse_request(EmbeddingRequest, fields, limits)
-                return await self.embedding.create(embed, ctx)
         raise BadRequestError(
             "The /invocations body must be a JSON object: " + "; ".join(ACCEPTED_KINDS) + ".",
             param=None,

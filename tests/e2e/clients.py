@@ -76,3 +76,28 @@ def assert_openai_error(response: httpx.Response, status: int, param: Any = ...)
     if param is not ...:
         assert error["param"] == param, error
     return error
+
+
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+}
+
+
+def assert_anthropic_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The status, a JSON content type and Anthropic's error shape
+    `{"type": "error", "error": {"type", "message"}}` with its type name for the status."""
+    assert response.status_code == status, (response.status_code, response.text[:500])
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert body.keys() == {"type", "error"} and body["type"] == "error", body
+    error = body["error"]
+    assert error.keys() == {"type", "message"}, error
+    assert error["type"] == ANTHROPIC_ERROR_TYPES[status], error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert "Traceback" not in error["message"], error
+    return error

@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.clients import assert_openai_error, wait_metric
+from tests.e2e.clients import assert_anthropic_error, assert_openai_error, wait_metric
 from tests.e2e.server import Server
 
 pytestmark = pytest.mark.slow
@@ -27,6 +27,9 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 INVOCATIONS = "/invocations"
 EMBEDDINGS = "/v1/embeddings"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
+RESPONSES = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,13 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 def comp(**fields: Any) -> dict[str, Any]:
     return {"model": "smollm2", "prompt": "Hello", "max_tokens": 4, **fields}
+
+
+def resp(**fields: Any) -> dict[str, Any]:
+    return {"model": "smollm2", "input": "Hello", "max_output_tokens": 4, **fields}
+
+
+FUNCTION_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
 
 def tgi(**parameters: Any) -> dict[str, Any]:
@@ -503,6 +513,100 @@ CASES = [
     Case("detokenize-out-of-vocab", {"tokens": [VOCAB]}, 400, "tokens", path="/detokenize"),
     Case("detokenize-strings", {"tokens": ["a"]}, 400, "tokens[0]", path="/detokenize"),
     Case("detokenize-missing", {}, 400, "tokens", path="/detokenize"),
+    # -- responses ----------------------------------------------------------------------------
+    Case("responses-input-missing", {"model": "smollm2"}, 400, "input", path=RESPONSES),
+    Case("responses-input-empty", resp(input=[]), 400, "input", path=RESPONSES),
+    Case(
+        "responses-item-type",
+        resp(input=[{"type": "computer_call", "id": "x"}]),
+        400,
+        "input[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-image-part",
+        resp(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+        400,
+        "input[0].content[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-call-without-call-id",
+        resp(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+        400,
+        "input[0].call_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-hosted-tool",
+        resp(tools=[{"type": "file_search"}], stream=True),
+        400,
+        "tools[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-unknown",
+        resp(tools=[FUNCTION_TOOL], tool_choice={"type": "function", "name": "g"}),
+        400,
+        "tool_choice.name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-format-without-schema",
+        resp(text={"format": {"type": "json_schema", "name": "x"}}),
+        400,
+        "text.format.schema",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-bad-schema",
+        resp(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}),
+        400,
+        "text.format.schema",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-max-output-tokens-huge",
+        resp(max_output_tokens=10**6, stream=True),
+        400,
+        "max_output_tokens",
+        path=RESPONSES,
+    ),
+    Case("responses-temperature", resp(temperature=-1), 400, "temperature", path=RESPONSES),
+    Case("responses-background", resp(background=True), 400, "background", path=RESPONSES),
+    Case(
+        "responses-too-long",
+        resp(input=LONG_TEXT, stream=True),
+        400,
+        "input",
+        path=RESPONSES,
+    ),
+    Case("responses-unknown-model", resp(model="x"), 404, "model", path=RESPONSES),
+    Case(
+        "responses-previous-unknown",
+        resp(previous_response_id="resp_nope", stream=True),
+        404,
+        "previous_response_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-get-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="GET",
+    ),
+    Case(
+        "responses-delete-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="DELETE",
+    ),
+    Case("responses-cancel-unknown", {}, 404, "response_id", path=RESPONSES + "/resp_nope/cancel"),
+    Case("invocations-responses-bad", {"input": 5}, 400, "input", path=INVOCATIONS),
     # -- /invocations: every kind, TGI -----------------------------------------------------------
     Case("invocations-garbage", {"hello": "world"}, 400, None, path=INVOCATIONS),
     Case("invocations-bad-json", b"{nope", 400, None, path=INVOCATIONS),
@@ -547,6 +651,159 @@ CASES = [
 ]
 
 
+def msgs(**fields: Any) -> dict[str, Any]:
+    """An Anthropic Messages body; a field set to None is dropped."""
+    body = {"model": "smollm2", "max_tokens": 4, "messages": USER, **fields}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def blocks(*content: Any, role: str = "user") -> list[dict[str, Any]]:
+    return [{"role": role, "content": list(content)}]
+
+
+TOOL = {"name": "f", "input_schema": {"type": "object"}}
+TOOL_USE = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+
+# Anthropic's routes (and an Anthropic body on /invocations): Anthropic's error shape.
+ANTHROPIC_CASES = [
+    Case("a-invalid-json", b'{"messages": [', 400, ..., path=MESSAGES),
+    Case("a-body-array", [1], 400, ..., path=MESSAGES),
+    Case(
+        "a-body-too-large", b'{"x": "' + b"a" * (7 * 1024 * 1024) + b'"}', 413, ..., path=MESSAGES
+    ),
+    Case(
+        "a-wrong-content-type", b"{}", 415, ..., MESSAGES, "POST", (("content-type", "text/plain"),)
+    ),
+    Case("a-wrong-method", None, 405, ..., path=MESSAGES, method="GET"),
+    Case("a-unknown-route", None, 404, ..., path=MESSAGES + "/batches", method="GET"),
+    Case("a-model-missing", msgs(model=None), 400, ..., path=MESSAGES),
+    Case("a-unknown-model", msgs(model="claude-sonnet-4-5"), 404, ..., path=MESSAGES),
+    Case("a-max-tokens-missing", msgs(max_tokens=None), 400, ..., path=MESSAGES),
+    Case("a-max-tokens-zero", msgs(max_tokens=0), 400, ..., path=MESSAGES),
+    Case("a-max-tokens-over-context", msgs(max_tokens=MAX_MODEL_LEN), 400, ..., path=MESSAGES),
+    Case("a-messages-empty", msgs(messages=[]), 400, ..., path=MESSAGES),
+    Case(
+        "a-role-system",
+        msgs(messages=[{"role": "system", "content": "x"}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-image-block",
+        msgs(messages=blocks({"type": "image", "source": {}})),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-block-not-object", msgs(messages=blocks("hi")), 400, ..., path=MESSAGES),
+    Case("a-tool-use-in-user", msgs(messages=blocks(TOOL_USE)), 400, ..., path=MESSAGES),
+    Case(
+        "a-tool-use-input-not-object",
+        msgs(messages=[*blocks({**TOOL_USE, "input": [1]}, role="assistant"), *USER]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-prefill-with-tool-use",
+        msgs(messages=[*USER, *blocks(TOOL_USE, role="assistant")]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-system-image", msgs(system=[{"type": "image"}]), 400, ..., path=MESSAGES),
+    Case("a-temperature-high", msgs(temperature=1.5), 400, ..., path=MESSAGES),
+    Case("a-top-k-negative", msgs(top_k=-1), 400, ..., path=MESSAGES),
+    Case("a-stop-sequence-empty", msgs(stop_sequences=[""]), 400, ..., path=MESSAGES),
+    Case("a-stream-string", msgs(stream="yes"), 400, ..., path=MESSAGES),
+    Case(
+        "a-server-tool",
+        msgs(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-schema-not-object",
+        msgs(tools=[{**TOOL, "input_schema": {"type": "string"}}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-tool-names-twice", msgs(tools=[TOOL, TOOL]), 400, ..., path=MESSAGES),
+    Case(
+        "a-tool-choice-unknown-tool",
+        msgs(tools=[TOOL], tool_choice={"type": "tool", "name": "g"}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-choice-any-without-tools",
+        msgs(tool_choice={"type": "any"}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-forced-tool-and-output-format",
+        msgs(
+            tools=[TOOL],
+            tool_choice={"type": "any"},
+            output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        ),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-output-format-bad-schema",
+        msgs(output_config={"format": {"type": "json_schema", "schema": 5}}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-thinking-budget-over-max",
+        msgs(thinking={"type": "enabled", "budget_tokens": 2000}),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-mcp-servers",
+        msgs(mcp_servers=[{"type": "url", "url": "http://x"}]),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-too-long-prompt",
+        msgs(messages=[{"role": "user", "content": LONG_TEXT}], stream=True),
+        400,
+        ...,
+        path=MESSAGES,
+    ),
+    Case("a-count-model-missing", {"messages": USER}, 400, ..., path=COUNT_TOKENS),
+    Case("a-count-unknown-model", {"model": "x", "messages": USER}, 404, ..., path=COUNT_TOKENS),
+    Case(
+        "a-count-image",
+        {"model": "smollm2", "messages": blocks({"type": "image"})},
+        400,
+        ...,
+        path=COUNT_TOKENS,
+    ),
+    Case(
+        "a-invocations-bad",
+        {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 0, "messages": USER},
+        400,
+        ...,
+        path=INVOCATIONS,
+    ),
+]
+
+
 def send(http: httpx.Client, server: Server, case: Case) -> httpx.Response:
     headers = dict(case.headers)
     headers.setdefault("content-type", "application/json")
@@ -564,7 +821,8 @@ def http() -> httpx.Client:
 
 def test_matrix_is_broad() -> None:
     assert len(CASES) >= 50
-    assert len({c.id for c in CASES}) == len(CASES)
+    every = CASES + ANTHROPIC_CASES
+    assert len({c.id for c in every}) == len(every)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -577,9 +835,19 @@ def test_bad_input_real_server(default_server: Server, http: httpx.Client, case:
         assert response.headers.get("allow"), response.headers
 
 
+@pytest.mark.parametrize("case", ANTHROPIC_CASES, ids=[c.id for c in ANTHROPIC_CASES])
+def test_bad_input_anthropic_real_server(
+    default_server: Server, http: httpx.Client, case: Case
+) -> None:
+    response = send(http, default_server, case)
+    assert response.status_code < 500, response.text[:500]
+    assert_anthropic_error(response, case.status)
+    assert not response.content.startswith((b"data:", b"event:"))
+
+
 def test_server_is_whole_after_the_matrix(default_server: Server, http: httpx.Client) -> None:
     """Run last in this module (pytest keeps file order): the matrix left nothing behind."""
-    for case in CASES:  # once more, back to back, on one connection
+    for case in CASES + ANTHROPIC_CASES:  # once more, back to back, on one connection
         assert send(http, default_server, case).status_code == case.status, case.id
     assert http.get(default_server.url + "/health").status_code == 200
     reply = http.post(

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -42,6 +43,15 @@ def test_api_key_guards_inference_but_not_health(server_logs: Path, model_smollm
             model="smollm2", max_tokens=2, messages=body["messages"]
         )
         assert reply.usage.completion_tokens == 2
+        # The anthropic SDK sends its key as `x-api-key`; a missing one is its 401.
+        question = {"model": "smollm2", "max_tokens": 2, "messages": body["messages"]}
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0).messages.create(
+                **question
+            )
+        assert refused.value.body["error"]["type"] == "authentication_error"
+        claude = anthropic.Anthropic(base_url=server.url, api_key="s3cret", timeout=60)
+        assert claude.messages.create(**question).usage.output_tokens == 2
     finally:
         server.stop()
 

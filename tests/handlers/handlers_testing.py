@@ -19,6 +19,7 @@ import falcon.testing
 import orjson
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from engine.config import ModelInfo
 from engine.tokenizer import Tokenizer as HearthTokenizer
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -81,6 +82,19 @@ def build_tiny_model(directory: Path) -> Path:
     return directory
 
 
+def long_context_info(model_dir: Path, tokenizer: HearthTokenizer) -> ModelInfo:
+    """The engine info of tests whose prompts carry tool definitions: those make long
+    prompts for the stand-in tokenizer, so the context (and KV pool) is larger."""
+    return ModelInfo(
+        model_dir=str(model_dir),
+        max_model_len=4096,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=[EOS_ID],
+        num_kv_blocks=512,
+        block_size=16,
+    )
+
+
 def encode(tokenizer: HearthTokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -95,6 +109,45 @@ def sse_events(body: bytes) -> list[Any]:
         payload = "\n".join(data)
         events.append(payload if payload == "[DONE]" else orjson.loads(payload))
     return events
+
+
+def sse_named_events(body: bytes) -> list[tuple[str | None, Any]]:
+    """(event name, JSON data) of each event of an SSE body (Anthropic's streams name
+    every event); comments dropped."""
+    events: list[tuple[str | None, Any]] = []
+    for block in body.decode().split("\n\n"):
+        lines = block.split("\n")
+        names = [line[7:] for line in lines if line.startswith("event: ")]
+        data = [line[6:] for line in lines if line.startswith("data: ")]
+        if data:
+            events.append((names[0] if names else None, orjson.loads("\n".join(data))))
+    return events
+
+
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    503: "overloaded_error",
+}
+
+
+def assert_anthropic_error(result: Any, status: int) -> dict[str, Any]:
+    """Status and Anthropic's error shape `{"type": "error", "error": {"type", "message"}}`
+    with the type Anthropic names for the status (a falcon.testing Result or a
+    StreamResult)."""
+    code = result.status_code if hasattr(result, "status_code") else result.status
+    body = result.json
+    assert code == status, (code, body)
+    assert body.keys() == {"type", "error"} and body["type"] == "error", body
+    error = body["error"]
+    assert error.keys() == {"type", "message"}, error
+    assert error["type"] == ANTHROPIC_ERROR_TYPES[status], error
+    assert isinstance(error["message"], str) and error["message"]
+    return error
 
 
 def assert_openai_error(result: Any, status: int, param: str | None = ...) -> dict[str, Any]:

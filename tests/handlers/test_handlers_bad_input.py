@@ -9,7 +9,7 @@ from typing import Any
 import falcon.testing
 import orjson
 import pytest
-from handlers_testing import MAX_MODEL_LEN, assert_openai_error
+from handlers_testing import MAX_MODEL_LEN, assert_anthropic_error, assert_openai_error
 
 from engine.tokenizer import Tokenizer
 
@@ -17,6 +17,9 @@ USER = [{"role": "user", "content": "Hello"}]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
+RESPONSES = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,13 @@ class Case:
 
 def chat(**fields: Any) -> dict[str, Any]:
     return {"messages": USER, **fields}
+
+
+def resp(**fields: Any) -> dict[str, Any]:
+    return {"input": "Hello", **fields}
+
+
+FUNCTION_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
 
 def tag(**item: Any) -> dict[str, Any]:
@@ -475,6 +485,179 @@ CASES = [
         "parameters.top_k",
         path="/invocations",
     ),
+    # -- responses ------------------------------------------------------------------------
+    Case("responses-input-missing", {}, 400, "input", path=RESPONSES),
+    Case("responses-input-empty", resp(input=""), 400, "input", path=RESPONSES),
+    Case("responses-input-empty-list", resp(input=[]), 400, "input", path=RESPONSES),
+    Case("responses-input-number", resp(input=5), 400, "input", path=RESPONSES),
+    Case("responses-item-not-object", resp(input=["hi"]), 400, "input[0]", path=RESPONSES),
+    Case(
+        "responses-item-type",
+        resp(input=[{"type": "web_search_call", "id": "x"}]),
+        400,
+        "input[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-item-role",
+        resp(input=[{"role": "robot", "content": "x"}]),
+        400,
+        "input[0].role",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-image-part",
+        resp(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+        400,
+        "input[0].content[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-part-without-text",
+        resp(input=[{"role": "user", "content": [{"type": "input_text"}]}]),
+        400,
+        "input[0].content[0].text",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-call-without-call-id",
+        resp(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+        400,
+        "input[0].call_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-output-without-output",
+        resp(input=[{"type": "function_call_output", "call_id": "c"}]),
+        400,
+        "input[0].output",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-hosted-tool",
+        resp(tools=[{"type": "web_search"}]),
+        400,
+        "tools[0].type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-name",
+        resp(tools=[{"type": "function", "name": "bad name"}]),
+        400,
+        "tools[0].name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-twice",
+        resp(tools=[FUNCTION_TOOL, FUNCTION_TOOL]),
+        400,
+        "tools[1].name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-unknown",
+        resp(tools=[FUNCTION_TOOL], tool_choice={"type": "function", "name": "g"}),
+        400,
+        "tool_choice.name",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-no-tools",
+        resp(tool_choice="required"),
+        400,
+        "tool_choice",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-tool-choice-hosted",
+        resp(tools=[FUNCTION_TOOL], tool_choice={"type": "web_search"}),
+        400,
+        "tool_choice.type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-format-type",
+        resp(text={"format": {"type": "xml"}}),
+        400,
+        "text.format.type",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-format-without-schema",
+        resp(text={"format": {"type": "json_schema", "name": "x"}}),
+        400,
+        "text.format.schema",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-forced-call-and-format",
+        resp(
+            tools=[FUNCTION_TOOL], tool_choice="required", text={"format": {"type": "json_object"}}
+        ),
+        400,
+        "tool_choice",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-max-output-tokens-zero",
+        resp(max_output_tokens=0),
+        400,
+        "max_output_tokens",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-max-output-tokens-huge",
+        resp(max_output_tokens=10**6),
+        400,
+        "max_output_tokens",
+        path=RESPONSES,
+    ),
+    Case("responses-temperature", resp(temperature=2.5), 400, "temperature", path=RESPONSES),
+    Case("responses-top-p", resp(top_p=0), 400, "top_p", path=RESPONSES),
+    Case(
+        "responses-effort",
+        resp(reasoning={"effort": "max"}),
+        400,
+        "reasoning.effort",
+        path=RESPONSES,
+    ),
+    Case("responses-stream-string", resp(stream="yes"), 400, "stream", path=RESPONSES),
+    Case("responses-background", resp(background=True), 400, "background", path=RESPONSES),
+    Case("responses-truncation-auto", resp(truncation="auto"), 400, "truncation", path=RESPONSES),
+    Case("responses-too-long", resp(input="word " * 400), 400, "input", path=RESPONSES),
+    Case("responses-unknown-model", resp(model="x"), 404, "model", path=RESPONSES),
+    Case(
+        "responses-previous-unknown",
+        resp(previous_response_id="resp_nope"),
+        404,
+        "previous_response_id",
+        path=RESPONSES,
+    ),
+    Case(
+        "responses-get-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="GET",
+    ),
+    Case(
+        "responses-delete-unknown",
+        None,
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope",
+        method="DELETE",
+    ),
+    Case(
+        "responses-cancel-unknown",
+        {},
+        404,
+        "response_id",
+        path=RESPONSES + "/resp_nope/cancel",
+    ),
+    Case("responses-list-method", None, 405, None, path=RESPONSES, method="GET"),
+    Case("invocations-responses-input", {"input": 5}, 400, "input", path="/invocations"),
     Case("invocations-garbage", {"hello": "world"}, 400, None, path="/invocations"),
     # -- embeddings --------------------------------------------------------------------------
     Case("embed-input-missing", {"model": "tiny"}, 400, "input", path=EMBEDDINGS),
@@ -538,6 +721,258 @@ CASES = [
 ]
 
 
+def msgs(**fields: Any) -> dict[str, Any]:
+    """An Anthropic Messages body; a field set to None is dropped."""
+    body = {"model": "tiny", "max_tokens": 8, "messages": USER, **fields}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def blocks(*content: dict[str, Any], role: str = "user") -> list[dict[str, Any]]:
+    return [{"role": role, "content": list(content)}]
+
+
+TOOL = {"name": "f", "input_schema": {"type": "object"}}
+
+# Anthropic's routes: the same kinds of bad input, answered in Anthropic's error shape.
+ANTHROPIC_CASES = [
+    Case("a-invalid-json", b'{"messages": [', 400, None, path=MESSAGES),
+    Case("a-body-array", [1], 400, None, path=MESSAGES),
+    Case(
+        "a-wrong-content-type",
+        b"{}",
+        415,
+        None,
+        MESSAGES,
+        "POST",
+        (("content-type", "text/plain"),),
+    ),
+    Case("a-wrong-method", None, 405, None, path=MESSAGES, method="GET"),
+    Case("a-model-missing", msgs(model=None), 400, None, path=MESSAGES),
+    Case("a-unknown-model", msgs(model="claude-sonnet-4-5"), 404, None, path=MESSAGES),
+    Case("a-max-tokens-missing", msgs(max_tokens=None), 400, None, path=MESSAGES),
+    Case("a-max-tokens-zero", msgs(max_tokens=0), 400, None, path=MESSAGES),
+    Case("a-max-tokens-over-context", msgs(max_tokens=300), 400, None, path=MESSAGES),
+    Case("a-messages-empty", msgs(messages=[]), 400, None, path=MESSAGES),
+    Case(
+        "a-role-system",
+        msgs(messages=[{"role": "system", "content": "x"}]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-content-number",
+        msgs(messages=[{"role": "user", "content": 5}]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-image-block",
+        msgs(messages=blocks({"type": "image", "source": {}})),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-unknown-block", msgs(messages=blocks({"type": "nope"})), 400, None, path=MESSAGES),
+    Case("a-block-not-object", msgs(messages=blocks("hi")), 400, None, path=MESSAGES),  # type: ignore[arg-type]
+    Case(
+        "a-tool-use-in-user",
+        msgs(messages=blocks({"type": "tool_use", "id": "t", "name": "f", "input": {}})),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-result-in-assistant",
+        msgs(
+            messages=[*USER, *blocks({"type": "tool_result", "tool_use_id": "t"}, role="assistant")]
+        ),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-use-input-not-object",
+        msgs(
+            messages=[
+                *blocks({"type": "tool_use", "id": "t", "name": "f", "input": 5}, role="assistant"),
+                *USER,
+            ]
+        ),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-result-without-id",
+        msgs(messages=blocks({"type": "tool_result", "content": "x"})),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-result-image",
+        msgs(
+            messages=blocks(
+                {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}
+            )
+        ),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-prefill-with-tool-use",
+        msgs(
+            messages=[
+                *USER,
+                *blocks(
+                    {"type": "tool_use", "id": "t", "name": "f", "input": {}}, role="assistant"
+                ),
+            ]
+        ),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-system-image", msgs(system=[{"type": "image"}]), 400, None, path=MESSAGES),
+    Case("a-system-number", msgs(system=5), 400, None, path=MESSAGES),
+    Case("a-temperature-high", msgs(temperature=1.5), 400, None, path=MESSAGES),
+    Case("a-temperature-string", msgs(temperature="0.5"), 400, None, path=MESSAGES),
+    Case("a-top-p-zero", msgs(top_p=0), 400, None, path=MESSAGES),
+    Case("a-top-k-negative", msgs(top_k=-1), 400, None, path=MESSAGES),
+    Case("a-stream-string", msgs(stream="yes"), 400, None, path=MESSAGES),
+    Case("a-stop-sequence-empty", msgs(stop_sequences=[""]), 400, None, path=MESSAGES),
+    Case(
+        "a-stop-sequences-5000",
+        msgs(stop_sequences=[f"s{i}" for i in range(5000)]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-stop-sequences-string", msgs(stop_sequences="x"), 400, None, path=MESSAGES),
+    Case(
+        "a-server-tool",
+        msgs(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-tool-name-bad", msgs(tools=[{**TOOL, "name": "a b"}]), 400, None, path=MESSAGES),
+    Case("a-tool-schema-missing", msgs(tools=[{"name": "f"}]), 400, None, path=MESSAGES),
+    Case(
+        "a-tool-schema-not-object",
+        msgs(tools=[{**TOOL, "input_schema": {"type": "string"}}]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-schema-unsupported-keyword",
+        msgs(tools=[{**TOOL, "input_schema": {"type": "object", "not": {}}}]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-tool-names-twice", msgs(tools=[TOOL, TOOL]), 400, None, path=MESSAGES),
+    Case(
+        "a-tool-choice-unknown-tool",
+        msgs(tools=[TOOL], tool_choice={"type": "tool", "name": "g"}),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-choice-tool-without-name",
+        msgs(tools=[TOOL], tool_choice={"type": "tool"}),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-choice-any-without-tools",
+        msgs(tool_choice={"type": "any"}),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-tool-choice-openai-string",
+        msgs(tools=[TOOL], tool_choice="auto"),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-thinking-without-budget", msgs(thinking={"type": "enabled"}), 400, None, path=MESSAGES),
+    Case(
+        "a-thinking-budget-low",
+        msgs(max_tokens=200, thinking={"type": "enabled", "budget_tokens": 10}),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-thinking-budget-over-max",
+        msgs(thinking={"type": "enabled", "budget_tokens": 2000}),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-thinking-type", msgs(thinking={"type": "sometimes"}), 400, None, path=MESSAGES),
+    Case(
+        "a-forced-tool-and-output-format",
+        msgs(
+            tools=[TOOL],
+            tool_choice={"type": "tool", "name": "f"},
+            output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        ),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-output-format-bad-schema",
+        msgs(output_config={"format": {"type": "json_schema", "schema": 5}}),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-mcp-servers",
+        msgs(mcp_servers=[{"type": "url", "url": "http://x"}]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case(
+        "a-too-long-prompt",
+        msgs(messages=[{"role": "user", "content": "word " * 400}]),
+        400,
+        None,
+        path=MESSAGES,
+    ),
+    Case("a-count-model-missing", {"messages": USER}, 400, None, path=COUNT_TOKENS),
+    Case("a-count-messages-empty", {"model": "tiny", "messages": []}, 400, None, path=COUNT_TOKENS),
+    Case("a-count-unknown-model", {"model": "x", "messages": USER}, 404, None, path=COUNT_TOKENS),
+    Case("a-count-wrong-method", None, 405, None, path=COUNT_TOKENS, method="GET"),
+    Case(
+        "a-invocations-bad",
+        {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 0, "messages": USER},
+        400,
+        None,
+        path="/invocations",
+    ),
+    Case(
+        "a-invocations-bad-block",
+        {"system": "s", "max_tokens": 8, "messages": blocks({"type": "image"})},
+        400,
+        None,
+        path="/invocations",
+    ),
+]
+
+
 def send(client: falcon.testing.TestClient, case: Case) -> falcon.testing.Result:
     headers = dict(case.headers)
     if isinstance(case.body, bytes):
@@ -556,13 +991,21 @@ def test_bad_input(client, engine, case: Case) -> None:
     assert engine.live == set()
 
 
+@pytest.mark.parametrize("case", ANTHROPIC_CASES, ids=[c.id for c in ANTHROPIC_CASES])
+def test_bad_input_anthropic(client, engine, case: Case) -> None:
+    result = send(client, case)
+    assert_anthropic_error(result, case.status)
+    assert engine.added == [], "refused before admission"
+    assert engine.live == set()
+
+
 def test_matrix_is_broad() -> None:
     assert len(CASES) >= 50
-    assert len({c.id for c in CASES}) == len(CASES)
+    assert len({c.id for c in CASES + ANTHROPIC_CASES}) == len(CASES) + len(ANTHROPIC_CASES)
 
 
 def test_one_engine_survives_the_whole_matrix(client, engine, tokenizer: Tokenizer) -> None:
-    for case in CASES:
+    for case in CASES + ANTHROPIC_CASES:
         send(client, case)
     assert engine.live == set() and engine.num_in_flight == 0
     # ... and still serves.

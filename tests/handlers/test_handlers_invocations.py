@@ -85,13 +85,14 @@ async def test_tgi_engine_failure_in_stream(client, engine: FakeEngine):
 
 @pytest.mark.parametrize(
     "body",
-    [{"foo": 1}, {}, [1, 2], "messages", {"input": "embeddings are not served"}],
+    [{"foo": 1}, {}, [1, 2], "messages", {"text": "no API has this shape"}],
 )
 async def test_unknown_body_lists_what_is_accepted(client, engine: FakeEngine, body):
     result = await call_asgi(client.app, "/invocations", body)
     assert result.status == 400
     message = result.json["error"]["message"]
     assert "messages" in message and "prompt" in message and "inputs" in message
+    assert "'input'" in message
     assert engine.added == []
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from fake_engine import FakeEngine, Script
-from handlers_testing import CHAT_TEMPLATE, EOS_ID, call_asgi, encode
+from handlers_testing import CHAT_TEMPLATE, EOS_ID, call_asgi, encode, long_context_info
 
 from engine.config import ModelInfo
 
@@ -33,15 +33,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 
 @pytest.fixture
 def model_info(model_dir, tokenizer) -> ModelInfo:
-    # The tool definitions make long prompts for the stand-in tokenizer.
-    return ModelInfo(
-        model_dir=str(model_dir),
-        max_model_len=4096,
-        vocab_size=tokenizer.vocab_size,
-        eos_token_ids=[EOS_ID],
-        num_kv_blocks=512,
-        block_size=16,
-    )
+    return long_context_info(model_dir, tokenizer)
 
 
 def _script(engine: FakeEngine, tokenizer, text: str) -> None:

@@ -270,3 +270,60 @@ def test_invoke_lambda_function_error(session: Any) -> None:
         )
         with pytest.raises(DeployError, match=r"fn failed: Runtime\.ExitError: out of memory"):
             invoke_lambda(lam, "fn", {"messages": []})
+
+
+def _responses_stream(*texts: str, finish: str | None = "stop") -> list[str]:
+    """The data of a Responses stream as the server's own event writer makes it."""
+    from handlers.errors import InternalServerError
+    from handlers.protocol.chat import DeltaMessage
+    from handlers.protocol.responses import ResponsesRequest
+    from handlers.protocol.responses import ResponseUsage as Usage
+    from handlers.serving.responses_output import response_shell
+    from handlers.serving.responses_stream import ResponseEvents
+
+    shell = response_shell("resp_1", ResponsesRequest(input="q"), "m", 0)
+    events = ResponseEvents(shell, summary=False)
+    out = [*events.start()]
+    for text in texts:
+        out += events.delta(DeltaMessage(content=text))
+    if finish is None:
+        out.append(events.error(InternalServerError("engine failed")))
+    else:
+        usage = Usage.model_validate(
+            {
+                "input_tokens": 1,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": 1,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 2,
+            }
+        )
+        out += events.finish(finish, lambda _: usage)[1]
+    return [event.data.decode() for event in out]
+
+
+def test_deltas_of_a_responses_stream_end_at_its_last_event() -> None:
+    data = _responses_stream("Par", "is.")
+    assert list(deltas_from_sse(data)) == [
+        Delta(0, "Par"),
+        Delta(0, "is."),
+        Delta(0, "", finish_reason="stop"),
+    ]
+    cut = _responses_stream("Par", finish="length")
+    assert list(deltas_from_sse(cut))[-1] == Delta(0, "", finish_reason="length")
+    with pytest.raises(StreamError, match="engine failed"):
+        list(deltas_from_sse(_responses_stream("Par", finish=None)))
+    with pytest.raises(StreamError, match="ended before"):
+        list(deltas_from_sse(data[:-1]))
+
+
+def test_response_text_of_a_responses_answer() -> None:
+    answer = {
+        "object": "response",
+        "output": [
+            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "hmm"}]},
+            {"type": "message", "content": [{"type": "output_text", "text": "Paris."}]},
+            {"type": "function_call", "name": "f", "arguments": "{}"},
+        ],
+    }
+    assert response_text(answer) == "Paris."

@@ -71,6 +71,37 @@ def responses(tmp_path_factory: pytest.TempPathFactory, model_smollm2_dir: str) 
     return json.loads(line.removeprefix("RESULTS "))
 
 
+def _json_body(resp: dict) -> dict:
+    """The JSON body of a 200 Lambda response (base64-decoded when the event said so)."""
+    assert resp["statusCode"] == 200, resp
+    body = resp["body"]
+    if resp.get("isBase64Encoded"):
+        body = base64.b64decode(body).decode()
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("kind", ["api_gateway_rest_v1", "http_api_v2", "function_url", "alb"])
+def test_each_event_kind_gets_a_chat_completion(responses: dict, kind: str) -> None:
+    resp = responses["responses"][kind]
+    data = _json_body(resp)
+    assert data["object"] == "chat.completion"
+    assert "Paris" in data["choices"][0]["message"]["content"]
+    headers = {k.lower(): v for k, v in (resp.get("headers") or {}).items()}
+    multi = {k.lower(): v for k, v in (resp.get("multiValueHeaders") or {}).items()}
+    content_type = headers.get("content-type") or multi.get("content-type", [""])[0]
+    assert content_type.startswith("application/json")
+
+
+@pytest.mark.parametrize("kind", ["function_url_messages", "function_url_invocations_anthropic"])
+def test_anthropic_messages_through_lambda(responses: dict, kind: str) -> None:
+    """`/v1/messages`, and an Anthropic body (by `anthropic_version`) on `/invocations`."""
+    data = _json_body(responses["responses"][kind])
+    assert data["type"] == "message" and data["role"] == "assistant"
+    assert data["content"][0]["type"] == "text"
+    assert "Paris" in data["content"][0]["text"]
+    assert data["usage"]["output_tokens"] >= 1
+
+
 EMBED_TEXTS = ["Paris is in France.", "Berlin"]
 
 
@@ -98,12 +129,9 @@ def embedding_events(directory: Path) -> list[str]:
 def test_embeddings_through_lambda(responses: dict) -> None:
     import numpy as np
 
-    bodies = {}
-    for name in ("embed_v1", "embed_invocations"):
-        resp = responses["responses"][name]
-        assert resp["statusCode"] == 200, resp
-        body = resp["body"]
-        bodies[name] = json.loads(base64.b64decode(body) if resp.get("isBase64Encoded") else body)
+    bodies = {
+        name: _json_body(responses["responses"][name]) for name in ("embed_v1", "embed_invocations")
+    }
     floats = np.array([d["embedding"] for d in bodies["embed_v1"]["data"]])
     decoded = np.stack(
         [
@@ -116,22 +144,6 @@ def test_embeddings_through_lambda(responses: dict) -> None:
     assert np.allclose(np.linalg.norm(floats, axis=1), 1.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["api_gateway_rest_v1", "http_api_v2", "function_url", "alb"])
-def test_each_event_kind_gets_a_chat_completion(responses: dict, kind: str) -> None:
-    resp = responses["responses"][kind]
-    assert resp["statusCode"] == 200, resp
-    body = resp["body"]
-    if resp.get("isBase64Encoded"):
-        body = base64.b64decode(body).decode()
-    data = json.loads(body)
-    assert data["object"] == "chat.completion"
-    assert "Paris" in data["choices"][0]["message"]["content"]
-    headers = {k.lower(): v for k, v in (resp.get("headers") or {}).items()}
-    multi = {k.lower(): v for k, v in (resp.get("multiValueHeaders") or {}).items()}
-    content_type = headers.get("content-type") or multi.get("content-type", [""])[0]
-    assert content_type.startswith("application/json")
-
-
 def test_import_does_not_wait_for_the_model(responses: dict) -> None:
     # The engine loads in a thread; import returns before it is ready (Lambda's init
     # phase stays short), and the first invocation waits for it.
@@ -141,3 +153,13 @@ def test_import_does_not_wait_for_the_model(responses: dict) -> None:
 
 def test_ping_through_lambda(responses: dict) -> None:
     assert responses["responses"]["ping_v2"]["statusCode"] == 200
+
+
+@pytest.mark.parametrize("kind", ["responses_function_url", "responses_invocations"])
+def test_a_responses_body_gets_a_response(responses: dict, kind: str) -> None:
+    """`POST /v1/responses`, and `/invocations` with a Responses body (`input`)."""
+    data = _json_body(responses["responses"][kind])
+    assert data["object"] == "response" and data["status"] == "completed", data
+    [message] = data["output"]
+    assert "Paris" in message["content"][0]["text"]
+    assert data["usage"]["input_tokens"] > 0

@@ -1,0 +1,202 @@
+"""The OpenAI Responses API over the chat path: `POST /v1/responses`, `GET` / `DELETE
+/v1/responses/{id}` and `POST /v1/responses/{id}/cancel`.
+
+A Responses request becomes a chat request (`responses_input.py`) that `ServingChat`
+renders, admits and runs exactly as `/v1/chat/completions` would: one renderer, one tool
+parser, one reasoning parser. Its result becomes output items (`responses_output.py`),
+its delta stream the typed events (`responses_stream.py`). With `store` (the default)
+the finished response and its conversation go into the store the API workers share
+(`response_store.py`), which `previous_response_id` and `GET` read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from handlers.errors import BadRequestError, NotFoundError
+from handlers.protocol.base import RequestLimits
+from handlers.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from handlers.protocol.responses import (
+    OutputItem,
+    ResponseDeleted,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseUsage,
+)
+from handlers.serving.base import Run
+from handlers.serving.chat import ServingChat
+from handlers.serving.chat_template import ChatTemplateChoice
+from handlers.serving.context import RequestContext
+from handlers.serving.response_store import ResponseStore
+from handlers.serving.responses_input import chat_request, input_messages, responses_params
+from handlers.serving.responses_output import (
+    assistant_message,
+    final_status,
+    function_call_item,
+    item_status,
+    message_item,
+    new_id,
+    reasoning_item,
+    response_shell,
+    response_usage,
+)
+from handlers.serving.responses_stream import ResponseEvents
+from handlers.serving.sse import SSEPayload, SSEStream
+
+
+class ServingResponses:
+    """`/v1/responses` (and `/invocations` bodies with `input`)."""
+
+    def __init__(self, chat: ServingChat, store: ResponseStore) -> None:
+        self.chat = chat
+        self.store = store
+
+    @property
+    def limits(self) -> RequestLimits:
+        return self.chat.served.limits
+
+    async def create(
+        self, request: ResponsesRequest, ctx: RequestContext
+    ) -> ResponseObject | SSEStream:
+        """Refuses what it must before it returns (as chat does), so a stream only starts
+        for an admitted request."""
+        history = await self._history(request.previous_response_id)
+        chat = chat_request(request, history, self.limits)
+        with responses_params():
+            run, template = await self.chat.start(chat, ctx)
+        shell = response_shell(new_id("resp"), request, run.model_name, run.created)
+        conversation = [*history, *input_messages(request)]
+        if request.stream:
+            events = ResponseEvents(shell, summary=request.wants_summary)
+            return self.chat.sse(
+                run,
+                self._events(run, chat, template, events, request, conversation),
+                error_for=events.error,
+                done=False,
+            )
+        with responses_params():
+            answer = await self.chat.respond(run, chat, template)
+        response = self._buffered(shell, answer, run, request)
+        await self._store(request, response, conversation)
+        return response
+
+    async def retrieve(self, response_id: str) -> ResponseObject:
+        stored = await self.store.get(response_id)
+        if stored is None:
+            raise _not_found(response_id)
+        return ResponseObject.model_validate(stored.response)
+
+    async def delete(self, response_id: str) -> ResponseDeleted:
+        if not await self.store.delete(response_id):
+            raise _not_found(response_id)
+        return ResponseDeleted(id=response_id)
+
+    async def cancel(self, response_id: str) -> ResponseObject:
+        """Only background responses can be cancelled (OpenAI, vLLM), and this server
+        runs none: every stored response has finished. 404 when there is none."""
+        await self.retrieve(response_id)
+        raise BadRequestError("Cannot cancel a synchronous response.", param="response_id")
+
+    # -- steps ------------------------------------------------------------------------
+    async def _history(self, previous_response_id: str | None) -> list[dict[str, Any]]:
+        if previous_response_id is None:
+            return []
+        stored = await self.store.get(previous_response_id)
+        if stored is None:
+            raise NotFoundError(
+                f"Response with id '{previous_response_id}' not found (it was never stored, "
+                "was deleted, or expired).",
+                param="previous_response_id",
+            )
+        return stored.messages
+
+    async def _store(
+        self,
+        request: ResponsesRequest,
+        response: ResponseObject,
+        conversation: list[dict[str, Any]],
+    ) -> None:
+        if not request.store:
+            return
+        messages = [*conversation, assistant_message(response.output)]
+        await self.store.put(
+            response.id, response.__pydantic_serializer__.to_json(response), messages
+        )
+
+    def _reasoning_tokens(self, items: list[OutputItem]) -> int:
+        tokenizer = self.chat.served.tokenizer()
+        return sum(
+            len(tokenizer.encode(part.text, add_special_tokens=False))
+            for item in items
+            if item.type == "reasoning"
+            for part in item.content
+        )
+
+    def _usage(self, run: Run, items: list[OutputItem]) -> ResponseUsage:
+        return response_usage(run.usage(include_cached=True), self._reasoning_tokens(items))
+
+    def _buffered(
+        self,
+        shell: ResponseObject,
+        answer: ChatCompletionResponse,
+        run: Run,
+        request: ResponsesRequest,
+    ) -> ResponseObject:
+        choice = answer.choices[0]
+        message = choice.message
+        status, incomplete = final_status(choice.finish_reason)
+        done = item_status(status)
+        items: list[OutputItem] = []
+        if message.reasoning_content:
+            items.append(
+                reasoning_item(new_id("rs"), message.reasoning_content, done, request.wants_summary)
+            )
+        if message.content or not message.tool_calls:
+            items.append(message_item(new_id("msg"), message.content or "", done))
+        for call in message.tool_calls:
+            items.append(
+                function_call_item(
+                    new_id("fc"), call.id, call.function.name, call.function.arguments, done
+                )
+            )
+        return shell.model_copy(
+            update={
+                "status": status,
+                "output": items,
+                "usage": self._usage(run, items),
+                "incomplete_details": incomplete,
+                "completed_at": int(time.time()) if status == "completed" else None,
+            }
+        )
+
+    async def _events(
+        self,
+        run: Run,
+        chat: ChatCompletionRequest,
+        template: ChatTemplateChoice,
+        events: ResponseEvents,
+        request: ResponsesRequest,
+        conversation: list[dict[str, Any]],
+    ) -> AsyncGenerator[SSEPayload, None]:
+        """The chat stream's message deltas (`ServingChat.message_deltas`: the same
+        reasoning split and tool-call streamer) as typed events."""
+        for event in events.start():
+            yield event
+        finish: str | None = None
+        async for item in self.chat.message_deltas(run, chat, template):
+            if item is None:
+                yield None
+                continue
+            _, _, message, finish = item
+            for event in events.delta(message):
+                yield event
+        response, last = events.finish(finish, lambda items: self._usage(run, items))
+        await self._store(request, response, conversation)
+        for event in last:
+            yield event
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
