@@ -23,3 +23,24 @@ def default_server(server_logs: Path, model_smollm2_dir: str) -> Iterator[Server
     )
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def invariant_server(
+    request: pytest.FixtureRequest, server_logs: Path, model_smollm2_dir: str
+) -> Iterator[Server]:
+    """The default model in `--quantization gguf`, the mode whose outputs never depend on
+    load and whose weights are exactly the file's: for tests that compare a request alone
+    and in a batch, or against transformers' float32 numbers. Where that is the default
+    mode anyway (hosts without AMX), it is the default server."""
+    from engine.backends import auto_gguf_mode
+    from kernels.cpu import ops
+
+    if not ops.available() or auto_gguf_mode() == "gguf":
+        yield request.getfixturevalue("default_server")
+        return
+    server = start_server(
+        server_logs, "--workers", "2", "--max-model-len", "2048", "--quantization", "gguf"
+    )
+    yield server
+    server.stop()

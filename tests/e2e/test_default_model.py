@@ -74,10 +74,12 @@ def test_ops_routes(default_server: Server) -> None:
         assert httpx.get(default_server.url + route, timeout=10).status_code == 200, route
     assert httpx.post(default_server.url + "/ping", timeout=10).status_code == 200
     version = httpx.get(default_server.url + "/version", timeout=10).json()
-    # The default model is a GGUF: on an AVX2 host the fast path runs, and says so.
+    # The default model is a GGUF: on an AVX2 host the fast path runs (its bfloat16-tile
+    # mode where AMX runs), and says so.
+    from engine.backends import auto_gguf_mode
     from kernels.cpu.build import host_isa
 
-    expected = "gguf" if host_isa().variant else "none"
+    expected = auto_gguf_mode() if host_isa().variant else "none"
     assert version["quantization"] == expected, version
     assert (host_isa().variant or "torch") in version["kernels"], version
     assert "hearth:num_requests_running" in httpx.get(default_server.url + "/metrics").text

@@ -68,14 +68,14 @@ def reference(model_smollm2_dir: str, tokenizer: Tokenizer) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def batch(default_server: Server) -> Any:
-    return client(default_server).embeddings.create(
+def batch(invariant_server: Server) -> Any:
+    return client(invariant_server).embeddings.create(
         model=MODEL, input=TEXTS, encoding_format="float"
     )
 
 
-def test_float_and_base64_are_the_same_vectors(default_server: Server, batch: Any) -> None:
-    sdk = client(default_server)
+def test_float_and_base64_are_the_same_vectors(invariant_server: Server, batch: Any) -> None:
+    sdk = client(invariant_server)
     floats = vectors(batch)
     assert floats.shape == (len(TEXTS), HIDDEN)
     # The SDK's default: it asks for base64 and decodes it itself.
@@ -88,8 +88,8 @@ def test_float_and_base64_are_the_same_vectors(default_server: Server, batch: An
     assert np.array_equal(floats, decoded_here)
 
 
-def test_a_batch_equals_its_singles(default_server: Server, batch: Any) -> None:
-    sdk = client(default_server)
+def test_a_batch_equals_its_singles(invariant_server: Server, batch: Any) -> None:
+    sdk = client(invariant_server)
     singles = np.stack(
         [vectors(sdk.embeddings.create(model=MODEL, input=t, encoding_format="float"))[0]
          for t in TEXTS]
@@ -110,18 +110,20 @@ def test_matches_transformers_last_token(batch: Any, reference: np.ndarray) -> N
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
 
 
-def test_usage_and_token_id_input(default_server: Server, batch: Any, tokenizer: Tokenizer) -> None:
+def test_usage_and_token_id_input(
+    invariant_server: Server, batch: Any, tokenizer: Tokenizer
+) -> None:
     ids = [tokenizer.encode(t, add_special_tokens=True) for t in TEXTS]
     assert batch.usage.prompt_tokens == sum(len(i) for i in ids) == batch.usage.total_tokens
-    by_ids = client(default_server).embeddings.create(
+    by_ids = client(invariant_server).embeddings.create(
         model=MODEL, input=ids, encoding_format="float"
     )
     assert np.array_equal(vectors(by_ids), vectors(batch))
 
 
-def test_dimensions_is_refused_naming_the_field(default_server: Server) -> None:
+def test_dimensions_is_refused_naming_the_field(invariant_server: Server) -> None:
     r = httpx.post(
-        default_server.v1 + "/embeddings",
+        invariant_server.v1 + "/embeddings",
         json={"model": MODEL, "input": "x", "dimensions": 64},
         timeout=TIMEOUT,
     )
@@ -129,9 +131,9 @@ def test_dimensions_is_refused_naming_the_field(default_server: Server) -> None:
     assert r.json()["error"]["param"] == "dimensions"
 
 
-def test_invocations_with_the_task_marker(default_server: Server, batch: Any) -> None:
+def test_invocations_with_the_task_marker(invariant_server: Server, batch: Any) -> None:
     r = httpx.post(
-        default_server.url + "/invocations",
+        invariant_server.url + "/invocations",
         json={"task": "embeddings", "input": TEXTS[0], "encoding_format": "float"},
         timeout=TIMEOUT,
     )
@@ -147,11 +149,11 @@ def _greedy(server: Server) -> tuple[str, list[str]]:
     return out.choices[0].text, out.choices[0].logprobs.tokens
 
 
-def test_embeddings_beside_generation_change_no_token(default_server: Server) -> None:
+def test_embeddings_beside_generation_change_no_token(invariant_server: Server) -> None:
     """Embeddings sent back to back for as long as a greedy completion runs share its
     engine steps; its tokens are the same as when it ran alone."""
-    alone = _greedy(default_server)
-    sdk = client(default_server)
+    alone = _greedy(invariant_server)
+    sdk = client(invariant_server)
     done = threading.Event()
 
     def keep_embedding() -> int:
@@ -164,9 +166,9 @@ def test_embeddings_beside_generation_change_no_token(default_server: Server) ->
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         embedder = pool.submit(keep_embedding)
         try:
-            mixed = _greedy(default_server)
+            mixed = _greedy(invariant_server)
         finally:
             done.set()
         assert embedder.result() >= 1
     assert mixed == alone
-    assert wait_metric(default_server, "hearth:kv_cache_used_blocks", 0) == 0
+    assert wait_metric(invariant_server, "hearth:kv_cache_used_blocks", 0) == 0

@@ -120,7 +120,9 @@ def lm_eval_parse(out: dict[str, Any], ctxlens: list[int]) -> list[tuple[float, 
     return res
 
 
-def test_lm_eval_multiple_choice_matches_transformers(default_server, tokenizer, hf_model) -> None:
+def test_lm_eval_multiple_choice_matches_transformers(
+    invariant_server, tokenizer, hf_model
+) -> None:
     docs = [json.loads(line) for line in MC_FILE.read_text().splitlines()]
     assert len(docs) >= 20 and all(len(d["choices"]) == 4 for d in docs)
     requests = []
@@ -132,7 +134,7 @@ def test_lm_eval_multiple_choice_matches_transformers(default_server, tokenizer,
     results: list[tuple[float, bool]] = []
     for start in range(0, len(requests), 48):  # many prompts per request
         batch = requests[start : start + 48]
-        out = complete(default_server, **lm_eval_payload([ids for ids, _ in batch]))
+        out = complete(invariant_server, **lm_eval_payload([ids for ids, _ in batch]))
         assert len(out["choices"]) == len(batch)
         results += lm_eval_parse(out, [ctxlen for _, ctxlen in batch])
 
@@ -167,8 +169,8 @@ def check_entries(tokens: list[int], token_logprobs: list, tops: list, ref, k: i
     return worst
 
 
-def test_echo_logprobs_max_tokens_zero_through_the_sdk(default_server, tokenizer, hf_model):
-    sdk = client(default_server)
+def test_echo_logprobs_max_tokens_zero_through_the_sdk(invariant_server, tokenizer, hf_model):
+    sdk = client(invariant_server)
     texts = ["The capital of France is Paris.", "def add(a, b):\n    return a + b\n"]
     ids_prompt = tokenizer.encode(
         "Question: What do bees make?\nAnswer: honey", add_special_tokens=False
@@ -191,8 +193,8 @@ def test_echo_logprobs_max_tokens_zero_through_the_sdk(default_server, tokenizer
         assert reply.usage.prompt_tokens == len(ids) and reply.usage.completion_tokens == 0
 
 
-def test_prompt_logprobs_after_a_prefix_cache_hit(default_server, tokenizer, hf_model):
-    sdk = client(default_server)
+def test_prompt_logprobs_after_a_prefix_cache_hit(invariant_server, tokenizer, hf_model):
+    sdk = client(invariant_server)
     # A plain request puts the shared prefix in the cache...
     sdk.completions.create(model=MODEL, prompt=SHARED + "Why is the sky blue?", max_tokens=1)
     prompt = SHARED + "Why do cats purr?"
@@ -223,8 +225,8 @@ def test_prompt_logprobs_after_a_prefix_cache_hit(default_server, tokenizer, hf_
     assert chat_entries[0] is None and chat.usage.prompt_tokens == len(chat_entries)
 
 
-def test_streamed_echo_logprobs_equal_the_non_streamed(default_server) -> None:
-    sdk = client(default_server)
+def test_streamed_echo_logprobs_equal_the_non_streamed(invariant_server) -> None:
+    sdk = client(invariant_server)
     body = {"model": MODEL, "prompt": ["Hello there", "One two three"], "echo": True}
     body.update(logprobs=2, max_tokens=3, temperature=0)
     whole = sdk.completions.create(**body)

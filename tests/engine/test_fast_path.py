@@ -24,8 +24,11 @@ if not ops.available():
 
 
 def _fast_core(model_dir: str, **overrides):
+    """`--quantization gguf`: the default on hosts without AMX, and the batch-invariant
+    mode everywhere (on AMX hosts the default is gguf-bf16: tests/engine/test_tiled_path.py)."""
     from engine.core import EngineCore
 
+    overrides.setdefault("quantization", "gguf")
     config = EngineConfig(model=model_dir, max_model_len=2048, max_num_seqs=32, **overrides)
     core = EngineCore(config)
     assert core.backends.quantization == "gguf", core.backends
@@ -37,7 +40,9 @@ def fast_core(model_smollm2_dir: str):
     return _fast_core(model_smollm2_dir)
 
 
-def test_auto_picks_gguf_and_explicit_float32_stays_exact(fast_core, model_smollm2_dir) -> None:
+def test_gguf_uses_the_blocks_and_explicit_float32_stays_exact(
+    fast_core, model_smollm2_dir
+) -> None:
     """The choice is made once, on the layers: every linear the file holds in blocks gets
     the GGUF method, the elementwise layers the C kernels, attention the C backend; an
     explicit float32 keeps every layer on the exact torch path."""

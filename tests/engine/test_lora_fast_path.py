@@ -44,9 +44,10 @@ def test_lora_on_the_gguf_fast_path(model_smollm2_dir: str, tmp_path: Path) -> N
             max_loras=2,
             num_kv_blocks=64,
             max_model_len=512,
+            quantization="gguf",  # token equality alone vs mixed: the batch-invariant mode
         )
     )
-    assert core.backends.quantization == "gguf"  # the default model on the fast path
+    assert core.backends.quantization == "gguf"
     alone = {
         lora: _run(core, [(f"{lora}-{i}", p, lora) for i, p in enumerate(PROMPTS)])
         for lora in (None, "zero", "tuned")

@@ -55,10 +55,11 @@ def test_every_linear_gets_the_tiles_and_the_mode_is_described(tiled_core) -> No
 
 
 def test_auto_picks_the_tiles_only_where_amx_runs(model_smollm2_dir: str) -> None:
-    from engine.backends import TILES_BY_DEFAULT
+    from engine.backends import auto_gguf_mode
 
     core = _core(model_smollm2_dir, num_kv_blocks=8)
-    expected = "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.has_amx() else "gguf"
+    expected = "gguf-bf16" if bf16_ops.has_amx() else "gguf"
+    assert auto_gguf_mode() == expected
     assert core.backends.quantization == expected, core.backends.description
 
 
