@@ -166,13 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         action="append",
         default=None,
-        help="--quantization value(s) to check, optionally /KV_CACHE_DTYPE, e.g. gguf/float32 "
-        "(default: gguf, with its default float16 KV cache)",
+        help="--quantization value(s) to check, optionally /KV_CACHE_DTYPE, e.g. gguf/float16 "
+        "(default: the GGUF mode --quantization auto runs on this host, gguf or gguf-bf16)",
     )
     parser.add_argument("--tokens", type=int, default=20_000)
     parser.add_argument("--window", type=int, default=512)
     args = parser.parse_args(argv)
-    results = measure(args.model, args.mode or ["gguf"], args.tokens, args.window)
+    from engine.backends import auto_gguf_mode
+
+    results = measure(args.model, args.mode or [auto_gguf_mode()], args.tokens, args.window)
     print("| mode | tokens | mean KL (nat/token) | top-1 agreement | perplexity (exact) | passes |")
     print("|---|---|---|---|---|---|")
     for q in results:
