@@ -60,7 +60,7 @@ TILES_BY_DEFAULT = True
 
 def auto_gguf_mode() -> str:
     """The GGUF mode ``--quantization auto`` runs on this host (after ``--cpu-isa``)."""
-    return "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.has_amx() else "gguf"
+    return "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.has_amx(host_isa().variant) else "gguf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +111,11 @@ def choose_backends(
         return _exact_checked(config, dtype, device)
     assert path is not None
     mode = asked if asked != "auto" else auto_gguf_mode()
-    if mode == "gguf-bf16" and not bf16_ops.available():
+    if mode == "gguf-bf16" and not bf16_ops.available(host_isa().variant):
         raise ValueError(
             f"--quantization gguf-bf16 cannot run: it needs AMX-BF16 or AVX512-BF16 "
-            f"({bf16_ops.tile_path()}; host: {host_isa().describe()}); use gguf"
+            f"({bf16_ops.tile_path(host_isa().variant)}; host: {host_isa().describe()}); "
+            "use gguf"
         )
     method_cls = {
         "gguf": GGUFBlockLinearMethod,
