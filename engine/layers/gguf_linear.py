@@ -227,12 +227,16 @@ class GGUFBlockLinearMethod(LinearMethod):
         except ValueError:
             return None
 
+    @staticmethod
+    def _kernel(x: torch.Tensor, packed) -> torch.Tensor:
+        return ops.linear(x, packed)
+
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        packed = layer.packed
-        assert isinstance(packed, ops.PackedWeight)
+        """The method's kernel on its own packed weight (each subclass packs and runs its
+        own layout: `_pack` and `_kernel`)."""
         if x.stride(-1) != 1:
             x = x.contiguous()
-        return ops.linear(x, packed)
+        return self._kernel(x, layer.packed)
 
 
 class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
@@ -250,11 +254,8 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
             layer.weight.float(), ops.pack(kind, rows, layer.bias), self.min_t
         )
 
-    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        packed = layer.packed
-        assert isinstance(packed, bf16_ops.TiledWeight)
-        if x.stride(-1) != 1:
-            x = x.contiguous()
+    @staticmethod
+    def _kernel(x: torch.Tensor, packed) -> torch.Tensor:
         return bf16_ops.linear_tiles(x, packed)
 
 
@@ -267,9 +268,6 @@ class GGUFInt8LinearMethod(GGUFBlockLinearMethod):
     def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
         return q8_ops.pack_q8act(kind, rows, layer.bias)
 
-    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        packed = layer.packed
-        assert isinstance(packed, q8_ops.Q8ActWeight)
-        if x.stride(-1) != 1:
-            x = x.contiguous()
+    @staticmethod
+    def _kernel(x: torch.Tensor, packed) -> torch.Tensor:
         return q8_ops.linear_q8act(x, packed)

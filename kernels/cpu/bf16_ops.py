@@ -118,10 +118,7 @@ def linear_tiles(
     x: torch.Tensor, weight: TiledWeight, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``x @ W.T (+ bias)``: ``[T, k]`` float32 (rows may be strided) -> ``[T, n]``."""
-    ops._check(x, "x")
-    if x.dim() != 2 or x.shape[1] != weight.k or x.stride(1) != 1:
-        raise ValueError(f"x must be [T, {weight.k}] with unit column stride, got {tuple(x.shape)}")
-    t = x.shape[0]
+    t = ops.check_rows(x, weight.k)
     rec = capture.active()
     if rec is not None:
         rec.rows(t)

@@ -158,12 +158,18 @@ def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> P
 _KINDS = {"q4_1": 0, "q8_0": 1}
 
 
+def check_rows(x: torch.Tensor, k: int) -> int:
+    """A linear kernel's input: CPU float32 ``[T, k]``, unit column stride (rows may be
+    strided, e.g. a column range of a fused output). Returns T."""
+    _check(x, "x")
+    if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
+        raise ValueError(f"x must be [T, {k}] with unit column stride, got {tuple(x.shape)}")
+    return x.shape[0]
+
+
 def linear(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)``: ``[T, k]`` float32 (rows may be strided) -> ``[T, n]``."""
-    _check(x, "x")
-    if x.dim() != 2 or x.shape[1] != weight.k or x.stride(1) != 1:
-        raise ValueError(f"x must be [T, {weight.k}] with unit column stride, got {tuple(x.shape)}")
-    t = x.shape[0]
+    t = check_rows(x, weight.k)
     rec = capture.active()
     if rec is not None:
         rec.rows(t)

@@ -166,11 +166,7 @@ def linear_q8act(
     where the variant and host have them (`AMX_AUTO`: the built-in threshold,
     `AMX_NEVER`: never); the result is the same bits either way.
     """
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(f"x must be a CPU float32 tensor, got {x.dtype} on {x.device}")
-    if x.dim() != 2 or x.shape[1] != weight.k or x.stride(1) != 1:
-        raise ValueError(f"x must be [T, {weight.k}] with unit column stride, got {tuple(x.shape)}")
-    t = x.shape[0]
+    t = ops.check_rows(x, weight.k)
     rec = capture.active()
     if rec is not None and variant is None and amx_min_t == AMX_AUTO:
         rec.rows(t)

@@ -92,6 +92,21 @@ def _generate(core, prompts: list[list[int]], tag: str, at_once: bool) -> list[l
     return [results[rid] for rid in order]
 
 
+def assert_agrees_with_reference(got: list[list[int]], reference: list[list[int]]) -> None:
+    """For the fast modes, whose sums differ from transformers' in order or precision: a
+    near-tie may flip one prompt of 11 (everything after a flip differs), and the common
+    prefixes must still cover 90 % of the reference tokens."""
+    import numpy as np
+
+    same = [g == r for g, r in zip(got, reference, strict=True)]
+    prefix = [
+        next((i for i, (a, b) in enumerate(zip(g, r, strict=False)) if a != b), min(len(g), len(r)))
+        for g, r in zip(got, reference, strict=True)
+    ]
+    assert sum(same) >= len(reference) - 1, (same, prefix)
+    assert float(np.mean(prefix)) >= 0.9 * np.mean([len(r) for r in reference]), prefix
+
+
 @pytest.fixture(scope="module")
 def core(model_smollm2_dir: str):
     from engine.core import EngineCore
