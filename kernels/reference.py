@@ -30,6 +30,7 @@ __all__ = [
     "build_cos_sin_cache",
     "compute_inv_freq",
     "fused_add_rms_norm",
+    "gelu_tanh_and_mul",
     "paged_attention",
     "rms_norm",
     "rotary_embedding",
@@ -190,6 +191,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * x[..., d:]
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` of a fused gate/up output ``[T, 2 * I]``
+    (Gemma's GeGLU, transformers' ``gelu_pytorch_tanh``); the gate is made contiguous
+    under the same rule as `silu_and_mul`, for the same last-bit reason."""
+    d = x.shape[-1] // 2
+    gate = x[..., :d]
+    if d % 64 != 0:
+        gate = gate.contiguous()
+    return F.gelu(gate, approximate="tanh") * x[..., d:]
+
+
 # ----------------------------------------------------------------------------- KV cache
 
 
@@ -224,8 +236,12 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Attention of a mixed decode + prefill step over the paged cache (see ``AttentionMetadata``).
+
+    ``sliding_window`` (None: global): a query at position p sees keys p - W + 1 .. p
+    only, by the masks of the step's plan for that window.
 
     Decodes: every sequence's blocks are gathered at once with one ``index_select`` over the
     cache's block axis (``[num_decodes, blocks * block_size, nkv, hd]``, the tail past each
@@ -245,7 +261,7 @@ def paged_attention(
     # query: [num_tokens, num_heads, head_dim]
     num_tokens = query.shape[0]
     nd = meta.num_decode_tokens
-    plan = reference_plan(meta, k_cache.shape[1], query.dtype)
+    plan = reference_plan(meta, k_cache.shape[1], query.dtype, sliding_window)
     parts: list[torch.Tensor] = []
     if plan.decode is not None:
         parts.append(_decode_attention(query[:nd], k_cache, v_cache, plan.decode, scale))
