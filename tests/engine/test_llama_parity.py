@@ -401,3 +401,40 @@ def test_sliding_window_is_what_matches(model_ckpt: Checkpoint) -> None:
         for a, w in zip(attns, windows, strict=True):
             a.sliding_window = w
     assert not torch.allclose(lifted, model_ckpt.hf_logits(prompt), atol=ATOL, rtol=RTOL)
+
+
+def test_longrope_tables_and_decoding_up_to_the_switch(tmp_path: Path) -> None:
+    """Phi-3 LongRoPE: row p of the cos/sin table is transformers' rotary at position p
+    alone (short factors below original_max_position_embeddings, long ones from there,
+    both scaled by the attention factor), and greedy decoding is token-identical up to
+    the switch.
+
+    Past it the two differ by design: when a sequence grows past the original length,
+    transformers' `generate` re-encodes the *whole* sequence with the long factors (the
+    cached keys are dropped), while a paged cache keeps the keys it has, rotated with the
+    short ones (docs/models.md, "LongRoPE")."""
+    ckpt = Checkpoint("phi3-longrope", tmp_path)
+    original = ckpt.config.rope_parameters["original_max_position_embeddings"]
+    rotary = ckpt.hf.model.rotary_emb
+    table = ckpt.model.model.layers[0].self_attn.rotary_emb.cos_sin_cache
+    half = table.shape[1] // 2
+    for pos in (0, 5, original - 1, original, original + 7, 200):
+        cos, sin = rotary(torch.zeros(1, 1, 16), torch.tensor([[pos]]))
+        assert torch.equal(table[pos, :half], cos[0, 0, :half]), pos
+        assert torch.equal(table[pos, half:], sin[0, 0, :half]), pos
+    assert not torch.equal(table[original - 1], table[original])
+
+    prompt = _prompts(1, [original - 10], vocab=128, seed=21)[0]
+    runner = PagedRunner(ckpt.model, block_size=8, seed=4)
+    got: list[int] = []
+    (logits,) = runner.step([("p", prompt)])
+    before_switch = original - len(prompt) + 1  # tokens sampled from positions < original
+    for _ in range(before_switch):
+        got.append(int(logits.argmax()))
+        (logits,) = runner.step([("p", [got[-1]])])
+    with torch.no_grad():
+        ref = ckpt.hf.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=before_switch, do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    assert got == ref[0, len(prompt) :].tolist()

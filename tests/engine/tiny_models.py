@@ -17,11 +17,14 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    SmolLM3Config,
 )
 
 COMMON: dict[str, Any] = {
@@ -95,6 +98,43 @@ def qwen3_sliding() -> PretrainedConfig:
     )  # fmt: skip
 
 
+def gemma3() -> PretrainedConfig:
+    """Sliding layer 0 (window 6, local rope base), global layer 1 (its own base, with
+    linear scaling), q/k norms, a query_pre_attn_scalar that is not head_dim, soft-capped
+    logits."""
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+    }
+    return Gemma3TextConfig(
+        **COMMON, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+        final_logit_softcapping=30.0,
+    )  # fmt: skip
+
+
+def phi3_partial_sliding() -> PretrainedConfig:
+    """Fused qkv/gate_up checkpoint tensors, half the head rotated, window 8 everywhere."""
+    return Phi3Config(**COMMON, partial_rotary_factor=0.5, sliding_window=8)
+
+
+def phi3_longrope() -> PretrainedConfig:
+    """LongRoPE with distinct short and long factors; the tests' sequences stay below
+    original_max_position_embeddings (64) except the one that decodes across it."""
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [2.0 + 0.3 * i for i in range(8)],
+    }
+    return Phi3Config(**COMMON, original_max_position_embeddings=64, rope_parameters=rope)
+
+
+def smollm3() -> PretrainedConfig:
+    """Layer 1 without rotary (NoPE) and windowed (window 5); layer 0 rotary, global."""
+    return SmolLM3Config(**COMMON, no_rope_layers=[1, 0], use_sliding_window=True, sliding_window=5)
+
+
 CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     "llama-gqa-tied": llama_tied,
     "llama-untied-bias-headdim": llama_untied_bias,
@@ -105,6 +145,10 @@ CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     "mistral-sliding": mistral_sliding,
     "qwen3": qwen3,
     "qwen3-sliding": qwen3_sliding,
+    "gemma3": gemma3,
+    "phi3-partial-sliding": phi3_partial_sliding,
+    "phi3-longrope": phi3_longrope,
+    "smollm3-nope-sliding": smollm3,
 }
 """Name → config factory; the parity tests parametrize over every entry."""
 
