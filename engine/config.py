@@ -153,6 +153,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     """What `--quantization` resolved to: ``gguf`` (the CPU fast path) or ``none``."""
     kernels: str = ""
     """Weights and kernels in one line, incl. the host ISA they were chosen for."""
+    architecture: str = ""
+    """The native model class serving it (``Qwen3ForCausalLM``, ...): `/version` and
+    `/v1/models` show it."""
 
 
 CPU_TOKEN_BUDGET = 256

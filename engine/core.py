@@ -97,7 +97,9 @@ class EngineCore:
                 self.model, block_size, max_len, config.max_num_seqs, self.device,
                 config.enforce_eager, say,
             )  # fmt: skip
-        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks, block_size, config.enable_prefix_caching, self.model.sliding_window
+        )
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -113,6 +115,7 @@ class EngineCore:
             block_size=block_size,
             quantization=self.backends.quantization,
             kernels=self.backends.description,
+            architecture=type(self.model).__name__,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
