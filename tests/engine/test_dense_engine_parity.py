@@ -16,6 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.messages import AddRequest
+from engine.models.llama import layer_windows
 from engine.sampling_params import SamplingParams
 from tests.engine.tiny_models import SERVED_VOCAB, save_servable_tiny
 from tests.handlers.handlers_testing import EOS_ID
@@ -100,12 +101,20 @@ def test_alone_and_in_one_mixed_batch(tiny: Tiny) -> None:
 
 def test_chunked_prefill_and_preemption(tiny: Tiny) -> None:
     """A 7-token budget cuts every prompt into chunks between other sequences' decodes;
-    a pool of 24 blocks (96 slots) cannot hold the batch, so sequences are preempted and
-    recomputed. Windowed-everywhere models also free blocks behind the window."""
-    core = tiny.core(max_num_batched_tokens=7, num_kv_blocks=24, enable_prefix_caching=False)
+    a pool of 24 blocks cannot hold the batch, so sequences are preempted and recomputed.
+    Models windowed on every layer free the blocks behind the window, which by itself
+    lets that pool hold this batch: they get 18 blocks (72 slots; the longest sequence's
+    70 tokens still fit) and a 32-token budget (chunks of 32 need 8 blocks at once), and
+    are preempted too."""
+    windowed = all(layer_windows(tiny.hf.config))
+    core = tiny.core(
+        max_num_batched_tokens=32 if windowed else 7, num_kv_blocks=18 if windowed else 24,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    assert (core.model.sliding_window is not None) == windowed
     assert _generate(core, tiny.prompts, at_once=True) == tiny.reference
-    assert core.scheduler.num_preemptions > 0 or core.model.sliding_window is not None
-    if core.model.sliding_window is not None:
+    assert core.scheduler.num_preemptions > 0
+    if windowed:
         assert core.block_manager.num_window_freed_blocks > 0
     else:
         assert core.block_manager.num_window_freed_blocks == 0
