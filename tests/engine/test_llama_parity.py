@@ -191,12 +191,15 @@ def test_rope_config_reads_v5_and_legacy_forms() -> None:
 
 def _hf_windows(hf: torch.nn.Module) -> list[int | None]:
     """transformers' window per layer: the attention's attribute (Qwen2/3, Gemma 3,
-    SmolLM3) or the config's `sliding_window` on every layer (Mistral, Phi-3)."""
+    SmolLM3) or the config's `sliding_window` on every layer (Mistral, Phi-3; Llama has
+    none)."""
     out = []
     for layer in hf.model.layers:
         attn = layer.self_attn
         out.append(
-            attn.sliding_window if hasattr(attn, "sliding_window") else hf.config.sliding_window
+            attn.sliding_window
+            if hasattr(attn, "sliding_window")
+            else getattr(hf.config, "sliding_window", None)
         )
     return out
 
