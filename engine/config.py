@@ -176,6 +176,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     pooling: PoolingConfig | None = None
     """How the engine pools embeddings for this model; None: it serves none (an engine
     that predates embeddings, or a test double that does not say)."""
+    architecture: str = ""
+    """The native model class serving it (``Qwen3ForCausalLM``, ...): `/version` and
+    `/v1/models` show it."""
 
 
 CPU_TOKEN_BUDGET = 256

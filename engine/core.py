@@ -116,7 +116,9 @@ class EngineCore:
                 config.enforce_eager, say,
             )  # fmt: skip
         self.runner.lora = self.lora
-        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks, block_size, config.enable_prefix_caching, self.model.sliding_window
+        )
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -133,6 +135,7 @@ class EngineCore:
             quantization=self.backends.quantization,
             kernels=self.backends.description,
             pooling=self.pooling,
+            architecture=type(self.model).__name__,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0

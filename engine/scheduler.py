@@ -191,3 +191,4 @@ class Scheduler:
             request.num_computed_tokens += item.num_new_tokens
             if request.pooling is None:
                 self.block_manager.commit(request)
+            self.block_manager.free_outside_window(request)

@@ -302,6 +302,7 @@ class Version:
         if info is not None:
             body["quantization"] = info.quantization
             body["kernels"] = info.kernels
+            body["architecture"] = info.architecture
         resp.media = body
 
 

@@ -19,8 +19,10 @@ class ServingModels:
         info = self.served.engine.model_info
         root = self.served.config.model_dir or (info.model_dir if info else None)
         max_model_len = info.max_model_len if info else None
+        architecture = info.architecture if info and info.architecture else None
         cards = [
-            ModelCard(id=name, root=root, max_model_len=max_model_len) for name in self.served.names
+            ModelCard(id=name, root=root, max_model_len=max_model_len, architecture=architecture)
+            for name in self.served.names
         ]
         if info is not None and self.served.config.enable_lora:
             parent = self.served.config.default_model_name

@@ -54,6 +54,7 @@ def model_info(model_dir: Path, tokenizer: Tokenizer) -> ModelInfo:
         num_kv_blocks=64,
         block_size=16,
         pooling=PoolingConfig(hidden_size=EMBEDDING_SIZE),
+        architecture="LlamaForCausalLM",
     )
 
 
