@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from kernels import reference
+from kernels import reference, reference_moe
 from kernels.metadata import AttentionMetadata
 from kernels.reference import build_cos_sin_cache
 from kernels.registry import backend_for, select_backend, selected_backend
@@ -29,6 +29,7 @@ __all__ = [
     "build_cos_sin_cache",
     "embedding",
     "fused_add_rms_norm",
+    "fused_moe",
     "kernel_backend",
     "paged_attention",
     "rms_norm",
@@ -86,3 +87,4 @@ write_kv_cache = _dispatched(
 paged_attention = _dispatched(
     reference.paged_attention, "kernels.triton.paged_attention", "paged_attention_triton"
 )
+fused_moe = _dispatched(reference_moe.fused_moe, "kernels.triton.fused_moe", "fused_moe_triton")

@@ -24,7 +24,7 @@ exact). Qwen2 with `use_sliding_window=True` is refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -132,6 +132,18 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(hidden)))  # [T, H]
 
 
+MlpFactory = Callable[[Any, int, str, torch.dtype, torch.device], nn.Module]
+"""``make_mlp(config, layer_idx, layer_prefix, dtype, device)``: a decoder layer's MLP,
+[T, H] → [T, H] (a dense `LlamaMLP`, or a sparse MoE block in engine/models/mixtral.py)."""
+
+
+def dense_mlp(
+    config: Any, layer_idx: int, prefix: str, dtype: torch.dtype, device: torch.device
+) -> nn.Module:
+    """The Llama family's MLP: `LlamaMLP` under ``{prefix}.mlp``."""
+    return LlamaMLP(config, f"{prefix}.mlp", dtype, device)
+
+
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block; takes and returns the (hidden, residual) pair of the vLLM stream."""
 
@@ -144,13 +156,14 @@ class LlamaDecoderLayer(nn.Module):
         device: torch.device,
         qkv_bias: bool,
         o_bias: bool,
+        mlp: nn.Module,
     ) -> None:
         super().__init__()
         eps = float(config.rms_norm_eps)
         self.self_attn = LlamaAttention(
             config, f"{prefix}.self_attn", rotary, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias
         )
-        self.mlp = LlamaMLP(config, f"{prefix}.mlp", dtype, device)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
 
@@ -181,6 +194,7 @@ class LlamaModel(nn.Module):
         device: torch.device,
         qkv_bias: bool,
         o_bias: bool,
+        make_mlp: MlpFactory = dense_mlp,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, device)
@@ -190,7 +204,14 @@ class LlamaModel(nn.Module):
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
-                config, f"model.layers.{i}", rotary, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias
+                config,
+                f"model.layers.{i}",
+                rotary,
+                dtype,
+                device,
+                qkv_bias=qkv_bias,
+                o_bias=o_bias,
+                mlp=make_mlp(config, i, f"model.layers.{i}", dtype, device),
             )
             for i in range(config.num_hidden_layers)
         )
@@ -221,6 +242,8 @@ class LlamaForCausalLM(nn.Module):
     """Subclasses whose q/k/v always carry a bias (Qwen2) set this."""
     o_bias_follows_attention_bias: bool = True
     """Llama's `attention_bias` also adds a bias to o_proj; Qwen2's o_proj never has one."""
+    make_mlp = staticmethod(dense_mlp)
+    """Each decoder layer's MLP (`MlpFactory`); MoE subclasses return a sparse block."""
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -240,7 +263,9 @@ class LlamaForCausalLM(nn.Module):
         self.sliding_window: int | None = self._sliding_window(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
 
-        self.model = LlamaModel(config, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias)
+        self.model = LlamaModel(
+            config, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias, make_mlp=self.make_mlp
+        )
         head_name = "model.embed_tokens" if self.tie_word_embeddings else "lm_head"
         self.lm_head = lm_head(
             self.model.embed_tokens, self.tie_word_embeddings, head_name, dtype, device

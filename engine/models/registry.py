@@ -7,10 +7,12 @@ from typing import Any
 from torch import nn
 
 from engine.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from engine.models.mixtral import MixtralForCausalLM
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
 }
 """Every architecture hearth serves natively; SmolLM/SmolLM2 checkpoints say LlamaForCausalLM."""
@@ -18,6 +20,7 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
 _BY_MODEL_TYPE: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
 """Fallback for configs that name no architecture (hand-written or very old config.json)."""

@@ -1,0 +1,50 @@
+"""Mixtral: the Mistral decoder with a sparse MoE block (top-2 of 8 experts in the
+released checkpoints) in place of every dense MLP.
+
+Attention, norms, rotary and the residual stream are Mistral's (`MistralForCausalLM`);
+only the MLP differs, so this file composes `engine/layers/moe.py` into the Llama
+decoder through its `make_mlp` hook. Checkpoint names (``model.layers.N.block_sparse_moe
+.gate`` and ``.experts.E.w1/w3/w2``: gate, up, down) are the `Shard`s of the router and
+of each expert's `Linear`, whose weights are views of the stacked expert tensors, so the
+Llama loader fills them unchanged. The router keeps float32 weights, always renormalised
+over the top k (transformers' ``MixtralTopKRouter``).
+
+As for Mistral, a config's `sliding_window` caps max_model_len (the window itself is not
+applied), so results stay exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.layers.moe import ExpertNames, FusedMoE, SparseMoeBlock, TopKRouter
+from engine.models.llama import MistralForCausalLM
+
+__all__ = ["MixtralForCausalLM"]
+
+MIXTRAL_EXPERTS = ExpertNames(gate="experts.{e}.w1", up="experts.{e}.w3", down="experts.{e}.w2")
+
+
+def mixtral_moe(
+    config: Any, layer_idx: int, prefix: str, dtype: torch.dtype, device: torch.device
+) -> SparseMoeBlock:
+    """Layer `layer_idx`'s ``block_sparse_moe``: every Mixtral layer is sparse."""
+    moe = f"{prefix}.block_sparse_moe"
+    num_experts = int(config.num_local_experts)
+    router = TopKRouter(
+        config.hidden_size, num_experts, int(config.num_experts_per_tok), f"{moe}.gate",
+        norm_topk_prob=True, dtype=dtype, device=device,
+    )  # fmt: skip
+    experts = FusedMoE(
+        num_experts, config.hidden_size, config.intermediate_size, moe, MIXTRAL_EXPERTS,
+        dtype=dtype, device=device,
+    )  # fmt: skip
+    return SparseMoeBlock(router, experts)
+
+
+class MixtralForCausalLM(MistralForCausalLM):
+    """Mixtral 8x7B / 8x22B and their fine-tunes."""
+
+    make_mlp = staticmethod(mixtral_moe)
