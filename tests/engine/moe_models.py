@@ -1,0 +1,73 @@
+"""Tiny random-weight MoE checkpoints, built with transformers' own config classes and
+saved with `save_pretrained` (no download), for the MoE parity tests, the real-server
+test and `tools/bench_moe_step.py`.
+
+Every parameter gets distinct random values (`_randomize` of the Llama parity tests):
+with transformers' init (norms 1, router 0 for Qwen3-MoE) a loader that swapped two
+experts or dropped a router bias could still pass. A word-level tokenizer with a chat
+template (`tests/gpu/gpu_models.py` `write_tokenizer`) makes the directory servable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, MixtralConfig, PretrainedConfig
+
+from tests.engine.test_llama_parity import _randomize
+from tests.gpu.gpu_models import write_tokenizer
+
+VOCAB = 128
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": None,
+    "eos_token_id": None,  # greedy runs every step it is asked for
+    "pad_token_id": 0,
+}
+
+
+def _mixtral() -> PretrainedConfig:
+    return MixtralConfig(
+        **_COMMON, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
+    "mixtral": _mixtral,
+}
+"""Architecture family → its tiny config (each one's experts are all routed to by the
+parity prompts: tests/engine/test_moe_parity.py checks it)."""
+
+
+def hf_reference(name: str, seed: int = 1) -> torch.nn.Module:
+    """transformers' model of `name` with distinct random weights, float32, eager
+    attention and eager experts (the per-expert loop: the plainest oracle)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        CONFIGS[name](),
+        dtype=torch.float32,
+        attn_implementation="eager",
+        experts_implementation="eager",
+    )
+    _randomize(model, seed=seed)
+    return model.eval()
+
+
+def save_tiny_moe(name: str, directory: Path, seed: int = 1) -> torch.nn.Module:
+    """Save `name`'s tiny checkpoint and tokenizer into `directory`; returns the HF model."""
+    model = hf_reference(name, seed)
+    model.save_pretrained(directory)
+    write_tokenizer(directory, VOCAB)
+    return model
