@@ -2,7 +2,7 @@
 
 `EngineConfig` is what the user asked for (validated on construction); `resolve` turns it
 into what will run: the device, the dtype, the model directory (a GGUF converted once),
-the context length (the model's limit, `--max-model-len`, the sliding window) and the
+the context length (the model's limit, `--max-model-len`) and the
 step's token budget. `EngineCore` builds its components from the result, so every
 "auto" is decided in one place and a bad combination fails before the weights load.
 """
@@ -69,11 +69,6 @@ def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineC
                 f"max_position_embeddings ({max_len})"
             )
         max_len = config.max_model_len
-    window = get_model_class(model_config)._sliding_window(model_config)
-    if window and max_len > window:
-        # Sliding-window attention is not implemented: beyond the window the outputs
-        # would differ from the reference model, so the context stops there.
-        say(f"max_model_len capped at the model's sliding window ({window})")
-        max_len = window
+    get_model_class(model_config)  # an unsupported architecture fails here, before loading
     budget = max(config.max_num_batched_tokens or default_token_budget(device.type), 1)
     return ResolvedEngineConfig(config, device, dtype, model_dir, model_config, max_len, budget)

@@ -30,6 +30,7 @@ __all__ = [
     "embedding",
     "fused_add_rms_norm",
     "fused_moe",
+    "gelu_tanh_and_mul",
     "kernel_backend",
     "paged_attention",
     "rms_norm",
@@ -81,6 +82,8 @@ rotary_embedding = _dispatched(
 silu_and_mul = _dispatched(
     reference.silu_and_mul, "kernels.triton.activation", "silu_and_mul_triton"
 )
+gelu_tanh_and_mul = reference.gelu_tanh_and_mul
+"""No Triton version: one torch elementwise op on any device (Gemma's MLP)."""
 write_kv_cache = _dispatched(
     reference.write_kv_cache, "kernels.triton.kv_cache", "write_kv_cache_triton"
 )

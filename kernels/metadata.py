@@ -72,6 +72,8 @@ class AttentionMetadata:
     """The torch reference kernels' gather indices and masks for this step, built from the
     fields above by the paged attention backend before the forward
     (``kernels.reference_plan``) and read by every layer."""
+    reference_window_plans: dict[int, ReferenceAttentionPlan] | None = None
+    """The same per sliding window (layers with a window read these)."""
 
     @classmethod
     def build(

@@ -30,6 +30,7 @@ __all__ = [
     "build_cos_sin_cache",
     "compute_inv_freq",
     "fused_add_rms_norm",
+    "gelu_tanh_and_mul",
     "paged_attention",
     "rms_norm",
     "rotary_embedding",
@@ -126,16 +127,78 @@ def build_cos_sin_cache(
     Built the way ``LlamaRotaryEmbedding.forward`` builds cos/sin: inv_freq on CPU, angles
     ``positions.float() * inv_freq`` in float32 on the target device, cos/sin of the
     duplicated angle vector (same tensor layout, hence the same vectorised math path), then
-    cast to ``dtype``.
+    cast to ``dtype``. ``head_dim`` is the rotary width (smaller than the head under a
+    partial rotary factor).
+
+    LongRoPE (Phi-3/4, ``rope_type`` ``longrope``): rows below
+    ``original_max_position_embeddings`` use the short factors, the rows from there on the
+    long ones, both scaled by the attention factor; row p is what transformers' rotary
+    gives for position p alone. A sequence that stays below the original length is
+    therefore exact. transformers re-encodes a sequence that grows past it with the long
+    factors throughout (its `generate` drops the cache); a paged cache keeps the keys it
+    has, so beyond that length the two differ (as vLLM's cache does too).
     """
-    inv_freq = compute_inv_freq(head_dim, base, rope_scaling).to(device)  # [head_dim // 2]
-    positions = torch.arange(max_position, device=device, dtype=torch.int64)
-    freqs = positions[:, None].float() * inv_freq  # [max_position, head_dim // 2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
-    half = head_dim // 2
-    cos = emb.cos()[:, :half]
-    sin = emb.sin()[:, :half]
-    return torch.cat((cos, sin), dim=-1).to(dtype).contiguous()
+    rope_type = "default"
+    if rope_scaling:
+        rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if rope_type == "longrope":
+        assert rope_scaling is not None
+        return _longrope_cos_sin_cache(head_dim, max_position, base, dtype, device, rope_scaling)
+    inv_freq = compute_inv_freq(head_dim, base, rope_scaling)  # [head_dim // 2]
+    return _cos_sin(inv_freq, 0, max_position, dtype, device)
+
+
+def _cos_sin(
+    inv_freq: torch.Tensor,
+    start: int,
+    stop: int,
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    attention_factor: float = 1.0,
+) -> torch.Tensor:
+    """Rows ``start .. stop - 1`` of the cos/sin table of `inv_freq` (see above)."""
+    inv_freq = inv_freq.to(device)
+    positions = torch.arange(start, stop, device=device, dtype=torch.int64)
+    freqs = positions[:, None].float() * inv_freq  # [rows, rot_dim // 2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [rows, rot_dim]
+    half = inv_freq.shape[0]
+    cos, sin = emb.cos(), emb.sin()
+    if attention_factor != 1.0:  # transformers multiplies even by 1.0, which is exact
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return torch.cat((cos[:, :half], sin[:, :half]), dim=-1).to(dtype).contiguous()
+
+
+def _longrope_cos_sin_cache(
+    head_dim: int,
+    max_position: int,
+    base: float,
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    scaling: dict[str, Any],
+) -> torch.Tensor:
+    """transformers' ``_compute_longrope_parameters``, both factor sets, one table."""
+    original = int(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor") or max_position / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+
+    def inv_freq(ext: list[float]) -> torch.Tensor:
+        return 1.0 / (torch.tensor(ext, dtype=torch.float32) * base**shape)
+
+    short = _cos_sin(
+        inv_freq(scaling["short_factor"]), 0, min(original, max_position), dtype, device,
+        attention_factor,
+    )  # fmt: skip
+    if max_position <= original:
+        return short
+    long = _cos_sin(
+        inv_freq(scaling["long_factor"]), original, max_position, dtype, device, attention_factor
+    )
+    return torch.cat((short, long), dim=0).contiguous()
 
 
 def rotary_embedding(
@@ -190,6 +253,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * x[..., d:]
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` of a fused gate/up output ``[T, 2 * I]``
+    (Gemma's GeGLU, transformers' ``gelu_pytorch_tanh``); the gate is made contiguous
+    under the same rule as `silu_and_mul`, for the same last-bit reason."""
+    d = x.shape[-1] // 2
+    gate = x[..., :d]
+    if d % 64 != 0:
+        gate = gate.contiguous()
+    return F.gelu(gate, approximate="tanh") * x[..., d:]
+
+
 # ----------------------------------------------------------------------------- KV cache
 
 
@@ -224,8 +298,12 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Attention of a mixed decode + prefill step over the paged cache (see ``AttentionMetadata``).
+
+    ``sliding_window`` (None: global): a query at position p sees keys p - W + 1 .. p
+    only, by the masks of the step's plan for that window.
 
     Decodes: every sequence's blocks are gathered at once with one ``index_select`` over the
     cache's block axis (``[num_decodes, blocks * block_size, nkv, hd]``, the tail past each
@@ -245,7 +323,7 @@ def paged_attention(
     # query: [num_tokens, num_heads, head_dim]
     num_tokens = query.shape[0]
     nd = meta.num_decode_tokens
-    plan = reference_plan(meta, k_cache.shape[1], query.dtype)
+    plan = reference_plan(meta, k_cache.shape[1], query.dtype, sliding_window)
     parts: list[torch.Tensor] = []
     if plan.decode is not None:
         parts.append(_decode_attention(query[:nd], k_cache, v_cache, plan.decode, scale))

@@ -4,6 +4,10 @@ Every tensor here is derived from the step's ``AttentionMetadata`` alone, and th
 calls attention once per layer with the same metadata, so the first layer builds the plan
 and stores it on ``meta.reference_plan``; the other layers reuse it. A typed plan (rather
 than a string-keyed cache) keeps what is cached, and for which dtype, in one place.
+
+A sliding window changes only the masks: its plan is built once per distinct window
+(Gemma 3 interleaves windowed and global layers) and kept in
+``meta.reference_window_plans``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class ReferenceAttentionPlan:
     dtype: torch.dtype
     """Dtype of the masks (the query's)."""
     block_size: int
+    window: int | None
+    """The sliding window the masks apply (None: global causal attention)."""
     decode: DecodePlan | None
     """None when the step has no decodes."""
     prefill: PrefillPlan | None
@@ -55,19 +61,32 @@ class ReferenceAttentionPlan:
 
 
 def reference_plan(
-    meta: AttentionMetadata, block_size: int, dtype: torch.dtype
+    meta: AttentionMetadata, block_size: int, dtype: torch.dtype, window: int | None = None
 ) -> ReferenceAttentionPlan:
-    """The step's plan from ``meta.reference_plan``, built there on the first call (or
-    rebuilt when a call asks for another dtype or block size)."""
-    plan = meta.reference_plan
+    """The step's plan from ``meta.reference_plan`` (or, for a sliding `window`,
+    ``meta.reference_window_plans``), built there on the first call (or rebuilt when a
+    call asks for another dtype or block size)."""
+    if window is not None:
+        plans = meta.reference_window_plans
+        if plans is None:
+            plans = meta.reference_window_plans = {}
+        plan = plans.get(window)
+    else:
+        plan = meta.reference_plan
     if plan is None or plan.dtype != dtype or plan.block_size != block_size:
         plan = ReferenceAttentionPlan(
             dtype=dtype,
             block_size=block_size,
-            decode=_decode_plan(meta, block_size, dtype) if meta.num_decode_tokens else None,
-            prefill=_prefill_plan(meta, block_size, dtype) if meta.num_prefills else None,
+            window=window,
+            decode=(
+                _decode_plan(meta, block_size, dtype, window) if meta.num_decode_tokens else None
+            ),
+            prefill=_prefill_plan(meta, block_size, dtype, window) if meta.num_prefills else None,
         )
-        meta.reference_plan = plan
+        if window is not None:
+            plans[window] = plan
+        else:
+            meta.reference_plan = plan
     return plan
 
 
@@ -95,18 +114,24 @@ def _additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask
 
 
-def _decode_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> DecodePlan:
+def _decode_plan(
+    meta: AttentionMetadata, block_size: int, dtype: torch.dtype, window: int | None
+) -> DecodePlan:
     b = meta.num_decode_tokens
     seq_lens = meta.decode_seq_lens[:b].long()  # [B]
     table = _block_table(meta.decode_block_tables, b, meta.decode_max_seq_len, block_size)
     num_blocks = table.shape[1]  # [B, num_blocks]
     pos = torch.arange(num_blocks * block_size, device=seq_lens.device)
     valid = pos[None, :] < seq_lens[:, None]  # [B, L]
+    if window is not None:  # the query sits at seq_len - 1 and sees `window` keys
+        valid &= pos[None, :] >= seq_lens[:, None] - window
     mask = _additive_mask(valid, dtype)
     return DecodePlan(block_ids=table.reshape(-1), mask=mask[:, None, None, :])  # [B, 1, 1, L]
 
 
-def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> PrefillPlan:
+def _prefill_plan(
+    meta: AttentionMetadata, block_size: int, dtype: torch.dtype, window: int | None
+) -> PrefillPlan:
     p = meta.num_prefills
     qsl = meta.prefill_query_start_loc[: p + 1].long()  # [P + 1]
     q_lens = qsl[1:] - qsl[:-1]  # [P]
@@ -116,8 +141,9 @@ def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) 
     max_q = meta.prefill_max_query_len
     table = _block_table(meta.prefill_block_tables, p, meta.prefill_max_seq_len, block_size)
     num_blocks = table.shape[1]  # [P, num_blocks]
-    if p == 1 and int(seq_lens[0]) == num_tokens:
-        # A lone chunk with no cached prefix: plain causal attention over its own keys.
+    if p == 1 and int(seq_lens[0]) == num_tokens and (window is None or num_tokens <= window):
+        # A lone chunk with no cached prefix (that the window never cuts): plain causal
+        # attention over its own keys.
         n_blk = cdiv(num_tokens, block_size)
         return PrefillPlan(num_tokens, table[0, :n_blk].reshape(-1), causal_only=True)
     j = torch.arange(max_q, device=device)
@@ -127,14 +153,17 @@ def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) 
     chunk_of_token = torch.repeat_interleave(torch.arange(p, device=device), q_lens)
     t = torch.arange(num_tokens, device=device)
     out_idx = chunk_of_token * max_q + (t - qsl[chunk_of_token])  # [num_tokens]
-    # Query j of chunk i sits at position prefix_i + j and sees keys 0..prefix_i + j.
-    # Padding rows (j >= q_len) sit at >= seq_len and so see all real keys: never a
-    # fully masked row, hence never a NaN.
-    q_pos = (seq_lens - q_lens)[:, None] + j  # [P, max_q]
+    # Query j of chunk i sits at position prefix_i + j and sees keys 0..prefix_i + j
+    # (with a window: only the last `window` of them). Padding rows (j >= q_len) are
+    # placed at the chunk's last position: they see its keys, so never a fully masked
+    # row, hence never a NaN.
+    q_pos = torch.minimum((seq_lens - q_lens)[:, None] + j, seq_lens[:, None] - 1)  # [P, max_q]
     k_pos = torch.arange(num_blocks * block_size, device=device)
     valid = (k_pos[None, None, :] <= q_pos[:, :, None]) & (
         k_pos[None, None, :] < seq_lens[:, None, None]
     )  # [P, max_q, L]
+    if window is not None:
+        valid &= k_pos[None, None, :] > q_pos[:, :, None] - window
     return PrefillPlan(
         num_tokens,
         table.reshape(-1),

@@ -46,6 +46,7 @@ class PagedAttentionBackend(AttentionBackend):
     def prepare(self, meta: AttentionMetadata, block_size: int) -> None:
         if not meta.slot_mapping.is_cuda:
             meta.reference_plan = None
+            meta.reference_window_plans = None
             reference_plan(meta, block_size, self.dtype)
 
     def forward(
@@ -59,5 +60,7 @@ class PagedAttentionBackend(AttentionBackend):
         assert layer.kv_cache is not None
         k_cache, v_cache = layer.kv_cache
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, meta, layer.scale)  # [T, nh, hd]
+        out = paged_attention(
+            q, k_cache, v_cache, meta, layer.scale, layer.sliding_window
+        )  # [T, nh, hd]
         return out.reshape(q.shape[0], layer.num_heads * layer.head_dim)

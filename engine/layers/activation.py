@@ -18,3 +18,24 @@ class SiluAndMul(nn.Module):
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.ops.silu_and_mul(gate_up)
+
+
+class GeluTanhAndMul(nn.Module):
+    """``gelu_tanh(gate) * up`` (GeGLU: Gemma's ``gelu_pytorch_tanh``), gate rows first.
+
+    It has no ``ops`` attribute on purpose: no C kernel exists for it, so it always runs
+    the `kernels` package (torch reference on CPU, the same torch op on CUDA) even when
+    the fast path hands the other layers ``kernels.cpu.ops``.
+    """
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return kernels.gelu_tanh_and_mul(gate_up)
+
+
+def gated_activation(name: str) -> nn.Module:
+    """The gated activation layer for a config's ``hidden_act`` / ``hidden_activation``."""
+    if name == "silu":
+        return SiluAndMul()
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return GeluTanhAndMul()
+    raise ValueError(f"activation {name!r} is not supported (silu, gelu_pytorch_tanh)")

@@ -22,16 +22,30 @@ class Attention(nn.Module):
     Writes the step's k and v into the cache slots ``meta.slot_mapping`` names, then
     attends. The model runner binds `kv_cache` and `backend` once (`bind`); the model
     file never sees either.
+
+    `sliding_window` (None: global attention): a query at position p sees only the keys
+    at positions ``p - sliding_window + 1 .. p`` (the window counts the token itself, as
+    transformers' sliding-window mask and vLLM do). Every backend honours it.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} heads do not split into {num_kv_heads} kv heads")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.sliding_window = sliding_window
         self.kv_cache: KVCache | None = None
         self.backend: AttentionBackend | None = None
 

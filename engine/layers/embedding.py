@@ -11,13 +11,29 @@ from engine.layers.linear import Linear, Shard, empty_parameter
 
 
 class VocabEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
+    """Rows of the token table; `scale` multiplies them (Gemma's ``sqrt(hidden)``, rounded
+    to the model dtype first, as transformers does: 55.4256 becomes 55.5 in bf16)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        scale: float | None = None,
+    ):
         super().__init__()
         self.weight = empty_parameter((vocab_size, hidden_size), dtype, device)
         self.ops: KernelOps = kernels
+        if scale is None:
+            self.scale: torch.Tensor | None = None
+        else:
+            scale_t = torch.tensor(scale, dtype=torch.float32).to(device=device, dtype=dtype)
+            self.register_buffer("scale", scale_t, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.ops.embedding(input_ids, self.weight)  # [T, H]
+        out = self.ops.embedding(input_ids, self.weight)  # [T, H]
+        return out if self.scale is None else out * self.scale
 
 
 def lm_head(

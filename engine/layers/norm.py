@@ -14,12 +14,26 @@ class RMSNorm(nn.Module):
     """``forward(x)`` → ``norm(x)``; ``forward(x, residual)`` → ``(norm(x + residual), x +
     residual)``, which saves one read and write of the stream per norm. The kernel backend
     may do the fused form in place (kernels/cpu/ops.py); callers never reuse `x`.
-    `ops` is the kernel namespace chosen at start-up (engine/layers/kernel_ops.py)."""
+    `ops` is the kernel namespace chosen at start-up (engine/layers/kernel_ops.py).
 
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device):
+    `weight_offset`: Gemma's checkpoints store ``w`` and multiply by ``(1 + w)``. The loader
+    adds the offset to the weight once (engine/models/weights.py), so every kernel (torch,
+    Triton, C) runs the plain ``weight * normed`` form unchanged; in float32 that is the
+    same arithmetic as Gemma's (the sum ``1 + w`` is float32 there too).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        weight_offset: float = 0.0,
+    ):
         super().__init__()
         self.eps = float(eps)
         self.weight = empty_parameter((hidden_size,), dtype, device)
+        self.weight_offset = float(weight_offset)
         self.ops: KernelOps = kernels
 
     def forward(

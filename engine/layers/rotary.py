@@ -12,15 +12,19 @@ from engine.layers.kernel_ops import KernelOps
 from kernels import build_cos_sin_cache
 
 
-def rope_config(config: Any) -> tuple[float, dict[str, Any] | None]:
+def rope_config(config: Any, layer_type: str | None = None) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, scaling dict or None) from a transformers 5 or 4 style config.
 
     transformers 5 folds theta and scaling into `config.rope_parameters`
     (`{"rope_type": "llama3", "rope_theta": ..., "factor": ...}`); older configs have
     `rope_theta` plus an optional `rope_scaling`. The scaling dict handed to the kernel
     always carries `rope_type` and never `rope_theta`; `None` means plain RoPE.
+    `layer_type`: configs with one parameter set per kind of layer (Gemma 3:
+    ``rope_parameters["sliding_attention"]`` / ``["full_attention"]``) give that one.
     """
     params = getattr(config, "rope_parameters", None)
+    if layer_type is not None and isinstance(params, dict) and layer_type in params:
+        params = params[layer_type]
     if isinstance(params, dict) and "rope_theta" in params:
         theta = float(params["rope_theta"])
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
@@ -33,6 +37,11 @@ def rope_config(config: Any) -> tuple[float, dict[str, Any] | None]:
     rope_type = scaling.get("rope_type", "default")
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":
+        scaling.setdefault(
+            "original_max_position_embeddings",
+            getattr(config, "original_max_position_embeddings", config.max_position_embeddings),
+        )
     if rope_type == "llama3" and "original_max_position_embeddings" not in scaling:
         scaling["original_max_position_embeddings"] = config.max_position_embeddings
     return theta, scaling

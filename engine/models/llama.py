@@ -1,4 +1,6 @@
-"""Native Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) on the paged KV cache.
+"""Native Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) on the paged KV cache,
+and the base every other dense decoder here builds on (engine/models/qwen3.py, gemma3.py,
+phi3.py, smollm3.py).
 
 The model file only composes layers (`engine/layers`): which kernel computes a linear,
 a norm or attention is decided at start-up (docs/architecture.md, "Backends"), never here.
@@ -16,33 +18,43 @@ differs from transformers' in three ways that matter:
 Numerics otherwise follow transformers exactly (same op order in float32 under the exact
 methods), which the parity tests check token for token.
 
-Limits: sliding-window attention is not implemented. Mistral configs carry a
-`sliding_window`; the model exposes it as `self.sliding_window` and the runner must keep
-`max_model_len <= sliding_window` (then the window never cuts anything and the result is
-exact). Qwen2 with `use_sliding_window=True` is refused.
+What differs between architectures is data, read from the config by a few hooks that a
+subclass overrides (`_attention_options`, `_layer_windows`, `_rotary_for_layer`,
+`_decoder_layer`, `_embedding`): the attention and MLP blocks themselves
+(`engine/layers/self_attention.py`, `engine/layers/mlp.py`) and the weight loading
+(`engine/models/weights.py`) are written once.
+
+Sliding windows: each layer's window comes from the config (`_layer_windows`: Mistral's
+`sliding_window` on every layer; Qwen2/Qwen3/Gemma 3/SmolLM3 `layer_types`) and is
+honoured by every attention backend; `sliding_window` is the window that bounds *every*
+layer (None if any layer is global), which lets the block manager free the blocks that
+fell out of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from engine.layers.activation import SiluAndMul
-from engine.layers.attention import Attention
 from engine.layers.embedding import VocabEmbedding, lm_head
-from engine.layers.linear import Linear, Shard
+from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rope_config
+from engine.layers.self_attention import SelfAttention
+from engine.models.weights import load_checkpoint
 from kernels.metadata import AttentionMetadata
 
 __all__ = [
+    "LlamaDecoderLayer",
     "LlamaForCausalLM",
+    "LlamaModel",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "head_dim_of",
+    "layer_windows",
     "rope_config",
 ]
 
@@ -54,94 +66,26 @@ def head_dim_of(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-class LlamaAttention(nn.Module):
-    """Fused-QKV projection, rotary, paged attention, output projection (GQA)."""
+def layer_windows(config: Any) -> list[int | None]:
+    """Each layer's sliding window (None: global), the way transformers reads the config.
 
-    def __init__(
-        self,
-        config: Any,
-        prefix: str,
-        rotary: RotaryEmbedding,
-        dtype: torch.dtype,
-        device: torch.device,
-        qkv_bias: bool,
-        o_bias: bool,
-    ) -> None:
-        super().__init__()
-        hidden = config.hidden_size
-        self.num_heads: int = config.num_attention_heads
-        self.num_kv_heads: int = config.num_key_value_heads
-        self.head_dim: int = head_dim_of(config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        shards = [
-            Shard(f"{prefix}.q_proj", self.q_size, rotary_heads=self.num_heads),
-            Shard(f"{prefix}.k_proj", self.kv_size, rotary_heads=self.num_kv_heads),
-            Shard(f"{prefix}.v_proj", self.kv_size),
-        ]
-        # Rows: [q (num_heads*head_dim) | k (num_kv_heads*head_dim) | v (same)].
-        self.qkv_proj = Linear(
-            hidden,
-            self.q_size + 2 * self.kv_size,
-            shards,
-            bias=qkv_bias,
-            dtype=dtype,
-            device=device,
-        )
-        self.o_proj = Linear(
-            self.q_size, hidden, [Shard(f"{prefix}.o_proj", hidden)], bias=o_bias, dtype=dtype,
-            device=device,
-        )  # fmt: skip
-        self.rotary_emb = rotary  # shared by every layer (one cos/sin table)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
-
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, q_size + 2*kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, nh, hd]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, nkv, hd]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, nkv, hd]
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v, meta)  # [T, nh*hd]
-        return self.o_proj(out)  # [T, H]
-
-
-class LlamaMLP(nn.Module):
-    """SwiGLU MLP with gate and up fused into one [2*I, H] linear."""
-
-    def __init__(self, config: Any, prefix: str, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__()
-        hidden, inter = config.hidden_size, config.intermediate_size
-        bias = bool(getattr(config, "mlp_bias", False))
-        self.intermediate_size: int = inter
-        # Rows: [gate (I) | up (I)], the layout SiluAndMul expects.
-        self.gate_up_proj = Linear(
-            hidden, 2 * inter, [Shard(f"{prefix}.gate_proj", inter), Shard(f"{prefix}.up_proj", inter)],
-            bias=bias, dtype=dtype, device=device,
-        )  # fmt: skip
-        self.down_proj = Linear(
-            inter, hidden, [Shard(f"{prefix}.down_proj", hidden)], bias=bias, dtype=dtype,
-            device=device,
-        )  # fmt: skip
-        self.act_fn = SiluAndMul()
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(hidden)))  # [T, H]
-
-
-MlpFactory = Callable[[Any, int, str, torch.dtype, torch.device], nn.Module]
-"""``make_mlp(config, layer_idx, layer_prefix, dtype, device)``: a decoder layer's MLP,
-[T, H] → [T, H] (a dense `LlamaMLP`, or a sparse MoE block in engine/models/mixtral.py)."""
-
-
-def dense_mlp(
-    config: Any, layer_idx: int, prefix: str, dtype: torch.dtype, device: torch.device
-) -> nn.Module:
-    """The Llama family's MLP: `LlamaMLP` under ``{prefix}.mlp``."""
-    return LlamaMLP(config, f"{prefix}.mlp", dtype, device)
+    With `layer_types` (Qwen2/3, Gemma 3, SmolLM3, gpt-oss): ``"sliding_attention"``
+    layers get `sliding_window`; every other layer is global. Qwen2/Qwen3's configs
+    clear `sliding_window` unless `use_sliding_window`, SmolLM3 checks the flag per
+    layer, so the flag is honoured where it exists. Without `layer_types` (Mistral,
+    Phi-3): `sliding_window` applies to every layer.
+    """
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    window = int(window) if window else None
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return [window] * n
+    if len(types) < n:
+        raise ValueError(f"layer_types has {len(types)} entries for {n} layers")
+    return [window if types[i] == "sliding_attention" else None for i in range(n)]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -149,23 +93,19 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(
         self,
-        config: Any,
-        prefix: str,
-        rotary: RotaryEmbedding,
+        self_attn: SelfAttention,
+        mlp: nn.Module,
+        hidden_size: int,
+        eps: float,
         dtype: torch.dtype,
         device: torch.device,
-        qkv_bias: bool,
-        o_bias: bool,
-        mlp: nn.Module,
+        norm_weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
-        eps = float(config.rms_norm_eps)
-        self.self_attn = LlamaAttention(
-            config, f"{prefix}.self_attn", rotary, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias
-        )
+        self.self_attn = self_attn
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.input_layernorm = RMSNorm(hidden_size, eps, dtype, device, norm_weight_offset)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, device, norm_weight_offset)
 
     def forward(
         self,
@@ -187,35 +127,11 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder stack and final norm (no LM head)."""
 
-    def __init__(
-        self,
-        config: Any,
-        dtype: torch.dtype,
-        device: torch.device,
-        qkv_bias: bool,
-        o_bias: bool,
-        make_mlp: MlpFactory = dense_mlp,
-    ) -> None:
+    def __init__(self, embed_tokens: VocabEmbedding, layers: list[nn.Module], norm: RMSNorm):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype, device)
-        theta, scaling = rope_config(config)
-        rotary = RotaryEmbedding(
-            head_dim_of(config), config.max_position_embeddings, theta, scaling, dtype, device
-        )
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(
-                config,
-                f"model.layers.{i}",
-                rotary,
-                dtype,
-                device,
-                qkv_bias=qkv_bias,
-                o_bias=o_bias,
-                mlp=make_mlp(config, i, f"model.layers.{i}", dtype, device),
-            )
-            for i in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, float(config.rms_norm_eps), dtype, device)
+        self.embed_tokens = embed_tokens
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -234,23 +150,22 @@ class LlamaForCausalLM(nn.Module):
     """Llama 2/3 and SmolLM2: the engine-facing model (forward, compute_logits, load_weights).
 
     Attributes the runner reads to size the KV cache: `num_layers`, `num_kv_heads`,
-    `head_dim`, `vocab_size`, plus `sliding_window` (None, or the window the runner must
-    not exceed with max_model_len) and `dtype`.
+    `head_dim`, `vocab_size`, plus `sliding_window` (None, or the window every layer
+    attends within: blocks wholly before it can be freed) and `dtype`.
     """
 
     qkv_bias_default: bool = False
     """Subclasses whose q/k/v always carry a bias (Qwen2) set this."""
     o_bias_follows_attention_bias: bool = True
     """Llama's `attention_bias` also adds a bias to o_proj; Qwen2's o_proj never has one."""
-    make_mlp = staticmethod(dense_mlp)
-    """Each decoder layer's MLP (`MlpFactory`); MoE subclasses return a sparse block."""
+    norm_weight_offset: float = 0.0
+    """Gemma's RMSNorms multiply by ``1 + w`` (engine/layers/norm.py)."""
+    fused_checkpoint: bool = False
+    """The checkpoint stores fused ``qkv_proj`` / ``gate_up_proj`` tensors (Phi-3)."""
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self._check_supported(config)
-        attention_bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias = self.qkv_bias_default or attention_bias
-        o_bias = attention_bias and self.o_bias_follows_attention_bias
         self.config = config
         self.dtype = dtype
         self.num_layers: int = config.num_hidden_layers
@@ -260,17 +175,25 @@ class LlamaForCausalLM(nn.Module):
         self.hidden_size: int = config.hidden_size
         self.vocab_size: int = config.vocab_size
         self.max_position_embeddings: int = config.max_position_embeddings
+        self.layer_windows: list[int | None] = self._layer_windows(config)
         self.sliding_window: int | None = self._sliding_window(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self._rotaries: dict[object, RotaryEmbedding] = {}
 
-        self.model = LlamaModel(
-            config, dtype, device, qkv_bias=qkv_bias, o_bias=o_bias, make_mlp=self.make_mlp
-        )
+        eps = float(config.rms_norm_eps)
+        layers = [
+            self._decoder_layer(config, i, f"model.layers.{i}", dtype, device)
+            for i in range(config.num_hidden_layers)
+        ]
+        norm = RMSNorm(config.hidden_size, eps, dtype, device, self.norm_weight_offset)
+        self.model = LlamaModel(self._embedding(config, dtype, device), layers, norm)
+        del self._rotaries  # the layers hold them
         head_name = "model.embed_tokens" if self.tie_word_embeddings else "lm_head"
         self.lm_head = lm_head(
             self.model.embed_tokens, self.tie_word_embeddings, head_name, dtype, device
         )
 
+    # -- what an architecture overrides -------------------------------------------------
     @staticmethod
     def _check_supported(config: Any) -> None:
         act = getattr(config, "hidden_act", "silu")
@@ -283,10 +206,86 @@ class LlamaForCausalLM(nn.Module):
         if partial != 1.0:
             raise ValueError(f"partial_rotary_factor={partial} is not supported")
 
-    @staticmethod
-    def _sliding_window(config: Any) -> int | None:
-        window = getattr(config, "sliding_window", None)
-        return int(window) if window else None
+    @classmethod
+    def _layer_windows(cls, config: Any) -> list[int | None]:
+        return layer_windows(config)
+
+    @classmethod
+    def _sliding_window(cls, config: Any) -> int | None:
+        """The window every layer attends within, or None when some layer is global."""
+        windows = cls._layer_windows(config)
+        if not windows or any(w is None for w in windows):
+            return None
+        return max(w for w in windows if w is not None)
+
+    def _embedding(self, config: Any, dtype: torch.dtype, device: torch.device) -> VocabEmbedding:
+        return VocabEmbedding(config.vocab_size, config.hidden_size, dtype, device)
+
+    def _rotary_for_layer(
+        self, config: Any, index: int, dtype: torch.dtype, device: torch.device
+    ) -> RotaryEmbedding | None:
+        """Layer `index`'s rotary table (None: a layer without rotary); one table is built
+        per distinct (theta, scaling) and shared."""
+        theta, scaling = rope_config(config)
+        return self._shared_rotary(theta, scaling, config, dtype, device)
+
+    def _shared_rotary(
+        self,
+        theta: float,
+        scaling: dict[str, Any] | None,
+        config: Any,
+        dtype: torch.dtype,
+        device: torch.device,
+        rotary_dim: int | None = None,
+    ) -> RotaryEmbedding:
+        key = (theta, repr(sorted((scaling or {}).items())), rotary_dim)
+        if key not in self._rotaries:
+            self._rotaries[key] = RotaryEmbedding(
+                rotary_dim or head_dim_of(config), config.max_position_embeddings, theta,
+                scaling, dtype, device,
+            )  # fmt: skip
+        return self._rotaries[key]
+
+    def _attention_options(self, config: Any, index: int) -> dict[str, Any]:
+        """Keyword arguments of `SelfAttention` that differ by architecture."""
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return {
+            "qkv_bias": self.qkv_bias_default or attention_bias,
+            "o_bias": attention_bias and self.o_bias_follows_attention_bias,
+        }
+
+    def _attention(
+        self, config: Any, index: int, prefix: str, dtype: torch.dtype, device: torch.device
+    ) -> SelfAttention:
+        return SelfAttention(
+            config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+            head_dim_of(config), prefix, rotary=self._rotary_for_layer(config, index, dtype, device),
+            dtype=dtype, device=device, sliding_window=self.layer_windows[index],
+            norm_weight_offset=self.norm_weight_offset, fused_checkpoint=self.fused_checkpoint,
+            **self._attention_options(config, index),
+        )  # fmt: skip
+
+    def _mlp(
+        self, config: Any, index: int, prefix: str, dtype: torch.dtype, device: torch.device
+    ) -> nn.Module:
+        """Layer `index`'s feed-forward block (the MoE models return their sparse block)."""
+        activation = getattr(config, "hidden_activation", None) or getattr(
+            config, "hidden_act", "silu"
+        )
+        return GatedMLP(
+            config.hidden_size, config.intermediate_size, prefix, activation=activation,
+            bias=bool(getattr(config, "mlp_bias", False)), fused_checkpoint=self.fused_checkpoint,
+            dtype=dtype, device=device,
+        )  # fmt: skip
+
+    def _decoder_layer(
+        self, config: Any, index: int, prefix: str, dtype: torch.dtype, device: torch.device
+    ) -> nn.Module:
+        return LlamaDecoderLayer(
+            self._attention(config, index, f"{prefix}.self_attn", dtype, device),
+            self._mlp(config, index, f"{prefix}.mlp", dtype, device),
+            config.hidden_size, float(config.rms_norm_eps), dtype, device, self.norm_weight_offset,
+        )  # fmt: skip
 
     # -- engine API ---------------------------------------------------------------------
     def forward(
@@ -308,80 +307,21 @@ class LlamaForCausalLM(nn.Module):
 
     # -- weights ------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named checkpoint tensors into the (fused) parameters.
-
-        Each `Linear` shard's ``.weight``/``.bias`` lands in its row slice; everything
-        else maps one to one. Copies cast to the model dtype and move to its device.
-        Raises on an unknown tensor or on any parameter slice left unwritten, so a wrong
-        checkpoint never serves garbage.
-        """
-        targets = self._weight_targets()
-        loaded: set[str] = set()
-        with torch.no_grad():
-            for name, tensor in weights:
-                if name.endswith("rotary_emb.inv_freq"):
-                    continue  # recomputed by build_cos_sin_cache
-                if name == "lm_head.weight" and self.tie_word_embeddings:
-                    continue  # some tied checkpoints store it anyway; embed_tokens wins
-                target = targets.get(name)
-                if target is None:
-                    raise ValueError(
-                        f"unexpected tensor {name!r} in checkpoint for {type(self).__name__}"
-                    )
-                param, start, length = target
-                dst = param if start is None else param.narrow(0, start, length)
-                if tuple(dst.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"tensor {name!r} has shape {tuple(tensor.shape)}, "
-                        f"expected {tuple(dst.shape)}"
-                    )
-                dst.copy_(tensor)
-                loaded.add(name)
-        missing = sorted(set(targets) - loaded)
-        if missing:
-            shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors: {shown}")
-
-    def _weight_targets(self) -> dict[str, tuple[torch.Tensor, int | None, int]]:
-        """HF tensor name → (parameter, row offset or None for the whole tensor, rows)."""
-        targets: dict[str, tuple[torch.Tensor, int | None, int]] = {
-            "model.embed_tokens.weight": (self.model.embed_tokens.weight, None, 0),
-            "model.norm.weight": (self.model.norm.weight, None, 0),
-        }
-        for module in self.modules():
-            if not isinstance(module, Linear) or module.weight is self.model.embed_tokens.weight:
-                continue
-            single = len(module.shards) == 1
-            for shard, start in module.shard_offsets():
-                row = None if single else start
-                targets[f"{shard.checkpoint}.weight"] = (module.weight, row, shard.rows)
-                if module.bias is not None:
-                    targets[f"{shard.checkpoint}.bias"] = (module.bias, row, shard.rows)
-        for i, layer in enumerate(self.model.layers):
-            p = f"model.layers.{i}."
-            targets[f"{p}input_layernorm.weight"] = (layer.input_layernorm.weight, None, 0)
-            targets[f"{p}post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight,
-                None,
-                0,
-            )
-        return targets
+        """Copy HF-named checkpoint tensors into the (fused) parameters
+        (engine/models/weights.py): raises on an unknown tensor or on any parameter slice
+        left unwritten, so a wrong checkpoint never serves garbage. Some tied checkpoints
+        store ``lm_head.weight`` anyway; the embedding wins."""
+        ignore = ("lm_head.weight",) if self.tie_word_embeddings else ()
+        load_checkpoint(self, weights, ignore=ignore)
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: Llama without biases; `sliding_window` is exposed for the runner to cap
-    max_model_len (the window itself is not applied)."""
+    """Mistral: Llama without biases; `sliding_window` (when set) bounds every layer."""
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Qwen2: bias on q/k/v (never on o_proj); sliding-window layers are refused."""
+    """Qwen2: bias on q/k/v (never on o_proj); with `use_sliding_window`, the layers from
+    `max_window_layers` on are windowed (`layer_types`)."""
 
     qkv_bias_default = True
     o_bias_follows_attention_bias = False
-
-    @staticmethod
-    def _sliding_window(config: Any) -> int | None:
-        layer_types = getattr(config, "layer_types", None) or []
-        if getattr(config, "use_sliding_window", False) or "sliding_attention" in layer_types:
-            raise ValueError("Qwen2 with use_sliding_window=True is not supported")
-        return None  # `sliding_window` is set in Qwen2 configs but unused without the flag

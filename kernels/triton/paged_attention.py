@@ -16,6 +16,9 @@ an online softmax in float32, and nothing of size ``seq_len`` is materialised.
 * prefill: one program per (chunk, query head, ``BLOCK_M`` queries). Query j of a chunk of
   length q sits at position ``seq_len - q + j`` and sees keys up to and including its own
   position; the key loop stops at the last position the block's queries can see.
+* sliding window ``WINDOW`` (0: none): a query at position p sees keys p - WINDOW + 1 .. p.
+  The key loops start at the first position any of their rows can see, so keys (and
+  cache blocks) before the window are never read: they may have been freed and reused.
 
 Rows that no query owns (padding heads in a group, queries past a chunk's end) are masked
 on store and kept finite: every such row still sees key 0, so no NaN is ever computed.
@@ -101,11 +104,13 @@ def _attend(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    WINDOW: tl.constexpr = 0,
 ):
     """The loop every kernel here shares: online softmax of the query rows ``q``
     ``[ROWS, BLOCK_D]`` over cache positions ``lo .. hi`` of kv head ``kvh`` (the sequence's
     block ``table``), in K/V tiles of ``BLOCK_N``. Positions ``>= kv_len`` are masked and
-    never loaded; ``CAUSAL``: row r also sees only positions ``<= q_pos[r]``.
+    never loaded; ``CAUSAL``: row r also sees only positions ``<= q_pos[r]`` (and, with a
+    ``WINDOW``, ``> q_pos[r] - WINDOW``).
 
     Returns ``(acc, m_i, l_i)``: the unnormalised ``[ROWS, BLOCK_D]`` accumulator, and per
     row the running max (log2 units) and sum of exponentials."""
@@ -125,6 +130,8 @@ def _attend(
         s = _scores(q, k, FP32_DOT) * qk_scale  # [ROWS, BLOCK_N], log2 units
         if CAUSAL:
             visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+            if WINDOW > 0:
+                visible = visible & (pos[None, :] > q_pos[:, None] - WINDOW)
         else:
             visible = n_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -189,17 +196,21 @@ def _paged_attention_decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
+    lo = 0
+    if WINDOW > 0:  # the query sits at seq_len - 1: its window starts at seq_len - WINDOW
+        lo = tl.maximum(seq_len - WINDOW, 0)
     q, heads, h_mask = _load_group_query(
         q_ptr, seq, kvh, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D
     )
     acc, _, l_i = _attend(
         q,
         heads,  # unused: not causal
-        0,
+        lo,
         seq_len,
         seq_len,
         block_tables_ptr + seq * stride_bt,
@@ -253,6 +264,7 @@ def _paged_attention_decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """Split-KV (flash-decoding) pass 1: program (seq, kv head, split) runs the online
     softmax over its slice of the context and stores the unnormalised accumulator with its
@@ -266,6 +278,8 @@ def _paged_attention_decode_split_kernel(
     part = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * part
     hi = tl.minimum(lo + part, seq_len)
+    if WINDOW > 0:  # splits wholly before the window run an empty loop
+        lo = tl.maximum(lo, seq_len - WINDOW)
     q, heads, h_mask = _load_group_query(
         q_ptr, seq, kvh, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D
     )
@@ -372,6 +386,7 @@ def _paged_attention_prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     chunk = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -390,15 +405,19 @@ def _paged_attention_prefill_kernel(
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
-    q_pos = prefix + offs_m  # rows past q_len sit at >= seq_len: they see every key, stay finite
+    # Rows past q_len sit at the chunk's last position: they see its keys, stay finite.
+    q_pos = tl.minimum(prefix + offs_m, seq_len - 1)
     # Keys past the block's last query position are invisible to all its rows. A block
     # wholly past the chunk's end gets an empty loop (and stores nothing).
     kv_end = tl.minimum(seq_len, prefix + m_start + BLOCK_M)
     kv_end = tl.where(m_start < q_len, kv_end, 0)
+    kv_start = 0
+    if WINDOW > 0:  # keys before the block's first query's window are invisible to all
+        kv_start = tl.maximum(prefix + m_start - WINDOW + 1, 0)
     acc, _, l_i = _attend(
         q,
         q_pos,
-        0,
+        kv_start,
         kv_end,
         seq_len,
         block_tables_ptr + chunk * stride_bt,
@@ -416,6 +435,7 @@ def _paged_attention_prefill_kernel(
         BLOCK_N,
         True,
         FP32_DOT,
+        WINDOW,
     )
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(
@@ -461,6 +481,7 @@ def paged_attention_triton(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
     *,
     block_m: int = 64,
     block_n: int = 64,
@@ -471,6 +492,7 @@ def paged_attention_triton(
     Rows past the step's decode and prefill tokens (there are none today) are left
     unwritten. ``block_m``/``block_n`` are the prefill query tile and the K/V tile;
     ``num_splits`` forces the split-KV decode slice count (None: ``decode_num_splits``).
+    ``sliding_window``: see ``kernels.reference.paged_attention``.
     """
     _check(query, k_cache, v_cache, meta)
     _, num_heads, hd = query.shape
@@ -478,6 +500,7 @@ def paged_attention_triton(
     group = num_heads // nkv
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     fp32_dot = query.dtype == torch.float32 or (_interpreted() and query.dtype == torch.bfloat16)
+    window = int(sliding_window or 0)
     qk_scale = scale * _LOG2E
     block_d = max(16, triton.next_power_of_2(hd))  # tl.dot needs K >= 16
     cs = k_cache.stride()
@@ -485,7 +508,9 @@ def paged_attention_triton(
     if num_splits is None and nd > 0:
         num_splits = decode_num_splits(nd, nkv, meta.decode_max_seq_len, _num_sms(query.device))
     if nd > 0 and num_splits is not None and num_splits > 1:
-        _decode_split(query, k_cache, v_cache, meta, out, qk_scale, num_splits, block_n, fp32_dot)
+        _decode_split(
+            query, k_cache, v_cache, meta, out, qk_scale, num_splits, block_n, fp32_dot, window
+        )
     elif nd > 0:
         _paged_attention_decode_kernel[(nd, nkv)](
             out,
@@ -510,6 +535,7 @@ def paged_attention_triton(
             BLOCK_D=block_d,
             BLOCK_N=block_n,
             FP32_DOT=fp32_dot,
+            WINDOW=window,
             num_warps=4,
         )
     if meta.num_prefills > 0 and meta.prefill_max_query_len > 0:
@@ -539,6 +565,7 @@ def paged_attention_triton(
             BLOCK_D=block_d,
             BLOCK_N=block_n,
             FP32_DOT=fp32_dot,
+            WINDOW=window,
             num_warps=4,
         )
     return out
@@ -554,6 +581,7 @@ def _decode_split(
     num_splits: int,
     block_n: int,
     fp32_dot: bool,
+    window: int = 0,
 ) -> None:
     """The decode rows of ``out`` through the two split-KV kernels."""
     nd = meta.num_decode_tokens
@@ -591,6 +619,7 @@ def _decode_split(
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         FP32_DOT=fp32_dot,
+        WINDOW=window,
         num_warps=4,
     )
     _paged_attention_decode_reduce_kernel[(nd, num_heads)](

@@ -2,7 +2,7 @@
 saved with `save_pretrained` (no download), for the MoE parity tests, the real-server
 test and `tools/bench_moe_step.py`.
 
-Every parameter gets distinct random values (`_randomize` of the Llama parity tests):
+Every parameter gets distinct random values (`randomize` of tests/engine/tiny_models.py):
 with transformers' init (norms 1, router 0 for Qwen3-MoE) a loader that swapped two
 experts or dropped a router bias could still pass. A word-level tokenizer with a chat
 template (`tests/gpu/gpu_models.py` `write_tokenizer`) makes the directory servable.
@@ -17,29 +17,19 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, MixtralConfig, PretrainedConfig
 
-from tests.engine.test_llama_parity import _randomize
+from tests.engine.tiny_models import COMMON, randomize
 from tests.gpu.gpu_models import write_tokenizer
 
 VOCAB = 128
 
-_COMMON: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "bos_token_id": None,
-    "eos_token_id": None,  # greedy runs every step it is asked for
-    "pad_token_id": 0,
-}
+_COMMON: dict[str, Any] = {**COMMON, "head_dim": 16}
+"""tests/engine/tiny_models.py's shape (2 layers, hidden 64, 4 heads of 16, vocabulary
+128); each MoE config sets its own expert widths."""
 
 
 def _mixtral() -> PretrainedConfig:
     return MixtralConfig(
-        **_COMMON, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+        **_COMMON, num_local_experts=4, num_experts_per_tok=2,
         tie_word_embeddings=False,
     )  # fmt: skip
 
@@ -61,7 +51,7 @@ def hf_reference(name: str, seed: int = 1) -> torch.nn.Module:
         attn_implementation="eager",
         experts_implementation="eager",
     )
-    _randomize(model, seed=seed)
+    randomize(model, seed=seed)
     return model.eval()
 
 

@@ -10,21 +10,12 @@ running each sequence alone, and greedy decoding must be token-identical to `gen
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    MistralConfig,
-    PretrainedConfig,
-    Qwen2Config,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, Qwen2Config
 
 from engine.attention import PagedAttentionBackend
 from engine.layers.attention import bind_attention
@@ -32,6 +23,7 @@ from engine.model_loader import load_model
 from engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, rope_config
 from engine.models.registry import ARCHITECTURES, get_model_class
 from kernels.metadata import SeqSpan
+from tests.engine.tiny_models import CONFIGS, llama3_rope, llama_tied, save_tiny
 
 ATOL = 1e-4
 RTOL = 1e-4
@@ -42,93 +34,15 @@ def _quiet(_: str) -> None:
 
 
 # ------------------------------------------------------------------------------------
-# tiny checkpoints
+# tiny checkpoints (tests/engine/tiny_models.py)
 # ------------------------------------------------------------------------------------
-
-_COMMON: dict[str, Any] = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "bos_token_id": None,
-    "eos_token_id": None,  # greedy runs the full 20 steps
-    "pad_token_id": 0,
-}
-
-
-def _llama_tied() -> PretrainedConfig:
-    return LlamaConfig(**_COMMON, head_dim=16, tie_word_embeddings=True)
-
-
-def _llama_untied_bias() -> PretrainedConfig:
-    # head_dim (16) != hidden/heads (12): the explicit head_dim must win everywhere.
-    cfg = {**_COMMON, "hidden_size": 48}
-    return LlamaConfig(
-        **cfg, head_dim=16, tie_word_embeddings=False, attention_bias=True, mlp_bias=True
-    )
-
-
-def _llama3_rope() -> PretrainedConfig:
-    rope = {
-        "rope_type": "llama3",
-        "rope_theta": 500000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32,
-    }
-    return LlamaConfig(**_COMMON, head_dim=16, tie_word_embeddings=True, rope_parameters=rope)
-
-
-def _qwen2() -> PretrainedConfig:
-    return Qwen2Config(**_COMMON, tie_word_embeddings=False)
-
-
-def _mistral() -> PretrainedConfig:
-    return MistralConfig(**_COMMON, head_dim=16, sliding_window=4096)
-
-
-CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
-    "llama-gqa-tied": _llama_tied,
-    "llama-untied-bias-headdim": _llama_untied_bias,
-    "llama3-rope-scaling": _llama3_rope,
-    "qwen2-qkv-bias": _qwen2,
-    "mistral": _mistral,
-}
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Give every parameter distinct random values.
-
-    transformers initialises norms to 1 and Qwen2 biases to 0; with those a loader that
-    swapped two norms or dropped a bias would still pass, so nothing is left at its init.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * noise)
-            else:
-                param.copy_(0.15 * noise)
 
 
 class Checkpoint:
     """A saved tiny checkpoint with its transformers model (oracle) and native model."""
 
     def __init__(self, name: str, directory: Path) -> None:
-        config = CONFIGS[name]()
-        torch.manual_seed(0)
-        hf = AutoModelForCausalLM.from_config(
-            config, dtype=torch.float32, attn_implementation="eager"
-        )
-        _randomize(hf, seed=1)
-        hf.eval()
-        hf.save_pretrained(directory)
+        hf = save_tiny(name, directory)
         self.name = name
         self.dir = directory
         self.hf = hf
@@ -249,18 +163,23 @@ def _prompts(n: int, lengths: list[int], vocab: int, seed: int) -> list[list[int
 
 
 def test_registry_maps_architectures() -> None:
-    assert set(ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+    # Every tiny config resolves (by model_type: a fresh config names no architecture).
+    for factory in CONFIGS.values():
+        get_model_class(factory())
+    assert {
+        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    } <= set(ARCHITECTURES)  # fmt: skip
     assert get_model_class(Qwen2Config()) is Qwen2ForCausalLM
     cfg = PretrainedConfig(architectures=["GPT2LMHeadModel"])
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*Qwen2ForCausalLM"):
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*Qwen3ForCausalLM"):
         get_model_class(cfg)
 
 
 def test_rope_config_reads_v5_and_legacy_forms() -> None:
-    theta, scaling = rope_config(_llama3_rope())
+    theta, scaling = rope_config(llama3_rope())
     assert theta == 500000.0
     assert scaling is not None and scaling["rope_type"] == "llama3" and "rope_theta" not in scaling
-    assert rope_config(_llama_tied()) == (10000.0, None)
+    assert rope_config(llama_tied()) == (10000.0, None)
     # transformers 4 attribute names, as an old config object carries them.
     legacy = SimpleNamespace(
         rope_theta=1234.0,
@@ -270,28 +189,52 @@ def test_rope_config_reads_v5_and_legacy_forms() -> None:
     assert rope_config(legacy) == (1234.0, {"rope_type": "linear", "factor": 2.0})
 
 
+def _hf_windows(hf: torch.nn.Module) -> list[int | None]:
+    """transformers' window per layer: the attention's attribute (Qwen2/3, Gemma 3,
+    SmolLM3) or the config's `sliding_window` on every layer (Mistral, Phi-3)."""
+    out = []
+    for layer in hf.model.layers:
+        attn = layer.self_attn
+        out.append(
+            attn.sliding_window if hasattr(attn, "sliding_window") else hf.config.sliding_window
+        )
+    return out
+
+
 def test_loaded_model_structure(model_ckpt: Checkpoint) -> None:
-    """Fused weights hold the checkpoint's q/k/v and gate/up rows; ties share storage."""
+    """Fused weights hold the checkpoint's q/k/v and gate/up rows; ties share storage;
+    every layer has transformers' sliding window."""
     m, hf = model_ckpt.model, model_ckpt.hf
     assert m.num_layers == 2 and m.num_kv_heads == 2 and m.head_dim == 16 and m.vocab_size == 128
     attn = m.model.layers[1].self_attn
     hf_attn = hf.model.layers[1].self_attn
     q, kv = attn.q_size, attn.kv_size
-    assert torch.equal(attn.qkv_proj.weight[q : q + kv], hf_attn.k_proj.weight)
-    assert torch.equal(attn.qkv_proj.weight[q + kv :], hf_attn.v_proj.weight)
-    inter = m.model.layers[0].mlp.intermediate_size
-    assert torch.equal(
-        m.model.layers[0].mlp.gate_up_proj.weight[inter:], hf.model.layers[0].mlp.up_proj.weight
-    )
+    if hasattr(hf_attn, "qkv_proj"):  # Phi-3 stores the fused tensor
+        assert torch.equal(attn.qkv_proj.weight, hf_attn.qkv_proj.weight)
+    else:
+        assert torch.equal(attn.qkv_proj.weight[q : q + kv], hf_attn.k_proj.weight)
+        assert torch.equal(attn.qkv_proj.weight[q + kv :], hf_attn.v_proj.weight)
+    mlp, hf_mlp = m.model.layers[0].mlp, hf.model.layers[0].mlp
+    if hasattr(hf_mlp, "gate_up_proj"):
+        assert torch.equal(mlp.gate_up_proj.weight, hf_mlp.gate_up_proj.weight)
+    else:
+        inter = mlp.intermediate_size
+        assert torch.equal(mlp.gate_up_proj.weight[inter:], hf_mlp.up_proj.weight)
     if model_ckpt.config.tie_word_embeddings:
         assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
     else:
         assert m.lm_head.weight.data_ptr() != m.model.embed_tokens.weight.data_ptr()
         assert torch.equal(m.lm_head.weight, hf.lm_head.weight)
-    has_qkv_bias = model_ckpt.name.startswith(("qwen2", "llama-untied-bias"))
+    has_qkv_bias = model_ckpt.name.startswith(("qwen2", "llama-untied-bias", "qwen3-sliding"))
     assert (attn.qkv_proj.bias is not None) == has_qkv_bias
-    assert (attn.o_proj.bias is not None) == model_ckpt.name.startswith("llama-untied-bias")
-    assert m.sliding_window == (4096 if model_ckpt.name == "mistral" else None)
+    has_o_bias = model_ckpt.name.startswith(("llama-untied-bias", "qwen3-sliding"))
+    assert (attn.o_proj.bias is not None) == has_o_bias
+    windows = _hf_windows(hf)
+    assert m.layer_windows == windows
+    assert [layer.self_attn.attn.sliding_window for layer in m.model.layers] == windows
+    assert m.sliding_window == (None if None in windows else max(windows))
+    if model_ckpt.name.endswith("sliding"):
+        assert any(windows), "a sliding config must window some layer"
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
@@ -439,3 +382,59 @@ def test_smollm2_greedy_matches_transformers(model_smollm2_dir: str) -> None:
         assert got == ref[0, len(prompt) :].tolist(), tok.decode(got)
     answer = tok.decode(generated[0], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+def test_sliding_window_is_what_matches(model_ckpt: Checkpoint) -> None:
+    """The windowed configs' prompts run past the window, and the window matters: with
+    it lifted, the logits no longer match transformers."""
+    if not any(model_ckpt.model.layer_windows) or model_ckpt.model.layer_windows == [4096] * 2:
+        pytest.skip("no short window in this config")
+    prompt = _prompts(1, [23], vocab=128, seed=3)[0]
+    assert len(prompt) > max(w for w in model_ckpt.model.layer_windows if w)
+    attns = [layer.self_attn.attn for layer in model_ckpt.model.model.layers]
+    windows = [a.sliding_window for a in attns]
+    try:
+        for a in attns:
+            a.sliding_window = None
+        (lifted,) = PagedRunner(model_ckpt.model, block_size=4).step([("x", prompt)], all_rows=True)
+    finally:
+        for a, w in zip(attns, windows, strict=True):
+            a.sliding_window = w
+    assert not torch.allclose(lifted, model_ckpt.hf_logits(prompt), atol=ATOL, rtol=RTOL)
+
+
+def test_longrope_tables_and_decoding_up_to_the_switch(tmp_path: Path) -> None:
+    """Phi-3 LongRoPE: row p of the cos/sin table is transformers' rotary at position p
+    alone (short factors below original_max_position_embeddings, long ones from there,
+    both scaled by the attention factor), and greedy decoding is token-identical up to
+    the switch.
+
+    Past it the two differ by design: when a sequence grows past the original length,
+    transformers' `generate` re-encodes the *whole* sequence with the long factors (the
+    cached keys are dropped), while a paged cache keeps the keys it has, rotated with the
+    short ones (docs/models.md, "LongRoPE")."""
+    ckpt = Checkpoint("phi3-longrope", tmp_path)
+    original = ckpt.config.rope_parameters["original_max_position_embeddings"]
+    rotary = ckpt.hf.model.rotary_emb
+    table = ckpt.model.model.layers[0].self_attn.rotary_emb.cos_sin_cache
+    half = table.shape[1] // 2
+    for pos in (0, 5, original - 1, original, original + 7, 200):
+        cos, sin = rotary(torch.zeros(1, 1, 16), torch.tensor([[pos]]))
+        assert torch.equal(table[pos, :half], cos[0, 0, :half]), pos
+        assert torch.equal(table[pos, half:], sin[0, 0, :half]), pos
+    assert not torch.equal(table[original - 1], table[original])
+
+    prompt = _prompts(1, [original - 10], vocab=128, seed=21)[0]
+    runner = PagedRunner(ckpt.model, block_size=8, seed=4)
+    got: list[int] = []
+    (logits,) = runner.step([("p", prompt)])
+    before_switch = original - len(prompt) + 1  # tokens sampled from positions < original
+    for _ in range(before_switch):
+        got.append(int(logits.argmax()))
+        (logits,) = runner.step([("p", [got[-1]])])
+    with torch.no_grad():
+        ref = ckpt.hf.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=before_switch, do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    assert got == ref[0, len(prompt) :].tolist()
