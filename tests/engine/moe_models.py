@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, PretrainedConfig
+from transformers import AutoModelForCausalLM, MixtralConfig, PretrainedConfig, Qwen3MoeConfig
 
 from tests.engine.tiny_models import COMMON, randomize
 from tests.gpu.gpu_models import write_tokenizer
@@ -34,8 +34,20 @@ def _mixtral() -> PretrainedConfig:
     )  # fmt: skip
 
 
+def _qwen3_moe() -> PretrainedConfig:
+    # 4 layers, layer 2 dense by mlp_only_layers (decoder_sparse_step: test_moe_parity.py
+    # compares the sparse/dense choice with transformers'); top-3 of 6 experts without
+    # renormalising; tied embeddings.
+    return Qwen3MoeConfig(
+        **{**_COMMON, "num_hidden_layers": 4, "intermediate_size": 80}, moe_intermediate_size=32,
+        num_experts=6, num_experts_per_tok=3, norm_topk_prob=False, mlp_only_layers=[2],
+        tie_word_embeddings=True,
+    )  # fmt: skip
+
+
 CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     "mixtral": _mixtral,
+    "qwen3-moe": _qwen3_moe,
 }
 """Architecture family → its tiny config (each one's experts are all routed to by the
 parity prompts: tests/engine/test_moe_parity.py checks it)."""

@@ -25,6 +25,7 @@ from engine.layers.moe import (
     EXPERT_LINEARS,
     GROUPED_GEMM,
     FusedMoE,
+    SparseMoeBlock,
     TopKRouter,
     use_moe_method,
 )
@@ -101,6 +102,24 @@ PROMPTS = _prompts(5, [7, 1, 23, 40, 12], vocab=VOCAB, seed=3)
 def test_registry_names_the_moe_architectures(ckpt: MoeCheckpoint) -> None:
     arch = ckpt.config.architectures[0]
     assert type(ckpt.model) is get_model_class(ckpt.config) and type(ckpt.model).__name__ == arch
+
+
+def test_qwen3_moe_sparse_layers_are_transformers_choice() -> None:
+    """mlp_only_layers and decoder_sparse_step pick the same sparse layers as transformers."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    from engine.models.qwen3_moe import Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=16, hidden_size=16, intermediate_size=8, moe_intermediate_size=8,
+        num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+        num_experts=2, num_experts_per_tok=1, decoder_sparse_step=2, mlp_only_layers=[3],
+    )  # fmt: skip
+    hf = AutoModelForCausalLM.from_config(config)
+    ours = Qwen3MoeForCausalLM(config, torch.float32, torch.device("cpu"))
+    hf_sparse = [type(layer.mlp).__name__.endswith("SparseMoeBlock") for layer in hf.model.layers]
+    our_sparse = [isinstance(layer.mlp, SparseMoeBlock) for layer in ours.model.layers]
+    assert our_sparse == hf_sparse == [False, True, False, False, False, True]
 
 
 def test_stacked_experts_hold_the_checkpoint_tensors(ckpt: MoeCheckpoint) -> None:
