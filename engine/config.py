@@ -153,6 +153,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     """What `--quantization` resolved to: ``gguf`` (the CPU fast path) or ``none``."""
     kernels: str = ""
     """Weights and kernels in one line, incl. the host ISA they were chosen for."""
+    architecture: str = ""
+    """The native model class that serves it (`config.architectures[0]`, e.g.
+    ``MixtralForCausalLM``), shown by /version."""
 
 
 CPU_TOKEN_BUDGET = 256

@@ -113,6 +113,7 @@ class EngineCore:
             block_size=block_size,
             quantization=self.backends.quantization,
             kernels=self.backends.description,
+            architecture=type(self.model).__name__,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0

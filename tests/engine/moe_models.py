@@ -10,7 +10,8 @@ template (`tests/gpu/gpu_models.py` `write_tokenizer`) makes the directory serva
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,19 @@ CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
 }
 """Architecture family → its tiny config (each one's experts are all routed to by the
 parity prompts: tests/engine/test_moe_parity.py checks it)."""
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the transformers oracle on one torch thread: its eager experts call `index_add_`
+    per expert, whose parallel kernel spent ~20 ms per call in its OpenMP barrier on the
+    busy 2-core test host (generate: 40 s on 2 threads, 1.8 s on 1; same tokens)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def hf_reference(name: str, seed: int = 1) -> torch.nn.Module:

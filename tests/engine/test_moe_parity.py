@@ -11,10 +11,8 @@ mis-weighted expert cannot hide.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +31,7 @@ from engine.messages import AddRequest
 from engine.model_loader import load_model
 from engine.models.registry import get_model_class
 from engine.sampling_params import SamplingParams
-from tests.engine.moe_models import CONFIGS, VOCAB, save_tiny_moe
+from tests.engine.moe_models import CONFIGS, VOCAB, one_thread, save_tiny_moe
 from tests.engine.test_llama_parity import PagedRunner, _prompts
 
 ATOL = 1e-4
@@ -43,19 +41,6 @@ NEW_TOKENS = 16
 
 def _quiet(_: str) -> None:
     """Progress sink: keep test output clean."""
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run the oracle on one torch thread: transformers' eager experts call `index_add_`
-    per expert, whose parallel kernel spent ~20 ms per call in its OpenMP barrier on the
-    busy 2-core test host (generate: 40 s on 2 threads, 1.8 s on 1; same tokens)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 class MoeCheckpoint:
@@ -69,7 +54,7 @@ class MoeCheckpoint:
 
     @torch.no_grad()
     def hf_logits(self, tokens: list[int]) -> torch.Tensor:
-        with _one_thread():
+        with one_thread():
             return self.hf(torch.tensor([tokens])).logits[0].float()
 
     @functools.cached_property
@@ -79,7 +64,7 @@ class MoeCheckpoint:
 
     @torch.no_grad()
     def hf_generate(self, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
-        with _one_thread():
+        with one_thread():
             out = self.hf.generate(
                 torch.tensor([prompt]),
                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
