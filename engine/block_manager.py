@@ -6,6 +6,11 @@ by a hash chain over their tokens (each hash covers the parent's hash and the bl
 tokens), so two requests with the same prefix map it to the same physical blocks.
 Freed blocks keep their contents and hash: they are reused for a later hit until the
 allocator needs them for new content (least recently freed evicted first).
+
+With a sliding window that bounds every layer (Mistral, Qwen2 with every layer windowed),
+a running sequence's blocks that lie wholly before the window of its next token are
+released as it advances (`free_outside_window`), so a long sequence holds about
+``window / block_size`` blocks, not its whole length.
 """
 
 from __future__ import annotations
@@ -19,13 +24,21 @@ from engine.request import Request
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
+        """The window every layer attends within (the model's `sliding_window`), or None."""
+        self.num_window_freed_blocks = 0
+        """Blocks released because they fell out of the window (a counter for tests)."""
         self._ref_counts = [0] * num_blocks
         self._block_hash: list[bytes | None] = [None] * num_blocks
         # Free blocks in eviction order (oldest first). Values unused.
@@ -136,7 +149,8 @@ class BlockManager:
             return
         num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
         hashes = self._hash_blocks(request, num_full)
-        for i in range(num_full - 1, -1, -1):
+        # Blocks released by the window may belong to someone else now: never touch them.
+        for i in range(num_full - 1, request.num_freed_blocks - 1, -1):
             block_id = request.block_ids[i]
             if self._block_hash[block_id] is not None:
                 break  # everything before it was committed already
@@ -146,11 +160,35 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks; the tail goes to the free list first so a
         shared prefix outlives the request-specific suffix in the cache."""
-        for block_id in reversed(request.block_ids):
-            self._ref_counts[block_id] -= 1
-            if self._ref_counts[block_id] == 0:
-                self._free[block_id] = None
+        for block_id in reversed(request.block_ids[request.num_freed_blocks :]):
+            self._release(block_id)
         request.block_ids = []
+        request.num_freed_blocks = 0
+
+    def free_outside_window(self, request: Request) -> int:
+        """Release the blocks of a running request that its next token's window no
+        longer reaches; returns how many. Its next query sits at position
+        ``num_computed_tokens`` and sees keys from ``num_computed_tokens - window + 1`` on,
+        so block i can go once ``(i + 1) * block_size`` is at most that. Later steps only
+        move the window forward, so a released block is never needed again (a
+        preempted request recomputes from scratch)."""
+        window = self.sliding_window
+        if window is None:
+            return 0
+        first_needed = request.num_computed_tokens - window + 1
+        upto = min(max(first_needed, 0) // self.block_size, len(request.block_ids))
+        released = 0
+        while request.num_freed_blocks < upto:
+            self._release(request.block_ids[request.num_freed_blocks])
+            request.num_freed_blocks += 1
+            released += 1
+        self.num_window_freed_blocks += released
+        return released
+
+    def _release(self, block_id: int) -> None:
+        self._ref_counts[block_id] -= 1
+        if self._ref_counts[block_id] == 0:
+            self._free[block_id] = None
 
     def reset_prefix_cache(self) -> None:
         for block_id in list(self._free):

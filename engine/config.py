@@ -154,8 +154,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     kernels: str = ""
     """Weights and kernels in one line, incl. the host ISA they were chosen for."""
     architecture: str = ""
-    """The native model class that serves it (`config.architectures[0]`, e.g.
-    ``MixtralForCausalLM``), shown by /version."""
+    """The native model class serving it (``Qwen3ForCausalLM``, ...): `/version` and
+    `/v1/models` show it."""
 
 
 CPU_TOKEN_BUDGET = 256

@@ -97,7 +97,9 @@ class EngineCore:
                 self.model, block_size, max_len, config.max_num_seqs, self.device,
                 config.enforce_eager, say,
             )  # fmt: skip
-        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks, block_size, config.enable_prefix_caching, self.model.sliding_window
+        )
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,

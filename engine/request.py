@@ -37,6 +37,7 @@ class Request:
         "grammar",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_freed_blocks",
         "num_prompt_tokens",
         "params",
         "priority",
@@ -67,6 +68,10 @@ class Request:
         self.num_cached_tokens = 0
         """Prompt tokens that came from the prefix cache at first admission."""
         self.block_ids: list[int] = []
+        self.num_freed_blocks = 0
+        """Leading `block_ids` already released because they fell out of the sliding
+        window (engine/block_manager.py `free_outside_window`); the ids stay in the table
+        (kernels never read them) so positions keep mapping to table entries."""
         self.block_hashes: list[bytes] = []
         """Hash chain of this sequence's full blocks, filled lazily by the block manager."""
         self.status = RequestStatus.WAITING

@@ -179,3 +179,4 @@ class Scheduler:
                 continue
             request.num_computed_tokens += item.num_new_tokens
             self.block_manager.commit(request)
+            self.block_manager.free_outside_window(request)

@@ -125,5 +125,5 @@ class CpuAttentionBackend(AttentionBackend):
         return ops.paged_attention(
             rows, layer.num_heads, layer.num_kv_heads, layer.head_dim, k_cache, v_cache,
             meta.seq_block_tables, meta.token_seq, meta.token_ctx, meta.max_ctx, layer.scale,
-            self.scratch,
+            self.scratch, sliding_window=layer.sliding_window,
         )  # fmt: skip

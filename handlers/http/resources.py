@@ -201,9 +201,8 @@ def server_version() -> str:
 
 
 class Version:
-    """The server version, plus (once the engine is warm) the architecture it serves and
-    the weights mode and kernels it chose for this host, so a deployment can check what it
-    runs."""
+    """The server version, plus (once the engine is warm) the weights mode and kernels it
+    chose for this host, so a deployment can check what it runs."""
 
     def __init__(self, engine: EngineClient | None = None) -> None:
         self._engine = engine
@@ -214,8 +213,7 @@ class Version:
         if info is not None:
             body["quantization"] = info.quantization
             body["kernels"] = info.kernels
-            if info.architecture:
-                body["architecture"] = info.architecture
+            body["architecture"] = info.architecture
         resp.media = body
 
 

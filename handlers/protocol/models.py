@@ -19,6 +19,9 @@ class ModelCard(WireModel):
     """The model directory the engine loaded (vLLM reports the model path here)."""
     parent: str | None = None
     max_model_len: int | None = None
+    architecture: str | None = None
+    """The native architecture serving the model (``config.architectures[0]``); absent
+    while the engine is still loading."""
 
 
 class ModelList(WireModel):

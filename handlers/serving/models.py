@@ -20,6 +20,7 @@ class ServingModels:
                     id=name,
                     root=root,
                     max_model_len=info.max_model_len if info else None,
+                    architecture=info.architecture if info and info.architecture else None,
                 )
                 for name in self.served.names
             ]

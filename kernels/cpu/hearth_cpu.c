@@ -516,15 +516,16 @@ ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv
         _mm_storeu_ps(dst[u] + at, _mm_mul_ps(reduce4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]), vscale));
 }
 
-/* Scores of nv vectors over keys 0 .. n-1 (rows may get up to 3 more, overwritten or unused).
- * k_cache + koff is the kv head's first element of slot 0. */
+/* Scores of nv vectors over keys b0 * block_size .. n-1, stored at their positions (rows may
+ * get up to 3 more, overwritten or unused). k_cache + koff is the kv head's first element of
+ * slot 0. Blocks before b0 (wholly before every vector's sliding window) are never read. */
 ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t nv, const void *k_cache,
-                                 int64_t koff, const int32_t *table, int64_t n, int64_t block_size,
+                                 int64_t koff, const int32_t *table, int64_t b0, int64_t n, int64_t block_size,
                                  int64_t kv_stride, int64_t hd, float scale, float *const *dst) {
     const __m128 vscale = _mm_set1_ps(scale);
     const int64_t nblk = (n + block_size - 1) / block_size;
-    int64_t i0 = 0;
-    for (int64_t b = 0; b < nblk; b++, i0 += block_size) {
+    int64_t i0 = b0 * block_size;
+    for (int64_t b = b0; b < nblk; b++, i0 += block_size) {
         const int64_t kb = koff + (int64_t)table[b] * block_size * kv_stride;
         const int64_t m = (n - i0) < block_size ? (n - i0) : block_size;
         if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
@@ -544,8 +545,13 @@ ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t
     }
 }
 
-/* p[0 .. n) = exp(s - max), then zero up to `upto`; returns 1 / sum. Fixed 8-wide order. */
-static float softmax_row(float *p, int64_t n, int64_t upto) {
+/* p[lo .. n) = exp(s - max), zero on [from, lo) (keys before the row's sliding window) and
+ * on [n, upto); returns 1 / sum. Fixed 8-wide order from lo. */
+static float softmax_row(float *p, int64_t from, int64_t lo, int64_t n, int64_t upto) {
+    for (int64_t i = from; i < lo; i++) p[i] = 0.0f;
+    p += lo;
+    n -= lo;
+    upto -= lo;
     float mx = -INFINITY;
     for (int64_t i = 0; i < n; i++) mx = p[i] > mx ? p[i] : mx;
     const __m256 vmx = _mm256_set1_ps(mx);
@@ -565,16 +571,17 @@ static float softmax_row(float *p, int64_t n, int64_t upto) {
     return 1.0f / sum;
 }
 
-/* o_u[0 .. 32) = inv_u * sum_i p_u[i] v_i[off ..] for U (1..3) vectors, keys in position order. */
+/* o_u[0 .. 32) = inv_u * sum_i p_u[i] v_i[off ..] for U (1..3) vectors, keys in position order
+ * from block b0. */
 ATT_INLINE void values_32(const int U, const int kind, const float *const *p, const void *v_cache,
-                          const int32_t *table, int64_t n, int64_t block_size, int64_t kv_stride, int64_t off,
-                          const float *inv, float *const *o, int64_t d0) {
+                          const int32_t *table, int64_t b0, int64_t n, int64_t block_size, int64_t kv_stride,
+                          int64_t off, const float *inv, float *const *o, int64_t d0) {
     __m256 a[3][4];
     for (int u = 0; u < U; u++)
         for (int c = 0; c < 4; c++) a[u][c] = _mm256_setzero_ps();
     const int64_t nblk = (n + block_size - 1) / block_size;
-    int64_t i = 0;
-    for (int64_t b = 0; b < nblk; b++) {
+    int64_t i = b0 * block_size;
+    for (int64_t b = b0; b < nblk; b++) {
         const int64_t vb = (int64_t)table[b] * block_size * kv_stride + off;
         const int64_t m = (n - i) < block_size ? (n - i) : block_size;
         if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
@@ -602,16 +609,16 @@ ATT_INLINE void values_32(const int U, const int kind, const float *const *p, co
 }
 
 ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t nv, const void *v_cache,
-                                 const int32_t *table, int64_t n, int64_t block_size, int64_t kv_stride,
-                                 int64_t off, int64_t hd, const float *inv, float *const *o) {
+                                 const int32_t *table, int64_t b0, int64_t n, int64_t block_size,
+                                 int64_t kv_stride, int64_t off, int64_t hd, const float *inv, float *const *o) {
     for (int64_t d0 = 0; d0 < hd; d0 += 32) {
         int64_t u = 0;
         for (; u + 3 <= nv; u += 3)
-            values_32(3, kind, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(3, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
         if (nv - u == 2)
-            values_32(2, kind, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(2, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
         else if (nv - u == 1)
-            values_32(1, kind, p + u, v_cache, table, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(1, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
     }
 }
 
@@ -638,14 +645,15 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
                                int64_t ldq, int64_t nh, int64_t hd, int64_t group, int64_t kv_stride,
                                const void *k_cache, const void *v_cache, int64_t block_size,
                                const int32_t *block_tables, int64_t max_blocks, const int32_t *seq,
-                               const int32_t *ctx, float scale, float *out, float *rows, int64_t row) {
+                               const int32_t *ctx, float scale, int64_t window, float *out, float *rows,
+                               int64_t row) {
     const int64_t r0 = tiles[it], num_vecs = (tiles[it + 1] - r0) * group;
     const int32_t *table = block_tables + (int64_t)seq[r0] * max_blocks;
     for (int64_t v0 = 0; v0 < num_vecs; v0 += ATT_MAXV) {
         const int64_t nv = (num_vecs - v0) < ATT_MAXV ? (num_vecs - v0) : ATT_MAXV;
         const float *qv[ATT_MAXV];
         float *ov[ATT_MAXV], *pv[ATT_MAXV], inv[ATT_MAXV];
-        int64_t len[ATT_MAXV], n = 0;
+        int64_t len[ATT_MAXV], lo[ATT_MAXV], n = 0, first = INT64_MAX;
         for (int64_t u = 0; u < nv; u++) {
             const int64_t r = r0 + (v0 + u) / group, h = kvh * group + (v0 + u) % group;
             qv[u] = q + r * ldq + h * hd;
@@ -653,11 +661,15 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
             pv[u] = rows + u * row;
             len[u] = ctx[r];
             n = len[u] > n ? len[u] : n;
+            /* sliding window: the query at position len - 1 sees keys len - window .. len - 1 */
+            lo[u] = window > 0 && len[u] > window ? len[u] - window : 0;
+            first = lo[u] < first ? lo[u] : first;
         }
-        attention_scores(kind, qv, nv, k_cache, kvh * hd, table, n, block_size, kv_stride, hd, scale, pv);
-        for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], len[u], n);
-        attention_values(kind, (const float *const *)pv, nv, v_cache, table, n, block_size, kv_stride, kvh * hd,
-                         hd, inv, ov);
+        const int64_t b0 = first / block_size; /* blocks before it are outside every window */
+        attention_scores(kind, qv, nv, k_cache, kvh * hd, table, b0, n, block_size, kv_stride, hd, scale, pv);
+        for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], b0 * block_size, lo[u], len[u], n);
+        attention_values(kind, (const float *const *)pv, nv, v_cache, table, b0, n, block_size, kv_stride,
+                         kvh * hd, hd, inv, ov);
     }
 }
 
@@ -668,7 +680,7 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
     void NAME(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,                \
               const ELEM *k_cache, const ELEM *v_cache, int64_t block_size, const int32_t *block_tables,  \
               int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,        \
-              float *scratch, int64_t scratch_per_thread) {                                               \
+              float *scratch, int64_t scratch_per_thread, int64_t window) {                               \
         const int64_t group = nh / nkv;                                                                   \
         const int64_t kv_stride = nkv * hd; /* elements between consecutive slots */                     \
         const int64_t tile_tokens = group >= ATT_MAXV ? 1 : ATT_MAXV / group;                             \
@@ -679,7 +691,7 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
         for (int64_t it = 0; it < num_tiles; it++)                                                        \
             for (int64_t kvh = 0; kvh < nkv; kvh++)                                                       \
                 attention_item(KIND, it, kvh, tiles, q, ldq, nh, hd, group, kv_stride, k_cache, v_cache,  \
-                               block_size, block_tables, max_blocks, seq, ctx, scale, out,                \
+                               block_size, block_tables, max_blocks, seq, ctx, scale, window, out,        \
                                scratch + (int64_t)omp_get_thread_num() * scratch_per_thread, row);        \
         free(tiles);                                                                                      \
     }
@@ -786,16 +798,16 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
             else
                 hearth_kv_write(a, op->ld[0], b, op->ld[1], t, op->i[0], c, d, st->slots);
             break;
-        case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..2 = nh, nkv, hd */
+        case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..3 = nh, nkv, hd, window */
             if (op->kind == 1)
                 hearth_paged_attention_f16(a, t, op->ld[0], op->i[0], op->i[1], op->i[2],
                                            (const uint16_t *)b, (const uint16_t *)c, st->block_size,
                                            st->tables, st->max_blocks, st->seq, st->ctx, op->f[1], d,
-                                           st->att_scratch, st->att_per_thread);
+                                           st->att_scratch, st->att_per_thread, op->i[3]);
             else
                 hearth_paged_attention(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], b, c,
                                        st->block_size, st->tables, st->max_blocks, st->seq, st->ctx,
-                                       op->f[1], d, st->att_scratch, st->att_per_thread);
+                                       op->f[1], d, st->att_scratch, st->att_per_thread, op->i[3]);
             break;
         case OP_SILU_MUL: /* gate_up = a, out = c; i0 = inter */
             hearth_silu_mul(a, c, t, op->i[0]);

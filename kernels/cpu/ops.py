@@ -33,7 +33,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_kv_write": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_paged_attention": [
         *[_ptr, _i64, _i64, _i64, _i64, _i64],
-        *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64],
+        *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64, _i64],
     ],
     "hearth_num_threads": [],
     "hearth_embedding": [_ptr, _i64, _ptr, _i64, _ptr],
@@ -391,8 +391,11 @@ def paged_attention(
     scale: float,
     scratch: AttentionScratch,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each query token over its own sequence's paged keys.
+    """Causal attention of each query token over its own sequence's paged keys (with a
+    ``sliding_window`` W: only the last W of them, its own included; blocks wholly before
+    the window of every token of a tile are not read).
 
     ``q``: ``[T, >= nh*hd]`` rows (unit column stride; the fused qkv works as is);
     ``block_tables [S, max_blocks]`` int32; ``token_seq [T]`` (row of block_tables) and
@@ -404,6 +407,7 @@ def paged_attention(
     if head_dim % 32:
         raise ValueError("the CPU attention kernel needs head_dim % 32 == 0")
     t = q.shape[0]
+    window = int(sliding_window or 0)
     rec = capture.active()
     if rec is not None:
         rec.rows(t)
@@ -416,8 +420,8 @@ def paged_attention(
         out = rec.new(num_heads * head_dim) if out is None else out
         f16 = _kv_cache_dtype(k_cache, v_cache) == torch.float16
         rec.emit(
-            capture.OP_ATTENTION, [q, k_cache, v_cache, out], (num_heads, num_kv_heads, head_dim),
-            (0.0, scale), kind=int(f16),
+            capture.OP_ATTENTION, [q, k_cache, v_cache, out],
+            (num_heads, num_kv_heads, head_dim, window), (0.0, scale), kind=int(f16),
         )  # fmt: skip
         return out
     if out is None:
@@ -426,7 +430,7 @@ def paged_attention(
     if _kv_cache_dtype(k_cache, v_cache) == torch.float16:
         return _paged_attention_f16(
             q, num_heads, num_kv_heads, head_dim, k_cache, v_cache, block_tables, token_seq,
-            token_ctx, scale, scratch, buf, out,
+            token_ctx, scale, scratch, buf, out, window,
         )  # fmt: skip
     library().hearth_paged_attention(
         _p(q),
@@ -446,6 +450,7 @@ def paged_attention(
         _p(out),
         _p(buf),
         scratch.per_thread,
+        window,
     )
     return out
 
@@ -482,10 +487,11 @@ def _paged_attention_f16(
     scratch: AttentionScratch,
     buf: torch.Tensor,
     out: torch.Tensor,
+    window: int = 0,
 ) -> torch.Tensor:
     _kv16_fn("hearth_paged_attention_f16", library())(
         _p(q), q.shape[0], q.stride(0), num_heads, num_kv_heads, head_dim,
         _p(k_cache), _p(v_cache), k_cache.shape[1], _p(block_tables), block_tables.shape[1],
-        _p(token_seq), _p(token_ctx), scale, _p(out), _p(buf), scratch.per_thread,
+        _p(token_seq), _p(token_ctx), scale, _p(out), _p(buf), scratch.per_thread, window,
     )  # fmt: skip
     return out

@@ -102,3 +102,62 @@ def test_a_prefix_shared_by_three_stays_in_use_until_the_last_one_frees_it() -> 
     bm.free(last)
     bm.free(newcomer)
     assert bm.num_used_blocks == 0
+
+
+def test_sliding_window_frees_blocks_its_next_token_cannot_see() -> None:
+    """Window 6, blocks of 4: after 16 tokens the next query (position 16) sees keys
+    11..16, so blocks 0 and 1 (positions 0..7) go back to the pool, block 2 stays;
+    decoding on releases each block once it is wholly behind the window; finishing
+    frees the rest exactly once."""
+    bm = BlockManager(num_blocks=8, block_size=4, sliding_window=6)
+    r = _req("a", list(range(16)))
+    assert bm.allocate(r, 16)
+    r.num_computed_tokens = 16
+    bm.commit(r)
+    assert bm.free_outside_window(r) == 2
+    assert r.num_freed_blocks == 2 and len(r.block_ids) == 4 and bm.num_used_blocks == 2
+    assert bm.free_outside_window(r) == 0  # idempotent
+    for n in range(16, 24):  # decode 8 tokens, one block at a time
+        r.all_token_ids.append(n)
+        assert bm.allocate(r, 1)
+        r.num_computed_tokens += 1
+        bm.commit(r)
+        bm.free_outside_window(r)
+        first_needed = r.num_computed_tokens - 6 + 1
+        assert r.num_freed_blocks == first_needed // 4
+        assert bm.num_used_blocks == len(r.block_ids) - r.num_freed_blocks <= 3
+    assert bm.num_window_freed_blocks == r.num_freed_blocks == 4
+    bm.free(r)
+    assert bm.num_used_blocks == 0 and bm.num_free_blocks == 8
+    assert r.block_ids == [] and r.num_freed_blocks == 0
+
+
+def test_window_freed_blocks_are_reusable_and_never_rehashed() -> None:
+    """A released block can serve another request at once (the pool is small), and the
+    first request's later commits never write a hash into it."""
+    bm = BlockManager(num_blocks=4, block_size=4, sliding_window=1)
+    a = _req("a", list(range(12)))
+    assert bm.allocate(a, 12)
+    a.num_computed_tokens = 12
+    bm.commit(a)
+    assert bm.free_outside_window(a) == 3  # window 1: the next token sees only itself
+    b = _req("b", list(range(50, 62)))
+    assert bm.allocate(b, 12)  # 3 blocks: only possible with a's released blocks
+    taken = set(b.block_ids)
+    a.all_token_ids += [12, 13, 14, 15]
+    assert bm.allocate(a, 4)
+    a.num_computed_tokens = 16
+    bm.commit(a)
+    for block in taken:
+        assert bm._block_hash[block] is None  # b has not committed: a must not have either
+    bm.free(a)
+    bm.free(b)
+    assert bm.num_used_blocks == 0
+
+
+def test_no_window_frees_nothing() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    r = _req("a", list(range(16)))
+    assert bm.allocate(r, 16)
+    r.num_computed_tokens = 16
+    assert bm.free_outside_window(r) == 0 and bm.num_used_blocks == 4

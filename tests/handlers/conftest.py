@@ -46,6 +46,7 @@ def model_info(model_dir: Path, tokenizer: Tokenizer) -> ModelInfo:
         eos_token_ids=[EOS_ID],
         num_kv_blocks=64,
         block_size=16,
+        architecture="LlamaForCausalLM",
     )
 
 

@@ -164,14 +164,17 @@ def test_models_list(client, model_dir):
     assert [m["id"] for m in body["data"]] == ["tiny", "tiny-alias"]
     assert body["data"][0]["max_model_len"] == 256
     assert body["data"][0]["root"] == str(model_dir)
+    assert body["data"][0]["architecture"] == "LlamaForCausalLM"
 
 
 def test_version(client):
     # The installed distribution's own version, not just any string.
     body = client.simulate_get("/version").json
     assert body["version"] == importlib.metadata.version("hearth")
-    # Once the engine is warm: what --quantization resolved to and the kernels it runs.
-    assert set(body) == {"version", "quantization", "kernels"}
+    # Once the engine is warm: what --quantization resolved to, the kernels it runs and
+    # the native architecture serving the model.
+    assert set(body) == {"version", "quantization", "kernels", "architecture"}
+    assert body["architecture"] == "LlamaForCausalLM"
 
 
 def test_load_route_only_with_the_flag(client, make_client, engine):

@@ -116,12 +116,14 @@ def naive_attention(
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Dense causal attention per sequence and per head in float64, no paging: the oracle.
 
     Sequence i's queries are its ``query_lens[i]`` consecutive rows of ``query`` (decodes
     first, then prefill chunks, the step's token order) at positions
-    ``seq_len - q_len .. seq_len - 1``; each sees keys ``0 ..`` its own position.
+    ``seq_len - q_len .. seq_len - 1``; each sees keys ``0 ..`` its own position (with a
+    ``sliding_window`` W: only ``position - W + 1 ..`` its own position).
     """
     num_heads = query.shape[1]
     out = torch.zeros(query.shape, dtype=torch.float64)
@@ -134,7 +136,10 @@ def naive_attention(
             v_h = v[:seq_len, h // group].double().cpu()
             scores = q_h @ k_h.T * scale  # [q_len, seq_len]
             q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-            scores = scores.masked_fill(torch.arange(seq_len)[None, :] > q_pos, float("-inf"))
+            k_pos = torch.arange(seq_len)[None, :]
+            scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+            if sliding_window is not None:
+                scores = scores.masked_fill(k_pos <= q_pos - sliding_window, float("-inf"))
             out[row : row + q_len, h] = torch.softmax(scores, dim=-1) @ v_h
         row += q_len
     return out

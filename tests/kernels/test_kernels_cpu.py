@@ -242,6 +242,46 @@ def test_paged_attention_is_batch_invariant(
             assert torch.equal(alone, full[rows])
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("window", [1, 6, 19, 200])
+def test_paged_attention_sliding_window(kv_dtype: torch.dtype, window: int, threads) -> None:
+    """A sliding window: each token sees its last `window` keys, against the float64
+    oracle; whole blocks before every window of a sequence hold NaN (a freed block another
+    sequence reused) and are never read; and a token's output is bitwise the same alone
+    as inside the step, with one thread or two."""
+    nh, nkv, hd, bs = 9, 3, 64, 4
+    seqs = [(1, 1), (37, 1), (70, 1), (20, 20), (45, 13)]
+    step, query, keys, values, kc, vc, tables, tseq, tctx = _attention_inputs(seqs, nh, nkv, hd, bs)
+    if kv_dtype == torch.float16:
+        keys = [k.half().float() for k in keys]
+        values = [v.half().float() for v in values]
+    kc, vc = _as_kv_dtype(kc, vc, kv_dtype)
+    for table, (seq_len, q_len) in zip(step.block_tables, seqs, strict=True):
+        first_seen = seq_len - q_len - window + 1
+        for i, block in enumerate(table):
+            if (i + 1) * bs <= first_seen:
+                kc[block] = float("nan")
+                vc[block] = float("nan")
+    scratch = ops.AttentionScratch()
+    q2 = query.reshape(len(tseq), -1)
+
+    def attend(rows: slice) -> torch.Tensor:
+        return ops.paged_attention(
+            q2[rows], nh, nkv, hd, kc, vc, tables, tseq[rows], tctx[rows], 70, 0.125, scratch,
+            sliding_window=window,
+        )  # fmt: skip
+
+    threads(2)
+    full = attend(slice(None))
+    expected = naive_attention(step, query, keys, values, 0.125, sliding_window=window)
+    torch.testing.assert_close(full.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
+    for n in (1, 2):
+        threads(n)
+        assert torch.equal(attend(slice(None)), full)
+        for rows in (slice(2, 3), slice(3, 23), slice(5, 17), slice(23, 36), slice(30, 33)):
+            assert torch.equal(attend(rows), full[rows])
+
+
 # ----------------------------------------------------------------------------- float16 KV
 
 _ATTENTION_SHAPES = pytest.mark.parametrize(

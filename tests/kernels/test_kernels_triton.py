@@ -330,6 +330,63 @@ def test_paged_attention_never_reads_unused_slots(triton_device: str) -> None:
     torch.testing.assert_close(got.double().cpu(), expected, atol=2e-5, rtol=2e-5)
 
 
+def _on_cpu(meta: kernels.AttentionMetadata) -> kernels.AttentionMetadata:
+    import dataclasses
+
+    return dataclasses.replace(
+        meta,
+        **{
+            f.name: getattr(meta, f.name).cpu()
+            for f in dataclasses.fields(meta)
+            if isinstance(getattr(meta, f.name), torch.Tensor)
+        },
+        reference_plan=None,
+        reference_window_plans=None,
+    )
+
+
+@pytest.mark.parametrize("case", ["decode_only", "single_prefill_no_prefix", "mixed"])
+@pytest.mark.parametrize("window", [1, 7, 20])
+def test_paged_attention_sliding_window(triton_device: str, case: str, window: int) -> None:
+    """A sliding window in the decode, split-KV decode and prefill kernels: equal to the
+    float64 oracle, and keys before each query's window are never read (NaN there, as in
+    a freed block that another sequence reuses, would reach the output otherwise)."""
+    from kernels.triton.paged_attention import paged_attention_triton
+
+    step, q, kc, vc, keys, values = _case(
+        case, 4, 2, 16, 4, torch.float32, triton_device, garbage=float("nan")
+    )
+    poisoned = 0
+    for table, seq_len, q_len in zip(
+        step.block_tables, step.seq_lens, step.query_lens, strict=True
+    ):
+        # The earliest key any of this sequence's queries sees; whole blocks that end
+        # before it get NaN: the kernels must skip them, not just mask them.
+        first_seen = seq_len - q_len - window + 1
+        for i, block in enumerate(table):
+            if (i + 1) * 4 <= first_seen:
+                kc[block] = float("nan")
+                vc[block] = float("nan")
+                poisoned += 1
+    assert poisoned or window == 20 or case == "single_prefill_no_prefix"  # starts at key 0
+    expected = naive_attention(step, q.cpu(), keys, values, 0.25, sliding_window=window)
+    got = paged_attention_triton(q, kc, vc, step.meta, 0.25, window, block_m=16, block_n=16)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double().cpu(), expected, atol=2e-5, rtol=2e-5)
+    # The torch reference masks (it reads whole blocks, so they must hold finite values).
+    ref = reference.paged_attention(
+        q.cpu(), kc.cpu().nan_to_num(7.0), vc.cpu().nan_to_num(7.0), _on_cpu(step.meta), 0.25,
+        window,
+    )  # fmt: skip
+    torch.testing.assert_close(ref.double(), expected, atol=2e-5, rtol=2e-5)
+    if step.meta.num_decode_tokens:
+        split = paged_attention_triton(
+            q, kc, vc, step.meta, 0.25, window, block_m=16, block_n=16, num_splits=3
+        )
+        nd = step.meta.num_decode_tokens
+        torch.testing.assert_close(split[:nd].double().cpu(), expected[:nd], atol=2e-5, rtol=2e-5)
+
+
 def test_empty_step_and_padding_only_slots(triton_device: str) -> None:
     from kernels.triton.kv_cache import write_kv_cache_triton
     from kernels.triton.paged_attention import paged_attention_triton
