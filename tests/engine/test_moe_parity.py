@@ -255,3 +255,49 @@ def test_engine_greedy_matches_generate_alone_batched_chunked_preempted(
     small = _core(ckpt, num_kv_blocks=16, block_size=4, max_num_batched_tokens=64)
     assert _engine_generate(small, PROMPTS, "preempt", at_once=True) == reference
     assert small.scheduler.num_preemptions > 0
+
+
+# ------------------------------------------------------------------------------------
+# gpt-oss's MoE block (the architecture itself is not served yet: engine/models/gpt_oss.py)
+# ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", [EXPERT_LINEARS, GROUPED_GEMM], ids=lambda m: m.name)
+def test_gpt_oss_moe_block_matches_transformers(method) -> None:
+    """Bias-ed top-k-then-softmax router, bias-ed experts, clamped SwiGLU, and the stacked
+    interleaved checkpoint tensors split per expert: transformers' `GptOssMLP` output."""
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    from engine.models.gpt_oss import gpt_oss_moe, split_stacked_experts
+    from engine.models.weights import load_checkpoint
+    from tests.engine.tiny_models import randomize
+
+    config = GptOssConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=256,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, experts_implementation="eager"
+    )
+    randomize(hf, seed=1)
+    hf_mlp = hf.model.layers[0].mlp.eval()
+    prefix = "model.layers.0.mlp"
+    block = gpt_oss_moe(config, prefix, torch.float32, torch.device("cpu"))
+    load_checkpoint(
+        block, split_stacked_experts((f"{prefix}.{k}", v) for k, v in hf_mlp.state_dict().items())
+    )
+    use_moe_method(block, method)
+    x = 4.0 * torch.randn(37, 64, generator=torch.Generator().manual_seed(2))
+    gate_up = torch.einsum("th,eih->eti", x, block.experts.w13)  # [E, T, 2I]
+    inter = config.intermediate_size
+    assert (gate_up[..., :inter] > 7).any() and (
+        gate_up[..., inter:].abs() > 7
+    ).any()  # clamps bite
+    with torch.no_grad(), one_thread():
+        want, _ = hf_mlp(x[None])
+        got = block(x)
+    _, ids = block.router(x)
+    assert set(ids.flatten().tolist()) == set(range(4))  # every expert routed to
+    torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
