@@ -48,7 +48,9 @@ def align_by_expert(
     num_slots = flat.numel()
     device = flat.device
     num_blocks = triton.cdiv(num_slots + num_experts * (block_m - 1), block_m)
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]  # [E]
+    # NOTE: not torch.bincount: on CUDA it reads the largest id back to size its output.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # [E] rows per expert
     padded = (counts + block_m - 1) // block_m * block_m  # [E]
     padded_ends = padded.cumsum(0)
     padded_starts = padded_ends - padded

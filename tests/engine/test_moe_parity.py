@@ -206,6 +206,26 @@ def test_bfloat16_forward_is_close(ckpt: MoeCheckpoint) -> None:
     assert (logits - ref).abs().max() < 0.1 * ref.abs().max()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_grouped_gemm_matches_transformers(ckpt: MoeCheckpoint) -> None:
+    """Mixed prefill/decode steps on CUDA, the experts by the Triton grouped GEMM (what
+    `choose_backends` picks there), against the CPU oracle."""
+    a, b = _prompts(2, [29, 6], vocab=VOCAB, seed=11)
+    oracle = {"a": ckpt.hf_logits(a), "b": ckpt.hf_logits([*b, 3, 4])}
+    steps = [[("a", a[:20]), ("b", b)], [("b", [3]), ("a", a[20:])], [("b", [4])]]
+    for dtype, tol in ((torch.float32, 2e-3), (torch.bfloat16, 0.1)):
+        model, _ = load_model(str(ckpt.dir), dtype, torch.device("cuda"), progress=_quiet)
+        assert use_moe_method(model, GROUPED_GEMM) > 0
+        runner = PagedRunner(model, block_size=16, device="cuda")
+        for work in steps:
+            for (seq, tokens), logits in zip(work, runner.step(work, all_rows=True), strict=True):
+                end = runner.cached[seq]
+                want = oracle[seq][end - len(tokens) : end]
+                err = (logits - want).abs().max().item()
+                assert err <= tol * max(1.0, want.abs().max().item()), (dtype, seq, err)
+
+
 # ------------------------------------------------------------------------------------
 # the whole engine: scheduler, batching, chunked prefill, preemption
 # ------------------------------------------------------------------------------------
