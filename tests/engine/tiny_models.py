@@ -170,13 +170,30 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(0.15 * noise)
 
 
-def save_tiny(name: str, directory: Path) -> torch.nn.Module:
+def save_tiny(name: str, directory: Path, vocab_size: int | None = None) -> torch.nn.Module:
     """Build config `name` with random weights, save it to `directory`; returns the
-    transformers model (eager attention, float32, eval mode): the oracle."""
+    transformers model (eager attention, float32, eval mode): the oracle. `vocab_size`
+    overrides the config's (a served model needs room for its tokenizer's ids)."""
     config = CONFIGS[name]()
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     randomize(hf, seed=1)
     hf.eval()
     hf.save_pretrained(directory)
     return hf
+
+
+SERVED_VOCAB = 512
+"""Vocabulary of a served tiny model: the handler tests' BPE tokenizer has 400 ids."""
+
+
+def save_servable_tiny(name: str, directory: Path) -> torch.nn.Module:
+    """`save_tiny` plus a real tokenizer and ChatML template (the handler tests' tiny
+    byte-level BPE, EOS ``<|im_end|>``), so `EngineCore` and `hearth serve` can load the
+    directory; returns the transformers oracle."""
+    from tests.handlers.handlers_testing import build_tiny_model
+
+    build_tiny_model(directory)  # tokenizer files (and a config.json, replaced below)
+    return save_tiny(name, directory, vocab_size=SERVED_VOCAB)
