@@ -265,7 +265,10 @@ def test_engine_greedy_matches_generate_alone_batched_chunked_preempted(
     reference = ckpt.reference
     core = _core(ckpt, max_model_len=128)
     assert _engine_generate(core, PROMPTS, "alone", at_once=False) == reference
+    hits = core.block_manager.num_prefix_hits
+    # The same prompts again, all at once: their full blocks come from the prefix cache.
     assert _engine_generate(core, PROMPTS, "batch", at_once=True) == reference
+    assert core.block_manager.num_prefix_hits > hits
     # An 8-token budget: the 23- and 40-token prompts prefill over several steps,
     # interleaved with the other sequences' decodes.
     chunked = _core(ckpt, max_model_len=128, max_num_batched_tokens=8, enable_prefix_caching=False)
