@@ -2,7 +2,9 @@
 
 - ``none`` (the exact mode): every `Linear` keeps its dense method, the elementwise ops
   and attention run the torch reference (Triton on CUDA); op for op what transformers
-  computes, so float32 greedy output is token-identical to transformers.
+  computes, so float32 greedy output is token-identical to transformers. MoE experts run
+  through their expert linears, or as one Triton grouped GEMM where the kernels are
+  Triton (`GroupedGemmMoEMethod`, engine/layers/moe.py).
 - ``gguf`` (the CPU fast path): each linear whose GGUF blocks have a kernel gets
   `GGUFBlockLinearMethod` (the file's Q4_1/Q8_0 blocks, float32 activations and
   accumulation: the weights are exactly the file's and only the order of float32 sums
@@ -28,6 +30,7 @@ The model file learns none of this: `choose_backends` hands methods to its layer
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +48,7 @@ from engine.layers.gguf_linear import (
 )
 from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
+from engine.layers.moe import GROUPED_GEMM, use_moe_method
 from engine.model_resolver import gguf_source
 from kernels.cpu import bf16_ops, ops, q8_ops
 from kernels.cpu.build import host_isa, select_variant, set_cache_dir
@@ -100,7 +104,7 @@ def choose_backends(
     if asked not in QUANTIZATIONS:
         raise ValueError(f"unknown --quantization {asked!r}: use {', '.join(QUANTIZATIONS)}")
     if asked == "none" or (asked == "auto" and config.dtype != "auto"):
-        return _exact_checked(config, dtype, device)
+        return _exact_checked(model, config, dtype, device)
     path = gguf_source(model_dir)
     why_not = CpuAttentionBackend.supported(model.head_dim, dtype, device)
     if path is None:
@@ -108,7 +112,7 @@ def choose_backends(
     if why_not is not None:
         if asked.startswith("gguf"):
             raise ValueError(f"--quantization {asked} cannot run: {why_not}")
-        return _exact_checked(config, dtype, device)
+        return _exact_checked(model, config, dtype, device)
     assert path is not None
     mode = asked if asked != "auto" else auto_gguf_mode()
     if mode == "gguf-bf16" and not bf16_ops.available(host_isa().variant):
@@ -126,7 +130,7 @@ def choose_backends(
     if not kinds:
         if asked.startswith("gguf"):
             raise ValueError(f"--quantization {asked}: no Q4_1/Q8_0 tensor of {path.name} fits")
-        return _exact_checked(config, dtype, device)
+        return _exact_checked(model, config, dtype, device)
     use_kernel_ops(model, ops)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     nbytes = sum(
@@ -149,7 +153,9 @@ def choose_backends(
     return Backends(mode, description, CpuAttentionBackend(), kv_dtype)
 
 
-def _exact_checked(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> Backends:
+def _exact_checked(
+    model: nn.Module, config: EngineConfig, dtype: torch.dtype, device: torch.device
+) -> Backends:
     """The exact mode, whose KV cache is the model dtype (the torch and Triton kernels
     read nothing else)."""
     asked = config.kv_cache_dtype
@@ -158,7 +164,11 @@ def _exact_checked(config: EngineConfig, dtype: torch.dtype, device: torch.devic
             f"--kv-cache-dtype {asked} needs the CPU fast path (--quantization gguf); the "
             f"exact mode keeps the KV cache in the model dtype ({dtype})"
         )
-    return _exact(dtype, device, config.kernels)
+    backends = _exact(dtype, device, config.kernels)
+    if backend_for_device(device) == "triton" and (n := use_moe_method(model, GROUPED_GEMM)):
+        description = f"{backends.description}, {n} MoE layers by grouped GEMM"
+        backends = dataclasses.replace(backends, description=description)
+    return backends
 
 
 def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[str, int]:

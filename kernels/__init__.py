@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from kernels import reference, reference_lora
+from kernels import reference, reference_lora, reference_moe
 from kernels.metadata import AttentionMetadata
 from kernels.reference import build_cos_sin_cache
 from kernels.reference_lora import LoRAGroup, LoRAStack, LoRAStep
@@ -34,6 +34,7 @@ __all__ = [
     "build_cos_sin_cache",
     "embedding",
     "fused_add_rms_norm",
+    "fused_moe",
     "gelu_tanh_and_mul",
     "kernel_backend",
     "paged_attention",
@@ -96,3 +97,4 @@ paged_attention = _dispatched(
 )
 add_lora = _dispatched(reference_lora.add_lora, "kernels.triton.lora", "add_lora_triton")
 """Batched LoRA of one linear layer (shrink, expand): see ``kernels/reference_lora.py``."""
+fused_moe = _dispatched(reference_moe.fused_moe, "kernels.triton.fused_moe", "fused_moe_triton")

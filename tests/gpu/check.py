@@ -124,10 +124,16 @@ def section_kernels(plan: dict[str, Any], work: Path) -> dict[str, Any]:
     report = work / "kernels-junit.xml"
     # The dry run runs the split-KV interpreter tests instead (the gpu ones skip on a CPU):
     # the same plumbing in a few seconds.
+    # test_moe_parity.py: the MoE models with the Triton grouped GEMM on the device.
+    gpu_tests = [
+        "tests/kernels",
+        "tests/engine/test_cuda_graphs.py",
+        "tests/engine/test_moe_parity.py",
+    ]
     select = (
         ["-k", "not gpu", "tests/kernels/test_split_kv.py"]
         if plan["device"] == "cpu"
-        else ["-m", "gpu", "tests/kernels", "tests/engine/test_cuda_graphs.py"]
+        else ["-m", "gpu", *gpu_tests]
     )
     cmd = [
         sys.executable, "-m", "pytest", "-q", *select,

@@ -31,6 +31,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 _TRITON_KERNEL_MODULES = (
     "kernels.triton.activation",
+    "kernels.triton.fused_moe",
     "kernels.triton.kv_cache",
     "kernels.triton.lora",
     "kernels.triton.paged_attention",
