@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import weakref
 from abc import ABC, abstractmethod
 
@@ -21,7 +22,14 @@ from engine.errors import (
     EngineOverloadedError,
     InvalidEngineRequestError,
 )
-from engine.messages import AbortRequest, AddRequest, Admission, OutputBatch
+from engine.messages import (
+    AbortRequest,
+    AddRequest,
+    Admission,
+    OutputBatch,
+    SessionCommand,
+    SessionReply,
+)
 from engine.sampling_params import SamplingParams
 
 
@@ -62,6 +70,8 @@ class EngineClient(ABC):
         self._collectors: dict[str, OutputCollector] = {}
         """Engine request id -> the collector of its API request, until it finishes."""
         self._admissions: dict[str, asyncio.Future[Admission]] = {}
+        self._session_calls: dict[str, asyncio.Future[SessionReply]] = {}
+        self._call_ids = itertools.count()
         self._model_info: ModelInfo | None = None
         self._dead = False
         self._stalled = False
@@ -118,7 +128,7 @@ class EngineClient(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
-    def _send(self, message: AddRequest | AbortRequest) -> None:
+    def _send(self, message: AddRequest | AbortRequest | SessionCommand) -> None:
         """Queue a message for the engine core: never blocks, never drops."""
 
     async def _wait_for_send_room(self) -> None:  # noqa: B027 (optional hook)
@@ -132,18 +142,13 @@ class EngineClient(ABC):
         params: SamplingParams,
         priority: int = 0,
         collector: OutputCollector | None = None,
+        session_id: str | None = None,
     ) -> OutputCollector:
         """Admit a request whose outputs go to `collector` (a new one by default; the n
         choices of one API request share one). Raises EngineOverloadedError /
         EngineDeadError / EngineNotReadyError / InvalidEngineRequestError before any
         output exists."""
-        ready = self.is_ready()  # re-reads the transport's state once, for all three checks
-        if self._dead:
-            raise dead_error()
-        if self._stalled:
-            raise stalled_error()
-        if not ready:
-            raise EngineNotReadyError("The model is still loading; retry shortly.")
+        self._check_can_send()
         if request_id in self._collectors or request_id in self._admissions:
             raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")
         if collector is None:
@@ -161,6 +166,7 @@ class EngineClient(ABC):
                         prompt_token_ids=prompt_token_ids,
                         params=params,
                         priority=priority,
+                        session_id=session_id,
                     )
                 )
                 admission = await future
@@ -185,6 +191,47 @@ class EngineClient(ABC):
             raise InvalidEngineRequestError(message, param=admission.param)
         return collector
 
+    def _check_can_send(self) -> None:
+        ready = self.is_ready()  # re-reads the transport's state once, for all three checks
+        if self._dead:
+            raise dead_error()
+        if self._stalled:
+            raise stalled_error()
+        if not ready:
+            raise EngineNotReadyError("The model is still loading; retry shortly.")
+
+    # -- stateful sessions (engine/sessions.py) ---------------------------------------
+    async def open_session(self, ttl_s: float) -> SessionReply:
+        """Open a session in the engine's table (shared by every worker): its id and
+        expiry. Raises EngineOverloadedError when the table is full."""
+        return await self._session_call(SessionCommand(call_id="", op="open", ttl_s=ttl_s))
+
+    async def close_session(self, session_id: str) -> None:
+        """Close a session; InvalidEngineRequestError if it is unknown, closed or expired."""
+        await self._session_call(SessionCommand(call_id="", op="close", session_id=session_id))
+
+    async def _session_call(self, command: SessionCommand) -> SessionReply:
+        self._check_can_send()
+        command.call_id = f"session-{next(self._call_ids)}"
+        future: asyncio.Future[SessionReply] = asyncio.get_running_loop().create_future()
+        self._session_calls[command.call_id] = future
+        try:
+            async with asyncio.timeout(self.admission_timeout_s):
+                await self._wait_for_send_room()
+                self._send(command)
+                reply = await future
+        except TimeoutError:
+            raise EngineOverloadedError(
+                f"The engine did not answer within {self.admission_timeout_s:g} s; retry later."
+            ) from None
+        finally:
+            self._session_calls.pop(command.call_id, None)
+        if reply.ok:
+            return reply
+        if reply.error_kind == "overloaded":
+            raise EngineOverloadedError(reply.message or "no room for another session")
+        raise InvalidEngineRequestError(reply.message or "session refused")
+
     async def abort(self, request_ids: list[str]) -> None:
         self._abort_now(request_ids)
 
@@ -195,7 +242,7 @@ class EngineClient(ABC):
             self._send(AbortRequest(ids))
 
     # -- incoming (called on the event loop) ------------------------------------------
-    def _dispatch(self, message: Admission | OutputBatch) -> None:
+    def _dispatch(self, message: Admission | OutputBatch | SessionReply) -> None:
         if isinstance(message, OutputBatch):
             collectors = self._collectors
             for out in message.outputs:
@@ -204,10 +251,17 @@ class EngineClient(ABC):
                     if out.finish_reason is not None:
                         del collectors[out.request_id]
                     collector.put(out)
+        elif isinstance(message, SessionReply):
+            call = self._session_calls.get(message.call_id)
+            if call is not None and not call.done():
+                call.set_result(message)
         else:
             future = self._admissions.get(message.request_id)
             if future is not None and not future.done():
                 future.set_result(message)
+
+    def _pending_calls(self) -> list[asyncio.Future[Admission] | asyncio.Future[SessionReply]]:
+        return [*self._admissions.values(), *self._session_calls.values()]
 
     def _set_ready(self, info: ModelInfo) -> None:
         self._model_info = info
@@ -219,7 +273,7 @@ class EngineClient(ABC):
             return
         self._dead = True
         error = dead_error()
-        for future in self._admissions.values():
+        for future in self._pending_calls():
             if not future.done():
                 future.set_exception(error)
         self.fail_in_flight(error)
@@ -235,7 +289,7 @@ class EngineClient(ABC):
         if not stalled:
             return
         error = stalled_error()
-        for future in self._admissions.values():
+        for future in self._pending_calls():
             if not future.done():
                 future.set_exception(error)  # add_request aborts it in the engine
         self.fail_in_flight(error)

@@ -23,13 +23,14 @@ from engine.gpu_memory import (
     kv_cache_budget_bytes,
     profile_peak_step_bytes,
 )
-from engine.messages import AddRequest, Admission, RequestOutput
+from engine.messages import AddRequest, Admission, RequestOutput, SessionCommand, SessionReply
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner, StepResult, kv_cache_bytes_per_block
 from engine.request import Request
 from engine.resolved_config import resolve
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from engine.sessions import SessionTable, SessionTableFull
 from engine.structured.grammar import GrammarState
 from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
@@ -42,6 +43,9 @@ DEFAULT_CPU_KV_BYTES = 4 << 30
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 """A step that raises fails only its own requests; this many in a row means the engine
 itself is broken, and it exits so the platform restarts the container."""
+
+
+SESSION_GONE = "The session is unknown, closed or expired; start a new one (NEW_SESSION)."
 
 
 class InjectedFault(RuntimeError):
@@ -104,6 +108,7 @@ class EngineCore:
             self.max_num_batched_tokens,
             config.scheduling_policy,
         )
+        self.sessions = SessionTable(self.block_manager)
         self.model_info = ModelInfo(
             model_dir=model_dir,
             max_model_len=max_len,
@@ -192,6 +197,7 @@ class EngineCore:
             client_id,
             msg.priority,
             msg.arrival_time or None,
+            msg.session_id,
         )
         request.grammar = grammar
         self.scheduler.add(request)
@@ -248,7 +254,35 @@ class EngineCore:
             return f"prompt_logprobs must be in [0, {self.vocab_size}]"
         if p.max_tokens < 0:
             return "max_tokens must be at least 0 (0: prefill and score the prompt only)"
+        if msg.session_id is not None and not self.sessions.is_live(msg.session_id):
+            return SESSION_GONE
         return None
+
+    # -- stateful sessions --------------------------------------------------------------
+    def session_command(self, cmd: SessionCommand) -> SessionReply:
+        """Open or close a session (engine/sessions.py): the table every worker shares."""
+        if cmd.op == "open":
+            try:
+                session_id, expires_at = self.sessions.open(cmd.ttl_s)
+            except SessionTableFull as exc:
+                return SessionReply(
+                    call_id=cmd.call_id, ok=False, error_kind="overloaded", message=str(exc)
+                )
+            return SessionReply(
+                call_id=cmd.call_id, ok=True, session_id=session_id, expires_at=expires_at
+            )
+        if cmd.op == "close" and cmd.session_id is not None:
+            if self.sessions.is_live(cmd.session_id) and self.sessions.close(cmd.session_id):
+                return SessionReply(call_id=cmd.call_id, ok=True, session_id=cmd.session_id)
+            return SessionReply(
+                call_id=cmd.call_id, ok=False, error_kind="invalid", message=SESSION_GONE
+            )
+        return SessionReply(
+            call_id=cmd.call_id,
+            ok=False,
+            error_kind="invalid",
+            message=f"unknown session operation {cmd.op!r}",
+        )
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:

@@ -22,6 +22,7 @@ from engine.messages import (
     Hello,
     OutputBatch,
     RequestOutput,
+    SessionCommand,
     WorkerMessage,
 )
 from engine.metrics import EngineMetrics, StatsLogger
@@ -68,6 +69,8 @@ def handle_message(
             transport.send(client_id, admission)
     elif isinstance(message, AbortRequest):
         core.abort(message.request_ids)
+    elif isinstance(message, SessionCommand):
+        transport.send(client_id, core.session_command(message))
     elif isinstance(message, Hello):
         pass
 
@@ -101,6 +104,7 @@ def run_engine_loop(
                 core.structured.prewarm()
                 prewarmed = True
         messages = transport.poll(timeout)
+        core.sessions.expire()
         for client_id, message in messages:
             handle_message(core, transport, client_id, message)
         changed = bool(messages)

@@ -15,7 +15,13 @@ import threading
 
 from engine.client import EngineClient
 from engine.config import EngineConfig
-from engine.messages import AbortRequest, AddRequest, EngineMessage, WorkerMessage
+from engine.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineMessage,
+    SessionCommand,
+    WorkerMessage,
+)
 
 logger = logging.getLogger("hearth.engine")
 
@@ -90,7 +96,7 @@ class InprocEngineClient(EngineClient):
             if not loop.is_closed():
                 loop.call_soon_threadsafe(self._set_dead)
 
-    def _send(self, message: AddRequest | AbortRequest) -> None:
+    def _send(self, message: AddRequest | AbortRequest | SessionCommand) -> None:
         assert self._transport is not None, "start() first"
         self._transport.inbox.put(message)
 

@@ -23,7 +23,7 @@ from engine.ipc import (
     socket_address,
     worker_message_decoder,
 )
-from engine.messages import AbortRequest, AddRequest, Hello
+from engine.messages import AbortRequest, AddRequest, Hello, SessionCommand
 
 logger = logging.getLogger("hearth.worker")
 
@@ -81,7 +81,7 @@ class ZmqEngineClient(EngineClient):
         if self._ctx is not None:
             self._ctx.term()
 
-    def _send(self, message: AddRequest | AbortRequest) -> None:
+    def _send(self, message: AddRequest | AbortRequest | SessionCommand) -> None:
         assert self._outbox_ready is not None, "start() first"
         self._outbox.append(encoder.encode(message))
         self._outbox_ready.set()
