@@ -91,6 +91,8 @@ def serve_configs(
         enable_request_id_headers=args.enable_request_id_headers,
         sse_keep_alive_interval=args.sse_keep_alive_interval,
         request_timeout=args.request_timeout,
+        enable_stateful_sessions=args.enable_stateful_sessions,
+        session_ttl=args.session_ttl,
         enable_server_load_tracking=args.enable_server_load_tracking,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,

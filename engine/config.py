@@ -153,6 +153,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     """What `--quantization` resolved to: ``gguf`` (the CPU fast path) or ``none``."""
     kernels: str = ""
     """Weights and kernels in one line, incl. the host ISA they were chosen for."""
+    max_num_seqs: int = 0
+    """Sequences the engine runs in one batch (--max-num-seqs): SageMaker batch
+    transform's MaxConcurrentTransforms (GET /execution-parameters)."""
 
 
 CPU_TOKEN_BUDGET = 256

@@ -118,6 +118,7 @@ class EngineCore:
             block_size=block_size,
             quantization=self.backends.quantization,
             kernels=self.backends.description,
+            max_num_seqs=config.max_num_seqs,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0

@@ -33,6 +33,8 @@ from handlers.serving import (
     ServingTokenization,
     StatsSink,
 )
+from handlers.serving.jsonlines import ServingJsonLines
+from handlers.serving.sessions import ServingSessions
 
 
 def create_app(
@@ -70,10 +72,17 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/models", resources.Models(ServingModels(served)))
+    invocations = ServingInvocations(chat, completion, tgi)
     app.add_route(
         "/invocations",
-        resources.Invocations(config, ServingInvocations(chat, completion, tgi)),
+        resources.Invocations(
+            config,
+            invocations,
+            ServingSessions(config, engine),
+            ServingJsonLines(invocations),
+        ),
     )
+    app.add_route("/execution-parameters", resources.ExecutionParameters(config, engine))
     app.add_route("/tokenize", resources.Tokenize(config, tokenization))
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))
     app.add_route("/ping", resources.Ping(engine))

@@ -99,6 +99,7 @@ class ServingBase:
         prompts: SequenceT[list[int]],
         params: SequenceT[SamplingParams],
         priority: int = 0,
+        session_id: str | None = None,
     ) -> OutputCollector:
         """Admit one engine request per choice (`<engine_id>-<i>`), all or none, into one
         collector.
@@ -111,7 +112,9 @@ class ServingBase:
         collector = OutputCollector(engine)
         results = await asyncio.gather(
             *(
-                engine.add_request(f"{engine_id}-{i}", prompt, param, priority, collector)
+                engine.add_request(
+                    f"{engine_id}-{i}", prompt, param, priority, collector, session_id
+                )
                 for i, (prompt, param) in enumerate(zip(prompts, params, strict=True))
             ),
             return_exceptions=True,
@@ -172,6 +175,7 @@ class ServingBase:
             [prompt.token_ids for prompt in prompts for _ in range(n)],
             [choice for param in params for choice in self.choice_params(param, n)],
             priority,
+            ctx.session_id,
         )
         run = Run(
             response_id=response_id,

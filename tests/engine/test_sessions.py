@@ -37,7 +37,7 @@ def _hits(bm: BlockManager, tokens: list[int]) -> int:
     return len(bm.find_cached_prefix(Request("probe", tokens, SamplingParams(max_tokens=1))))
 
 
-CONVERSATION = list(range(1000, 1000 + 3 * BLOCK)) + [7]  # 3 full blocks and one token
+CONVERSATION = [*range(1000, 1000 + 3 * BLOCK), 7]  # 3 full blocks and one token
 
 
 def _fill(bm: BlockManager, start: int) -> None:
