@@ -437,3 +437,10 @@ def add_serve_flags(
         "Test hook: the engine step that finds this file deletes it and fails",
         hidden=True,
     )
+    eng.value(
+        "--test-step-delay",
+        Bounded(float, above=0.0),
+        None,
+        "Test hook: seconds every engine step sleeps first",
+        hidden=True,
+    )

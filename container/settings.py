@@ -152,4 +152,5 @@ def _engine_config(args: argparse.Namespace, model_dir: str | None) -> EngineCon
         cache_dir=args.cache_dir,
         kernel_cache_dir=args.kernel_cache_dir,
         test_fault_file=args.test_fault_file,
+        test_step_delay=args.test_step_delay,
     )

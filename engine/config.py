@@ -99,6 +99,9 @@ class EngineConfig:
     test_fault_file: str | None = None
     """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
     fails, so the reliability tests can fail one step of a real server."""
+    test_step_delay: float | None = None
+    """Test hook (--test-step-delay, hidden): seconds every step sleeps first, so a test
+    can make a request take long on any host (the mode timeouts of `serve`)."""
 
     # -- environment transport ------------------------------------------------------
     def to_env(self) -> dict[str, str]:

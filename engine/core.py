@@ -125,6 +125,7 @@ class EngineCore:
         self.num_generation_tokens_total = 0
         self.num_consecutive_step_failures = 0
         self._fault_file = config.test_fault_file
+        self._step_delay = config.test_step_delay
         say(
             f"KV cache: {num_blocks} blocks of {block_size} tokens "
             f"({num_blocks * block_size} tokens), max_model_len {max_len}"
@@ -322,6 +323,8 @@ class EngineCore:
         if sched_out.is_empty:
             return []
         try:
+            if self._step_delay:
+                time.sleep(self._step_delay)
             if self._fault_file is not None and os.path.exists(self._fault_file):
                 os.unlink(self._fault_file)
                 raise InjectedFault("injected fault (test hook)")

@@ -217,11 +217,14 @@ def test_buffered_answers_carry_content_length(server: Server) -> None:
 
 # ------------------------------------------------------------ the request timeout by mode
 
-REALTIME_TIMEOUT_S = 2
-LONG_REQUEST = {"prompt": "Tell me a long story.", "max_tokens": 600, "ignore_eos": True}
+REALTIME_TIMEOUT_S = 1
+STEP_DELAY_S = 0.05
+LONG_REQUEST = {"prompt": "Tell me a long story.", "max_tokens": 40, "ignore_eos": True}
+"""At least 40 steps of STEP_DELAY_S (2 s) on any host: past the realtime timeout."""
 SERVE_ENV = {
     "SM_HEARTH_MAX_MODEL_LEN": "1024",
     "SM_HEARTH_KV_CACHE_MEMORY": "128MiB",
+    "HEARTH_TEST_STEP_DELAY": str(STEP_DELAY_S),
     "HEARTH_SAGEMAKER_REALTIME_TIMEOUT": str(REALTIME_TIMEOUT_S),
 }
 
@@ -246,7 +249,7 @@ def test_realtime_mode_cuts_a_request_at_its_timeout(realtime_serve: Server) -> 
     answer = httpx.post(realtime_serve.url + "/invocations", json=LONG_REQUEST, timeout=300)
     elapsed = time.monotonic() - start
     assert answer.status_code == 504, answer.text
-    assert "request timeout of 2 s" in answer.json()["error"]["message"]
+    assert f"request timeout of {REALTIME_TIMEOUT_S} s" in answer.json()["error"]["message"]
     assert elapsed < REALTIME_TIMEOUT_S + 10
 
 
@@ -262,9 +265,10 @@ def test_async_mode_lets_the_same_request_run_past_the_realtime_timeout(
     finally:
         server.stop()
     assert answer.status_code == 200, answer.text
-    assert answer.json()["usage"]["completion_tokens"] == 600
+    assert answer.json()["usage"]["completion_tokens"] == LONG_REQUEST["max_tokens"]
     assert int(answer.headers["content-length"]) == len(answer.content)
-    assert elapsed > REALTIME_TIMEOUT_S  # it ran past the realtime cut and completed
+    # It ran past the realtime cut (at least 40 delayed steps) and completed.
+    assert elapsed > LONG_REQUEST["max_tokens"] * STEP_DELAY_S > REALTIME_TIMEOUT_S
 
 
 def test_serve_maps_aws_session_variables_and_expiry_is_honoured(realtime_serve: Server) -> None:
