@@ -23,7 +23,14 @@ from infra.artifacts import ModelData
 from infra.errors import DeployError, if_exists
 from infra.results import Report, Result, Results, Status, ignore
 from infra.sagemaker_cleanup import delete_stale
-from infra.sagemaker_spec import EndpointSpec, MetricsSpec, ModelSpec, VariantSpec
+from infra.sagemaker_spec import (
+    ASYNC_MODE_ENV,
+    AsyncSpec,
+    EndpointSpec,
+    MetricsSpec,
+    ModelSpec,
+    VariantSpec,
+)
 from infra.sagemaker_status import TRANSITIONAL, Waiting, describe_endpoint, wait_for_endpoint
 
 __all__ = [
@@ -65,12 +72,17 @@ def read_spec(sm: Any, name: str) -> EndpointSpec:
                 config.get("MetricsConfig", {}).get("MetricPublishFrequencyInSeconds", 60),
             ),
         )
+    async_inference = AsyncSpec.from_config(config.get("AsyncInferenceConfig"))
+    environment = dict(container.get("Environment", {}))
+    if async_inference is not None:  # the spec adds it back (sagemaker_spec.ASYNC_MODE_ENV)
+        for key in ASYNC_MODE_ENV:
+            environment.pop(key, None)
     return EndpointSpec(
         name=name,
         model=ModelSpec(
             image=container["Image"],
             role_arn=model["ExecutionRoleArn"],
-            environment=dict(container.get("Environment", {})),
+            environment=environment,
             model_data=ModelData.from_container(container),
         ),
         variant=VariantSpec(
@@ -84,6 +96,7 @@ def read_spec(sm: Any, name: str) -> EndpointSpec:
             routing_strategy=pv.get("RoutingConfig", {}).get("RoutingStrategy"),
         ),
         metrics=metrics,
+        async_inference=async_inference,
     )
 
 

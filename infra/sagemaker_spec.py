@@ -17,9 +17,11 @@ from infra.errors import DeployError
 from infra.naming import DEPLOYMENT_TAG, derived_name
 
 __all__ = [
+    "ASYNC_MODE_ENV",
     "DEFAULT_VARIANT",
     "METRIC_FREQUENCIES",
     "ROUTING_STRATEGIES",
+    "AsyncSpec",
     "EndpointSpec",
     "MetricsSpec",
     "ModelSpec",
@@ -29,6 +31,9 @@ __all__ = [
 DEFAULT_VARIANT = "AllTraffic"
 METRIC_FREQUENCIES = (10, 30, 60, 120, 180, 240, 300)
 ROUTING_STRATEGIES = ("LEAST_OUTSTANDING_REQUESTS", "RANDOM", "PREFIX_AWARE", "KV_AWARE")
+ASYNC_MODE_ENV = {"HEARTH_SAGEMAKER_MODE": "async"}
+"""What tells `serve` it runs behind an async endpoint (SageMaker itself says nothing):
+its request timeout is then an hour instead of InvokeEndpoint's 60 s."""
 # ContainerDefinition.Environment limits (botocore sagemaker model).
 _ENV_MAX_ENTRIES = 100
 _ENV_MAX_BYTES = 1024
@@ -54,6 +59,56 @@ class MetricsSpec:
             )
         if not self.path.startswith("/") or ".." in self.path:
             raise DeployError(f"metrics path must start with / and not contain '..': {self.path}")
+
+
+def check_s3_uri(label: str, uri: str) -> None:
+    if not uri.startswith("s3://") or len(uri) <= len("s3://") or uri[5] == "/":
+        raise DeployError(f"{label} must be an s3://bucket/prefix URI, not {uri!r}")
+
+
+@dataclass(frozen=True)
+class AsyncSpec:
+    """An asynchronous endpoint (``AsyncInferenceConfig``): requests are queued by
+    SageMaker, read from S3 and answered into ``output_s3`` (payloads to 1 GB, up to an
+    hour each); ``failure_s3`` receives the errors."""
+
+    output_s3: str
+    failure_s3: str | None = None
+    max_concurrent_invocations: int | None = None
+    """Per instance (1-1000); None: SageMaker's choice."""
+
+    def validate(self) -> None:
+        check_s3_uri("--output", self.output_s3)
+        if self.failure_s3 is not None:
+            check_s3_uri("--failure-output", self.failure_s3)
+        n = self.max_concurrent_invocations
+        if n is not None and not 1 <= n <= 1000:
+            raise DeployError(f"max concurrent invocations must be 1-1000, got {n}")
+
+    def config(self) -> dict[str, Any]:
+        """The ``AsyncInferenceConfig`` of ``CreateEndpointConfig``."""
+        output: dict[str, Any] = {"S3OutputPath": self.output_s3}
+        if self.failure_s3 is not None:
+            output["S3FailurePath"] = self.failure_s3
+        config: dict[str, Any] = {"OutputConfig": output}
+        if self.max_concurrent_invocations is not None:
+            config["ClientConfig"] = {
+                "MaxConcurrentInvocationsPerInstance": self.max_concurrent_invocations
+            }
+        return config
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> AsyncSpec | None:
+        if not config:
+            return None
+        output = config.get("OutputConfig", {})
+        return cls(
+            output_s3=output["S3OutputPath"],
+            failure_s3=output.get("S3FailurePath"),
+            max_concurrent_invocations=config.get("ClientConfig", {}).get(
+                "MaxConcurrentInvocationsPerInstance"
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -143,12 +198,14 @@ class VariantSpec:
 
 @dataclass(frozen=True)
 class EndpointSpec:
-    """A whole deployment: endpoint name, model and variant, optional metrics."""
+    """A whole deployment: endpoint name, model and variant, optional metrics, and
+    optionally asynchronous inference."""
 
     name: str
     model: ModelSpec
     variant: VariantSpec
     metrics: MetricsSpec | None = None
+    async_inference: AsyncSpec | None = None
 
     def validate(self) -> None:
         """Validate every part; called before the first AWS call."""
@@ -156,6 +213,8 @@ class EndpointSpec:
         self.variant.validate()
         if self.metrics is not None:
             self.metrics.validate()
+        if self.async_inference is not None:
+            self.async_inference.validate()
 
     @property
     def tags(self) -> list[dict[str, str]]:
@@ -164,8 +223,11 @@ class EndpointSpec:
 
     def _container(self) -> dict[str, Any]:
         container: dict[str, Any] = {"Image": self.model.image}
-        if self.model.environment:
-            container["Environment"] = dict(sorted(self.model.environment.items()))
+        environment = dict(self.model.environment)
+        if self.async_inference is not None:
+            environment.update(ASYNC_MODE_ENV)
+        if environment:
+            container["Environment"] = dict(sorted(environment.items()))
         if self.model.model_data is not None:
             container.update(self.model.model_data.container_fields())
         if self.metrics is not None:
@@ -200,6 +262,8 @@ class EndpointSpec:
                 "EnableDetailedObservability": True,
                 "MetricPublishFrequencyInSeconds": self.metrics.frequency_s,
             }
+        if self.async_inference is not None:
+            content["AsyncInferenceConfig"] = self.async_inference.config()
         return content
 
     @property
