@@ -231,17 +231,29 @@ SERVE_ENV = {
 
 @pytest.fixture(scope="module")
 def realtime_serve(server_logs: Path, model_smollm2_dir: str) -> Iterator[Server]:
-    """`serve` in real-time mode with a short (configurable) realtime timeout, AWS's
-    session variables (a 3 s expiry) and a batch payload size."""
+    """`serve` in real-time mode with a short (configurable) realtime timeout and a batch
+    payload size."""
+    server = start_sagemaker_serve(server_logs, {**SERVE_ENV, "SAGEMAKER_MAX_PAYLOAD_IN_MB": "20"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def async_serve(server_logs: Path, model_smollm2_dir: str) -> Iterator[Server]:
+    """`serve` in async mode (what `hearth deploy sagemaker --async` sets), the same
+    realtime timeout as above, and AWS's session variables (a short expiry)."""
     env = {
         **SERVE_ENV,
+        "HEARTH_SAGEMAKER_MODE": "async",
         "SAGEMAKER_ENABLE_STATEFUL_SESSIONS": "true",
-        "SAGEMAKER_SESSIONS_EXPIRATION": "3",
-        "SAGEMAKER_MAX_PAYLOAD_IN_MB": "20",
+        "SAGEMAKER_SESSIONS_EXPIRATION": str(SHORT_TTL_S),
     }
     server = start_sagemaker_serve(server_logs, env)
     yield server
     server.stop()
+
+
+SHORT_TTL_S = 30
 
 
 def test_realtime_mode_cuts_a_request_at_its_timeout(realtime_serve: Server) -> None:
@@ -254,16 +266,11 @@ def test_realtime_mode_cuts_a_request_at_its_timeout(realtime_serve: Server) -> 
 
 
 def test_async_mode_lets_the_same_request_run_past_the_realtime_timeout(
-    server_logs: Path, model_smollm2_dir: str
+    async_serve: Server,
 ) -> None:
-    env = {**SERVE_ENV, "HEARTH_SAGEMAKER_MODE": "async"}
-    server = start_sagemaker_serve(server_logs, env)
-    try:
-        start = time.monotonic()
-        answer = httpx.post(server.url + "/invocations", json=LONG_REQUEST, timeout=900)
-        elapsed = time.monotonic() - start
-    finally:
-        server.stop()
+    start = time.monotonic()
+    answer = httpx.post(async_serve.url + "/invocations", json=LONG_REQUEST, timeout=900)
+    elapsed = time.monotonic() - start
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["completion_tokens"] == LONG_REQUEST["max_tokens"]
     assert int(answer.headers["content-length"]) == len(answer.content)
@@ -271,16 +278,20 @@ def test_async_mode_lets_the_same_request_run_past_the_realtime_timeout(
     assert elapsed > LONG_REQUEST["max_tokens"] * STEP_DELAY_S > REALTIME_TIMEOUT_S
 
 
-def test_serve_maps_aws_session_variables_and_expiry_is_honoured(realtime_serve: Server) -> None:
-    with httpx.Client(base_url=realtime_serve.url, timeout=60) as client:
+def test_serve_maps_aws_session_variables_and_expiry_is_honoured(async_serve: Server) -> None:
+    with httpx.Client(base_url=async_serve.url, timeout=300) as client:
         opened = client.post("/invocations", json={"requestType": "NEW_SESSION"})
         assert opened.status_code == 200, opened.text
         match = EXPIRES.match(opened.headers[NEW_ID])
         assert match
         session_id = match[1]
+        expires = datetime.strptime(match[2], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        assert abs((expires - datetime.now(UTC)).total_seconds() - SHORT_TTL_S) < 10
         body = {"prompt": "Hi", "max_tokens": 1}
-        assert client.post("/invocations", json=body, headers={SESSION: session_id}).is_success
-        time.sleep(4)  # past SAGEMAKER_SESSIONS_EXPIRATION=3
+        live = client.post("/invocations", json=body, headers={SESSION: session_id})
+        assert live.is_success, live.text
+        # Past SAGEMAKER_SESSIONS_EXPIRATION (the header's second is rounded down).
+        time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 1.5)
         late = client.post("/invocations", json=body, headers={SESSION: session_id})
         assert late.status_code == 400, late.text
 
