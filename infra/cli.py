@@ -25,6 +25,7 @@ from infra.autoscaling import ScalingSpec
 from infra.batch import TransformSpec, run_batch
 from infra.cli_args import ENV_HELP, adopt_arg, aws_parent, model_args, sagemaker_args, wait_args
 from infra.errors import AWS_ERRORS, DeployError, describe_error
+from infra.inference_components import parse_adapters
 from infra.invoke import chat_body, load_body, send
 from infra.naming import validate_deployment_name
 from infra.results import Result
@@ -134,7 +135,9 @@ def cmd_deploy_sagemaker(args: argparse.Namespace) -> int:
     )
     rollout.deploy(
         _clients(args),
-        EndpointSpec(name, model, variant, metrics, _async_spec(args)),
+        EndpointSpec(
+            name, model, variant, metrics, _async_spec(args), parse_adapters(args.adapter)
+        ),
         scaling,
         _options(args),
         source=_source(args),

@@ -150,6 +150,15 @@ def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
     )
 
     if not update:
+        parser.add_argument_group(
+            "LoRA adapters (adapter inference components on a base inference component)"
+        ).add_argument(
+            "--adapter",
+            action="append",
+            metavar="NAME=S3URI",
+            help="serve a LoRA adapter as the inference component <name>-NAME (repeatable); "
+            "the endpoint is then created for inference components",
+        )
         queued = parser.add_argument_group(
             "asynchronous inference (requests queued by SageMaker, answers written to S3)"
         )

@@ -21,6 +21,7 @@ from typing import Any
 
 from infra.artifacts import ModelData
 from infra.errors import DeployError, if_exists
+from infra.inference_components import ensure_components
 from infra.results import Report, Result, Results, Status, ignore
 from infra.sagemaker_cleanup import delete_stale
 from infra.sagemaker_spec import (
@@ -58,6 +59,11 @@ def read_spec(sm: Any, name: str) -> EndpointSpec:
     if len(variants) != 1:
         raise DeployError(f"endpoint {name} has {len(variants)} variants; only one is supported")
     pv = variants[0]
+    if "ModelName" not in pv:
+        raise DeployError(
+            f"endpoint {name} serves inference components (--adapter); change it by running "
+            "`hearth deploy sagemaker` again with the full arguments"
+        )
     model = sm.describe_model(ModelName=pv["ModelName"])
     container = model.get("PrimaryContainer") or (model.get("Containers") or [{}])[0]
     metrics: MetricsSpec | None = None
@@ -177,6 +183,8 @@ def deploy_endpoint(
     configs/models are deleted only after a successful wait (``prune``).
     """
     spec.validate()
+    if spec.uses_components and not wait:
+        raise DeployError("--adapter needs the endpoint InService first: drop --no-wait")
     results = Results(report)
     results.add(ensure_model(sm, spec))
     results.add(ensure_endpoint_config(sm, spec))
@@ -191,6 +199,9 @@ def deploy_endpoint(
                 f"{described['EndpointConfigName']}: "
                 f"{described.get('FailureReason', 'no reason given')}"
             )
+    if spec.uses_components:  # the base moves to the new model before the old one goes
+        for result in ensure_components(sm, spec.components(), waiting):
+            results.add(result)
     if prune:
         for result in delete_stale(sm, spec.name, spec.config_name, spec.model_name):
             results.add(result)

@@ -13,7 +13,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from infra.errors import DeployError, is_not_found
+from infra.errors import DeployError, if_exists, is_not_found
+from infra.inference_components import delete_components
 from infra.naming import DEPLOYMENT_TAG, is_derived_name
 from infra.results import Report, Result, Results, Status, ignore
 from infra.sagemaker_status import Waiting, describe_endpoint, wait_for_endpoint_deleted
@@ -127,6 +128,15 @@ def claim_endpoint(sm: Any, deployment: str, *, adopt: bool) -> Result | None:
     return Result("endpoint", deployment, Status.UPDATED, "adopted")
 
 
+def _serves_components(sm: Any, endpoint: dict[str, Any]) -> bool:
+    """An endpoint of inference components: its config's variant names no model."""
+    config = if_exists(
+        sm.describe_endpoint_config, EndpointConfigName=endpoint["EndpointConfigName"]
+    )
+    variants = (config or {}).get("ProductionVariants") or [{}]
+    return config is not None and "ModelName" not in variants[0]
+
+
 def delete_deployment(
     sm: Any, deployment: str, waiting: Waiting, *, wait: bool = True, report: Report = ignore
 ) -> list[Result]:
@@ -142,6 +152,9 @@ def delete_deployment(
         results.add(Result("endpoint", deployment, Status.ABSENT))
     else:
         if endpoint["EndpointStatus"] != "Deleting":
+            if _serves_components(sm, endpoint):
+                for result in delete_components(sm, deployment, waiting):
+                    results.add(result)
             sm.delete_endpoint(EndpointName=deployment)
         if not wait:
             results.add(Result("endpoint", deployment, Status.DELETED, "deletion started"))

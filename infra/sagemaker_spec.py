@@ -14,6 +14,7 @@ from typing import Any
 
 from infra.artifacts import ModelData
 from infra.errors import DeployError
+from infra.inference_components import AdapterSpec, ComponentsSpec
 from infra.naming import DEPLOYMENT_TAG, derived_name
 
 __all__ = [
@@ -176,20 +177,23 @@ class VariantSpec:
         if self.routing_strategy is not None and self.routing_strategy not in ROUTING_STRATEGIES:
             raise DeployError(f"routing strategy must be one of {', '.join(ROUTING_STRATEGIES)}")
 
-    def production_variant(self, model_name: str) -> dict[str, Any]:
-        """The ``ProductionVariant`` entry of ``CreateEndpointConfig``."""
+    def production_variant(self, model_name: str | None) -> dict[str, Any]:
+        """The ``ProductionVariant`` entry of ``CreateEndpointConfig``; ``model_name``
+        None for an endpoint of inference components (the start-up timeouts then belong
+        to the base component)."""
         variant: dict[str, Any] = {
             "VariantName": self.name,
-            "ModelName": model_name,
             "InstanceType": self.instance_type,
             "InitialInstanceCount": self.instance_count,
         }
-        optional = {
-            "ContainerStartupHealthCheckTimeoutInSeconds": self.startup_timeout_s,
-            "ModelDataDownloadTimeoutInSeconds": self.download_timeout_s,
+        optional: dict[str, Any] = {
             "VolumeSizeInGB": self.volume_size_gb,
             "InferenceAmiVersion": self.inference_ami_version,
         }
+        if model_name is not None:
+            variant["ModelName"] = model_name
+            optional["ContainerStartupHealthCheckTimeoutInSeconds"] = self.startup_timeout_s
+            optional["ModelDataDownloadTimeoutInSeconds"] = self.download_timeout_s
         variant.update({k: v for k, v in optional.items() if v is not None})
         if self.routing_strategy:
             variant["RoutingConfig"] = {"RoutingStrategy": self.routing_strategy}
@@ -206,6 +210,9 @@ class EndpointSpec:
     variant: VariantSpec
     metrics: MetricsSpec | None = None
     async_inference: AsyncSpec | None = None
+    adapters: tuple[AdapterSpec, ...] = ()
+    """LoRA adapters as adapter inference components (infra/inference_components.py):
+    with any, the endpoint is one of inference components."""
 
     def validate(self) -> None:
         """Validate every part; called before the first AWS call."""
@@ -215,6 +222,28 @@ class EndpointSpec:
             self.metrics.validate()
         if self.async_inference is not None:
             self.async_inference.validate()
+        if self.adapters:
+            if self.async_inference is not None:
+                raise DeployError("--adapter and --async cannot be combined")
+            self.components().validate()
+
+    @property
+    def uses_components(self) -> bool:
+        return bool(self.adapters)
+
+    def components(self) -> ComponentsSpec:
+        """The base component (this spec's model on its variant) and the adapters."""
+        family = self.variant.instance_type.removeprefix("ml.").split(".")[0]
+        accelerated = family.startswith(("g", "p", "inf", "trn"))
+        return ComponentsSpec(
+            deployment=self.name,
+            variant_name=self.variant.name,
+            model_name=self.model_name,
+            adapters=self.adapters,
+            accelerators=1 if accelerated else None,
+            startup_timeout_s=self.variant.startup_timeout_s,
+            download_timeout_s=self.variant.download_timeout_s,
+        )
 
     @property
     def tags(self) -> list[dict[str, str]]:
@@ -254,9 +283,13 @@ class EndpointSpec:
         return {"ModelName": self.model_name, **self._model_content(), "Tags": self.tags}
 
     def _config_content(self) -> dict[str, Any]:
-        content: dict[str, Any] = {
-            "ProductionVariants": [self.variant.production_variant(self.model_name)]
-        }
+        if self.uses_components:  # the model is named by the base component, not here
+            content: dict[str, Any] = {
+                "ProductionVariants": [self.variant.production_variant(None)],
+                "ExecutionRoleArn": self.model.role_arn,
+            }
+        else:
+            content = {"ProductionVariants": [self.variant.production_variant(self.model_name)]}
         if self.metrics is not None:
             content["MetricsConfig"] = {
                 "EnableDetailedObservability": True,
