@@ -1,7 +1,7 @@
 """TTFT of a multi-turn conversation with and without a SageMaker stateful session, under
 other load, on a real server (gunicorn + 2 API workers + the engine, the default model).
 
-    python -m tools.bench_sessions [--turns 10] [--kv-cache-memory 48MiB] [--load 2]
+    python -m tools.bench_sessions [--turns 10] [--kv-cache-memory 32MiB] [--load 1]
 
 The KV cache is kept small on purpose, so that the other load (random prompts that share
 nothing) evicts whatever is not protected. Without a session, a conversation's earlier
@@ -50,7 +50,7 @@ def _stream_turn(
     """(TTFT s, reply text, cached prompt tokens) of one streamed chat turn."""
     body = {
         "messages": messages,
-        "max_tokens": 12,
+        "max_tokens": 4,  # TTFT is the figure; a short reply keeps the run brief
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -83,8 +83,8 @@ def _other_load(url: str, stop: threading.Event, seed: int) -> None:
         while not stop.is_set():
             # ~220 tokens: two streams and the conversation fit the cache together, so what
             # the load evicts is the cache's free blocks, not blocks anyone is using.
-            prompt = " ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(60))
-            client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4})
+            prompt = " ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(50))
+            client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
 
 
 def _conversation(url: str, turns: int, use_session: bool, seed: int) -> list[tuple[float, int]]:
@@ -94,7 +94,7 @@ def _conversation(url: str, turns: int, use_session: bool, seed: int) -> list[tu
         if use_session:
             opened = client.post("/invocations", json={"requestType": "NEW_SESSION"})
             session_id = opened.headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
-        history = [{"role": "system", "content": " ".join(rng.choice(WORDS) for _ in range(60))}]
+        history = [{"role": "system", "content": " ".join(rng.choice(WORDS) for _ in range(40))}]
         results = []
         for turn in range(turns):
             question = f"Turn {turn}: say something about " + " ".join(rng.sample(WORDS, 6))
@@ -102,6 +102,10 @@ def _conversation(url: str, turns: int, use_session: bool, seed: int) -> list[tu
             ttft, reply, cached = _stream_turn(client, history, session_id)
             history.append({"role": "assistant", "content": reply})
             results.append((ttft, cached))
+            mode = "session" if session_id else "no session"
+            print(
+                f"  {mode} turn {turn + 1}: TTFT {ttft * 1000:.0f} ms, cached {cached}", flush=True
+            )
         if session_id:
             client.post(
                 "/invocations", json={"requestType": "CLOSE"}, headers={SESSION: session_id}
@@ -112,8 +116,8 @@ def _conversation(url: str, turns: int, use_session: bool, seed: int) -> list[tu
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--load", type=int, default=2, help="concurrent streams of other load")
-    parser.add_argument("--kv-cache-memory", default="48MiB")
+    parser.add_argument("--load", type=int, default=1, help="concurrent streams of other load")
+    parser.add_argument("--kv-cache-memory", default="32MiB")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-sessions-"))
     server = start_server(
