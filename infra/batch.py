@@ -22,7 +22,7 @@ from typing import Any
 
 from infra.artifacts import ModelSource, model_data
 from infra.errors import DeployError, if_exists
-from infra.naming import DEPLOYMENT_TAG, derived_name, validate_deployment_name
+from infra.naming import DEPLOYMENT_TAG, derived_name, is_owned, validate_deployment_name
 from infra.results import Report, Result, Results, Status, ignore
 from infra.sagemaker import ensure_model
 from infra.sagemaker_spec import EndpointSpec, ModelSpec, VariantSpec, check_s3_uri
@@ -108,18 +108,13 @@ class TransformSpec:
         }
 
 
-def _owned(sm: Any, job: dict[str, Any], name: str) -> bool:
-    tags = sm.list_tags(ResourceArn=job["TransformJobArn"]).get("Tags", [])
-    return any(t["Key"] == DEPLOYMENT_TAG and t["Value"] == name for t in tags)
-
-
 def ensure_transform_job(sm: Any, spec: TransformSpec, model_name: str) -> Result:
     name = spec.job_name(model_name)
     job = if_exists(sm.describe_transform_job, TransformJobName=name)
     if job is None:
         sm.create_transform_job(**spec.request(model_name))
         return Result("transform-job", name, Status.CREATED, f"{spec.input_s3} -> {spec.output_s3}")
-    if not _owned(sm, job, spec.name):
+    if not is_owned(sm, job["TransformJobArn"], spec.name):
         raise DeployError(
             f"transform job {name} exists but was not created by hearth; not touching it"
         )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.errors import DeployError, if_exists
-from infra.naming import DEPLOYMENT_TAG
+from infra.naming import DEPLOYMENT_TAG, is_owned
 from infra.results import Result, Status
 from infra.sagemaker_status import Waiting
 
@@ -155,8 +155,7 @@ def _describe(sm: Any, name: str) -> dict[str, Any] | None:
 
 
 def _check_owned(sm: Any, component: dict[str, Any], deployment: str) -> None:
-    tags = sm.list_tags(ResourceArn=component["InferenceComponentArn"]).get("Tags", [])
-    if not any(t["Key"] == DEPLOYMENT_TAG and t["Value"] == deployment for t in tags):
+    if not is_owned(sm, component["InferenceComponentArn"], deployment):
         raise DeployError(
             f"inference component {component['InferenceComponentName']} exists but was not "
             "created by hearth; not touching it"
@@ -218,8 +217,7 @@ def _owned_components(sm: Any, deployment: str) -> list[str]:
     pages = sm.get_paginator("list_inference_components").paginate(EndpointNameEquals=deployment)
     for page in pages:
         for summary in page.get("InferenceComponents", []):
-            tags = sm.list_tags(ResourceArn=summary["InferenceComponentArn"]).get("Tags", [])
-            if any(t["Key"] == DEPLOYMENT_TAG and t["Value"] == deployment for t in tags):
+            if is_owned(sm, summary["InferenceComponentArn"], deployment):
                 names.append(summary["InferenceComponentName"])
     return names
 

@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 
 from infra.errors import DeployError, if_exists, is_not_found
 from infra.inference_components import delete_components
-from infra.naming import DEPLOYMENT_TAG, is_derived_name
+from infra.naming import DEPLOYMENT_TAG, is_derived_name, is_owned
 from infra.results import Report, Result, Results, Status, ignore
 from infra.sagemaker_status import Waiting, describe_endpoint, wait_for_endpoint_deleted
 
@@ -47,24 +47,13 @@ _CONFIGS = _Kind(
 _MODELS = _Kind("m", "model", "list_models", "Models", "ModelName", "ModelArn", "delete_model")
 
 
-def _tags(sm: Any, arn: str) -> dict[str, str]:
-    tags: dict[str, str] = {}
-    for page in sm.get_paginator("list_tags").paginate(ResourceArn=arn):
-        tags.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
-    return tags
-
-
-def _owned(sm: Any, arn: str, deployment: str) -> bool:
-    return _tags(sm, arn).get(DEPLOYMENT_TAG) == deployment
-
-
 def _owned_names(sm: Any, deployment: str, kind: _Kind) -> list[str]:
     """This deployment's configs or models: derived names that carry our tag, sorted."""
     names: list[str] = []
     for page in sm.get_paginator(kind.list_call).paginate(NameContains=deployment):
         for item in page.get(kind.list_key, []):
             name = item[kind.name_field]
-            if is_derived_name(name, deployment, kind.letter) and _owned(
+            if is_derived_name(name, deployment, kind.letter) and is_owned(
                 sm, item[kind.arn_field], deployment
             ):
                 names.append(name)
@@ -103,7 +92,7 @@ def owned_endpoint(sm: Any, deployment: str) -> dict[str, Any] | None:
     deleting someone else's endpoint by name would be a nasty surprise.
     """
     endpoint = describe_endpoint(sm, deployment)
-    if endpoint is not None and not _owned(sm, endpoint["EndpointArn"], deployment):
+    if endpoint is not None and not is_owned(sm, endpoint["EndpointArn"], deployment):
         raise DeployError(
             f"endpoint {deployment} has no {DEPLOYMENT_TAG}={deployment} tag, so it was not "
             "created by `hearth deploy`; delete it with the AWS console or CLI"
@@ -115,7 +104,7 @@ def claim_endpoint(sm: Any, deployment: str, *, adopt: bool) -> Result | None:
     """Refuse to converge an existing endpoint this tool did not create, unless ``adopt``:
     then tag it as ours (and say so). ``None`` when there is nothing to claim."""
     endpoint = describe_endpoint(sm, deployment)
-    if endpoint is None or _owned(sm, endpoint["EndpointArn"], deployment):
+    if endpoint is None or is_owned(sm, endpoint["EndpointArn"], deployment):
         return None
     if not adopt:
         raise DeployError(
