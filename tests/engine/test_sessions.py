@@ -22,9 +22,16 @@ class Clock:
         return self.now
 
 
-def _run(bm: BlockManager, rid: str, tokens: list[int], session_id: str | None = None) -> Request:
+def _run(
+    bm: BlockManager,
+    rid: str,
+    tokens: list[int],
+    session_id: str | None = None,
+    lora_key: bytes = b"",
+) -> Request:
     """Admit, compute and finish one request (its blocks committed, then freed)."""
     request = Request(rid, tokens, SamplingParams(max_tokens=1), session_id=session_id)
+    request.lora_key = lora_key
     cached = bm.find_cached_prefix(request)
     assert bm.allocate(request, request.num_tokens - len(cached) * BLOCK, cached)
     request.num_computed_tokens = request.num_tokens
@@ -33,8 +40,10 @@ def _run(bm: BlockManager, rid: str, tokens: list[int], session_id: str | None =
     return request
 
 
-def _hits(bm: BlockManager, tokens: list[int]) -> int:
-    return len(bm.find_cached_prefix(Request("probe", tokens, SamplingParams(max_tokens=1))))
+def _hits(bm: BlockManager, tokens: list[int], lora_key: bytes = b"") -> int:
+    probe = Request("probe", tokens, SamplingParams(max_tokens=1))
+    probe.lora_key = lora_key
+    return len(bm.find_cached_prefix(probe))
 
 
 CONVERSATION = [*range(1000, 1000 + 3 * BLOCK), 7]  # 3 full blocks and one token
@@ -65,6 +74,23 @@ def test_session_blocks_outlive_other_traffic_that_evicts_unpinned_ones() -> Non
     _churn(plain, 20)
     assert _hits(pinned, CONVERSATION) == 3  # the session's prefix survived
     assert _hits(plain, CONVERSATION) == 0  # without a session it was evicted
+
+
+def test_a_session_on_an_adapter_pins_the_adapters_chain_only() -> None:
+    """The hash chain of a LoRA request starts from its adapter's cache key: the session
+    pins those blocks, so its next turn on the same adapter hits them, and neither the
+    base model nor another adapter ever does."""
+    bm = BlockManager(8, BLOCK)
+    table = SessionTable(bm, clock=Clock())
+    session_id, _ = table.open(ttl_s=60)
+    _run(bm, "turn-1", CONVERSATION, session_id, lora_key=b"sql")
+    assert bm.num_pinned_blocks == 3
+    _churn(bm, 20)
+    assert _hits(bm, CONVERSATION, lora_key=b"sql") == 3
+    assert _hits(bm, CONVERSATION) == 0
+    assert _hits(bm, CONVERSATION, lora_key=b"chat") == 0
+    assert table.close(session_id)
+    assert bm.num_pinned_blocks == 0
 
 
 def test_pins_never_keep_blocks_from_a_request_that_needs_them() -> None:

@@ -64,6 +64,7 @@ class AddedRequest:
     priority: int
     pooling: PoolingParams | None = None
     session_id: str | None = None
+    lora_name: str | None = None
 
 
 def fake_embedding(prompt_token_ids: list[int], size: int) -> list[float]:
@@ -153,6 +154,7 @@ class FakeEngine(EngineClient):
             message.priority,
             message.pooling,
             message.session_id,
+            message.lora_name,
         )
         self.added.append(request)
         # Admission is a round trip in the real clients: answered on a later loop turn.

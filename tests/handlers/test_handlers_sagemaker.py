@@ -15,6 +15,7 @@ from handlers_testing import assert_openai_error
 SESSION = "X-Amzn-SageMaker-Session-Id"
 NEW_ID = "X-Amzn-SageMaker-New-Session-Id"
 CLOSED_ID = "X-Amzn-SageMaker-Closed-Session-Id"
+ADAPTER = "X-Amzn-SageMaker-Adapter-Identifier"
 PROMPT = {"prompt": "Hello there", "max_tokens": 3}
 
 
@@ -81,6 +82,44 @@ def test_session_headers_without_sessions_enabled_are_400s(client, engine) -> No
         assert_openai_error(result, 400)
         assert "not enabled" in result.json["error"]["message"]
     assert engine.added == []
+
+
+def test_a_session_on_an_adapter_runs_the_adapter_in_the_session(make_client, engine) -> None:
+    client = make_client(enable_stateful_sessions=True, session_ttl=60.0, enable_lora=True)
+    session_id = _open(client)
+    result = client.simulate_post(
+        "/invocations", json=PROMPT, headers={SESSION: session_id, ADAPTER: "sql"}
+    )
+    assert result.status_code == 200, result.text
+    assert result.json["model"] == "sql"
+    assert (engine.added[-1].session_id, engine.added[-1].lora_name) == (session_id, "sql")
+
+
+def test_an_embedding_in_a_session_just_runs(sessions, engine: FakeEngine) -> None:
+    """Embeddings keep no KV blocks worth pinning: the session header is accepted (and a
+    NEW_SESSION one still opens a session) but the request runs outside it."""
+    session_id = _open(sessions)
+    body = {"task": "embeddings", "input": "Hello there"}
+    result = sessions.simulate_post("/invocations", json=body, headers={SESSION: session_id})
+    assert result.status_code == 200, result.text
+    assert result.json["object"] == "list"
+    assert engine.added[-1].pooling is not None and engine.added[-1].session_id is None
+    opened = sessions.simulate_post("/invocations", json=body, headers={SESSION: "NEW_SESSION"})
+    assert opened.status_code == 200, opened.text
+    assert opened.headers[NEW_ID].split(";")[0] in engine.sessions
+
+
+def test_json_lines_records_run_on_the_adapter_header(make_client, engine) -> None:
+    client = make_client(enable_lora=True)
+    lines = [json.dumps({"prompt": p, "max_tokens": 2}) for p in ("first", "second")]
+    result = client.simulate_post(
+        "/invocations",
+        body="\n".join(lines).encode(),
+        headers={"Content-Type": "application/jsonlines", ADAPTER: "sql"},
+    )
+    assert result.status_code == 200, result.text
+    assert [json.loads(line)["model"] for line in result.text.splitlines()] == ["sql", "sql"]
+    assert [added.lora_name for added in engine.added] == ["sql", "sql"]
 
 
 def test_json_lines_answer_each_record_in_order(client, engine: FakeEngine) -> None:
