@@ -288,6 +288,18 @@ def add_serve_flags(
         "Seconds after which a request still generating ends with a 504 error and is "
         "aborted (default: no limit; the SageMaker `serve` entry sets 60)",
     )
+    api.switch(
+        "--enable-stateful-sessions",
+        _SERVER_DEFAULTS.enable_stateful_sessions,
+        "SageMaker stateful sessions on /invocations (NEW_SESSION / CLOSE; a session's "
+        "prefix KV blocks are kept warm until it closes or expires)",
+    )
+    api.value(
+        "--session-ttl",
+        Bounded(float, above=0.0),
+        _SERVER_DEFAULTS.session_ttl,
+        "Seconds from NEW_SESSION until a stateful session expires",
+    )
     api.switch("--enable-server-load-tracking", False, "Expose GET /load")
     api.switch(
         "--enable-prompt-tokens-details", False, "Report usage.prompt_tokens_details.cached_tokens"
@@ -468,5 +480,12 @@ def add_serve_flags(
         str,
         None,
         "Test hook: the engine step that finds this file deletes it and fails",
+        hidden=True,
+    )
+    eng.value(
+        "--test-step-delay",
+        Bounded(float, above=0.0),
+        None,
+        "Test hook: seconds every engine step sleeps first",
         hidden=True,
     )

@@ -16,8 +16,19 @@ environment into `hearth serve` arguments:
   them on, so `false` gives `--no-<flag>` there: `false` always means off. List flags
   (`--api-key`, `--served-model-name`, `--allowed-*`) take comma-separated values, as
   their `HEARTH_<FLAG>` variables do;
-- `--request-timeout 60` unless the environment sets one: SageMaker's InvokeEndpoint
-  gives up after 60 s, and a request nobody waits for must not keep generating;
+- the request timeout follows the mode (`serving_mode`), unless the environment sets
+  `--request-timeout` itself: real-time endpoints 60 s (SageMaker's InvokeEndpoint gives
+  up then, and a request nobody waits for must not keep generating;
+  `HEARTH_SAGEMAKER_REALTIME_TIMEOUT` lowers or raises it), asynchronous endpoints and
+  batch transform 3600 s (their longest invocation timeout). Batch transform is known
+  by `SAGEMAKER_BATCH=true`, which the platform sets; an asynchronous endpoint by
+  `HEARTH_SAGEMAKER_MODE=async`, which `hearth deploy sagemaker --async` sets (SageMaker
+  tells an async container nothing);
+- batch transform's `SAGEMAKER_MAX_PAYLOAD_IN_MB` becomes `--max-request-body-bytes`
+  (a payload that size must be accepted);
+- AWS's session settings (`SAGEMAKER_ENABLE_STATEFUL_SESSIONS`,
+  `SAGEMAKER_SESSIONS_EXPIRATION`, as in its model-hosting-container-standards) become
+  `--enable-stateful-sessions` and `--session-ttl`;
 - `HEARTH_<FLAG>` variables work as well (read by the flags themselves);
 - arguments given after `serve` (`docker run IMAGE serve --max-model-len 4096`) come
   last and so win over the environment.
@@ -37,8 +48,58 @@ SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 SAGEMAKER_SERVED_NAME = "model"
 PREFIX = "SM_HEARTH_"
 DEFAULT_PORT = "8080"
-DEFAULT_REQUEST_TIMEOUT = "60"
-"""Seconds: SageMaker's InvokeEndpoint timeout, after which no caller waits."""
+MODE_VARIABLE = "HEARTH_SAGEMAKER_MODE"
+REALTIME_TIMEOUT_VARIABLE = "HEARTH_SAGEMAKER_REALTIME_TIMEOUT"
+MODES = ("realtime", "async", "batch")
+REQUEST_TIMEOUTS = {"realtime": 60.0, "async": 3600.0, "batch": 3600.0}
+"""Seconds per mode: InvokeEndpoint's 60 s; the longest InvocationTimeoutSeconds of an
+async endpoint (AsyncInferenceConfig) and of a transform job (ModelClientConfig), 3600."""
+
+
+def serving_mode(environ: Mapping[str, str]) -> str:
+    """realtime, async or batch: the kind of SageMaker deployment this container serves."""
+    batch = environ.get("SAGEMAKER_BATCH", "").strip().lower() in TRUE
+    mode = environ.get(MODE_VARIABLE, "").strip().lower() or ("batch" if batch else "realtime")
+    if mode not in MODES:
+        raise SystemExit(f"serve: {MODE_VARIABLE}={mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def request_timeout(environ: Mapping[str, str]) -> float:
+    """The request timeout of the mode (`REQUEST_TIMEOUTS`)."""
+    mode = serving_mode(environ)
+    raw = environ.get(REALTIME_TIMEOUT_VARIABLE)
+    if mode != "realtime" or raw is None:
+        return REQUEST_TIMEOUTS[mode]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SystemExit(f"serve: {REALTIME_TIMEOUT_VARIABLE}={raw!r} is not a positive number")
+    return value
+
+
+def _sagemaker_platform_args(environ: Mapping[str, str]) -> list[str]:
+    """What SageMaker's own variables ask for, where no HEARTH_ setting says otherwise."""
+    args: list[str] = []
+    payload_mb = environ.get("SAGEMAKER_MAX_PAYLOAD_IN_MB", "").strip()
+    if payload_mb and not _set(environ, "MAX_REQUEST_BODY_BYTES"):
+        if not payload_mb.isdigit() or int(payload_mb) < 1:
+            raise SystemExit(f"serve: SAGEMAKER_MAX_PAYLOAD_IN_MB={payload_mb!r} is not a size")
+        args += ["--max-request-body-bytes", str(int(payload_mb) << 20)]
+    sessions = environ.get("SAGEMAKER_ENABLE_STATEFUL_SESSIONS", "").strip().lower()
+    if sessions in TRUE and not _set(environ, "ENABLE_STATEFUL_SESSIONS"):
+        args.append("--enable-stateful-sessions")
+    expiration = environ.get("SAGEMAKER_SESSIONS_EXPIRATION", "").strip()
+    if expiration and not _set(environ, "SESSION_TTL"):
+        args += ["--session-ttl", expiration]
+    return args
+
+
+def _set(environ: Mapping[str, str], name: str) -> bool:
+    """Whether HEARTH_<NAME> or SM_HEARTH_<NAME> sets this flag."""
+    return "HEARTH_" + name in environ or PREFIX + name in environ
 
 
 def _has_model(path: Path) -> bool:
@@ -101,8 +162,9 @@ def sagemaker_argv(environ: Mapping[str, str], model_dir: Path | None = None) ->
         argv += ["--host", "0.0.0.0"]
     if "HEARTH_PORT" not in environ:
         argv += ["--port", DEFAULT_PORT]
-    if "HEARTH_REQUEST_TIMEOUT" not in environ:
-        argv += ["--request-timeout", DEFAULT_REQUEST_TIMEOUT]
+    if not _set(environ, "REQUEST_TIMEOUT"):
+        argv += ["--request-timeout", f"{request_timeout(environ):g}"]
+    argv += _sagemaker_platform_args(environ)
     for key in sorted(environ):
         if key.startswith(PREFIX) and key != PREFIX + "MODEL":
             argv += _flag_args(key, environ[key], flags)

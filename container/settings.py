@@ -92,6 +92,8 @@ def serve_configs(
         enable_request_id_headers=args.enable_request_id_headers,
         sse_keep_alive_interval=args.sse_keep_alive_interval,
         request_timeout=args.request_timeout,
+        enable_stateful_sessions=args.enable_stateful_sessions,
+        session_ttl=args.session_ttl,
         enable_server_load_tracking=args.enable_server_load_tracking,
         enable_lora=args.enable_lora,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
@@ -159,6 +161,7 @@ def _engine_config(args: argparse.Namespace, model_dir: str | None) -> EngineCon
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         test_fault_file=args.test_fault_file,
+        test_step_delay=args.test_step_delay,
     )
 
 

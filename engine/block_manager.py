@@ -11,6 +11,12 @@ With a sliding window that bounds every layer (Mistral, Qwen2 with every layer w
 a running sequence's blocks that lie wholly before the window of its next token are
 released as it advances (`free_outside_window`), so a long sequence holds about
 ``window / block_size`` blocks, not its whole length.
+
+A stateful session (SageMaker's sticky sessions, `engine/sessions.py`) pins the full
+blocks of its requests when they are freed: a pinned free block sits in a second free
+list that the allocator takes from only when the first is empty, so a conversation's
+prefix is evicted last, not never (pins cannot starve new requests of blocks). Closing
+or expiring the session moves its blocks back to the ordinary list.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ class BlockManager:
         # Free blocks in eviction order (oldest first). Values unused.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._hash_to_block: dict[bytes, int] = {}
+        # Free blocks some live session pins, evicted only when `_free` is empty.
+        self._free_pinned: OrderedDict[int, None] = OrderedDict()
+        self._block_sessions: dict[int, set[str]] = {}
+        self._session_blocks: dict[str, set[int]] = {}
         self.num_prefix_queries = 0
         """Prompt tokens looked up in the prefix cache (for the hit-rate metric)."""
         self.num_prefix_hits = 0
@@ -51,11 +61,16 @@ class BlockManager:
     # -- accounting ---------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._free_pinned)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Blocks (free or in use) that hold a live session's prefix."""
+        return len(self._block_sessions)
 
     @property
     def usage(self) -> float:
@@ -127,7 +142,8 @@ class BlockManager:
             request.num_computed_tokens += len(cached) * self.block_size
         total = request.num_computed_tokens + num_new_tokens
         while len(request.block_ids) < self.blocks_needed(total):
-            block_id, _ = self._free.popitem(last=False)
+            free = self._free if self._free else self._free_pinned
+            block_id, _ = free.popitem(last=False)
             self._evict(block_id)
             self._ref_counts[block_id] = 1
             request.block_ids.append(block_id)
@@ -135,10 +151,15 @@ class BlockManager:
 
     def _take(self, block_id: int) -> None:
         if self._ref_counts[block_id] == 0:
-            del self._free[block_id]
+            if block_id in self._block_sessions:
+                del self._free_pinned[block_id]
+            else:
+                del self._free[block_id]
         self._ref_counts[block_id] += 1
 
     def _evict(self, block_id: int) -> None:
+        for session_id in self._block_sessions.pop(block_id, ()):
+            self._session_blocks[session_id].discard(block_id)
         block_hash = self._block_hash[block_id]
         if block_hash is not None:
             if self._hash_to_block.get(block_hash) == block_id:
@@ -161,8 +182,13 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks; the tail goes to the free list first so a
-        shared prefix outlives the request-specific suffix in the cache."""
-        for block_id in reversed(request.block_ids[request.num_freed_blocks :]):
+        shared prefix outlives the request-specific suffix in the cache. A request of a
+        live session first pins its full blocks to that session (blocks already released
+        behind a sliding window are not its to pin)."""
+        live = request.block_ids[request.num_freed_blocks :]
+        if request.session_id is not None:
+            self._pin(request.session_id, live)
+        for block_id in reversed(live):
             self._release(block_id)
         request.block_ids = []
         request.num_freed_blocks = 0
@@ -188,10 +214,50 @@ class BlockManager:
         return released
 
     def _release(self, block_id: int) -> None:
+        """Drop one reference; a block nobody holds goes to the free list of its kind
+        (pinned to a session: the list taken from last)."""
         self._ref_counts[block_id] -= 1
         if self._ref_counts[block_id] == 0:
-            self._free[block_id] = None
+            if block_id in self._block_sessions:
+                self._free_pinned[block_id] = None
+            else:
+                self._free[block_id] = None
 
     def reset_prefix_cache(self) -> None:
-        for block_id in list(self._free):
+        for block_id in [*self._free, *self._free_pinned]:
             self._evict(block_id)
+        self._free.update(self._free_pinned)  # unpinned by the eviction
+        self._free_pinned.clear()
+
+    # -- sessions -------------------------------------------------------------------
+    def open_session(self, session_id: str) -> None:
+        """Start pinning the blocks of this session's requests (`engine/sessions.py`)."""
+        self._session_blocks.setdefault(session_id, set())
+
+    def close_session(self, session_id: str) -> None:
+        """Unpin the session's blocks: the free ones become ordinary cache again, at the
+        recently-freed end (still worth a hit, no longer protected)."""
+        for block_id in self._session_blocks.pop(session_id, ()):
+            sessions = self._block_sessions[block_id]
+            sessions.discard(session_id)
+            if sessions:
+                continue
+            del self._block_sessions[block_id]
+            if block_id in self._free_pinned:
+                del self._free_pinned[block_id]
+                self._free[block_id] = None
+
+    def session_blocks(self, session_id: str) -> frozenset[int]:
+        return frozenset(self._session_blocks.get(session_id, ()))
+
+    def _pin(self, session_id: str, block_ids: list[int]) -> None:
+        """Pin the blocks that a later turn can hit: full ones the prefix cache maps to."""
+        pinned = self._session_blocks.get(session_id)
+        if pinned is None or not self.enable_prefix_caching:
+            return  # closed or expired meanwhile, or nothing could ever hit
+        for block_id in block_ids:
+            block_hash = self._block_hash[block_id]
+            if block_hash is None or self._hash_to_block.get(block_hash) != block_id:
+                continue
+            pinned.add(block_id)
+            self._block_sessions.setdefault(block_id, set()).add(session_id)

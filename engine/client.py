@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import itertools
 import weakref
 from abc import ABC, abstractmethod
 
@@ -31,6 +31,8 @@ from engine.messages import (
     Admission,
     OutputBatch,
     PoolingParams,
+    SessionCommand,
+    SessionReply,
 )
 from engine.sampling_params import SamplingParams
 
@@ -64,7 +66,8 @@ ADAPTER_COMMAND_TIMEOUT_S = 120.0
 """How long a LoRA load/unload/list waits for the engine (reading an adapter's files
 happens between two steps)."""
 
-EngineCommand = AddRequest | AbortRequest | AdapterCommand
+EngineCommand = AddRequest | AbortRequest | AdapterCommand | SessionCommand
+CallReply = AdapterReply | SessionReply
 
 
 class EngineClient(ABC):
@@ -77,7 +80,9 @@ class EngineClient(ABC):
         self._collectors: dict[str, OutputCollector] = {}
         """Engine request id -> the collector of its API request, until it finishes."""
         self._admissions: dict[str, asyncio.Future[Admission]] = {}
-        self._adapter_calls: dict[str, asyncio.Future[AdapterReply]] = {}
+        self._calls: dict[str, asyncio.Future[CallReply]] = {}
+        """Call id -> the caller waiting for an adapter or session command's reply."""
+        self._call_ids = itertools.count()
         self._model_info: ModelInfo | None = None
         self._dead = False
         self._stalled = False
@@ -148,14 +153,17 @@ class EngineClient(ABC):
         params: SamplingParams,
         priority: int = 0,
         collector: OutputCollector | None = None,
+        *,
         lora_name: str | None = None,
         pooling: PoolingParams | None = None,
+        session_id: str | None = None,
     ) -> OutputCollector:
         """Admit a request whose outputs go to `collector` (a new one by default; the n
         choices of one API request share one), on the LoRA adapter `lora_name` (None:
-        the base); with `pooling`, an embedding request (one final output carrying the
-        vector). Raises EngineOverloadedError / EngineDeadError / EngineNotReadyError
-        / InvalidEngineRequestError / UnknownAdapterError before any output exists."""
+        the base), in the stateful session `session_id` (None: none); with `pooling`, an
+        embedding request (one final output carrying the vector). Raises
+        EngineOverloadedError / EngineDeadError / EngineNotReadyError /
+        InvalidEngineRequestError / UnknownAdapterError before any output exists."""
         self._check_serving()
         if request_id in self._collectors or request_id in self._admissions:
             raise InvalidEngineRequestError(f"request id {request_id!r} is already in flight")
@@ -176,6 +184,7 @@ class EngineClient(ABC):
                         priority=priority,
                         lora_name=lora_name,
                         pooling=pooling,
+                        session_id=session_id,
                     )
                 )
                 admission = await future
@@ -216,22 +225,48 @@ class EngineClient(ABC):
     ) -> AdapterReply:
         """Register ('load'), unregister ('unload') or 'list' LoRA adapters in the
         engine's one registry; the reply lists every adapter afterwards."""
+        reply = await self._call(
+            AdapterCommand(call_id="", op=op, name=name, path=path), ADAPTER_COMMAND_TIMEOUT_S
+        )
+        assert isinstance(reply, AdapterReply)
+        return reply
+
+    # -- stateful sessions (engine/sessions.py) ---------------------------------------
+    async def open_session(self, ttl_s: float) -> SessionReply:
+        """Open a session in the engine's table (shared by every worker): its id and
+        expiry. Raises EngineOverloadedError when the table is full."""
+        return await self._session_call(SessionCommand(call_id="", op="open", ttl_s=ttl_s))
+
+    async def close_session(self, session_id: str) -> None:
+        """Close a session; InvalidEngineRequestError if it is unknown, closed or expired."""
+        await self._session_call(SessionCommand(call_id="", op="close", session_id=session_id))
+
+    async def _session_call(self, command: SessionCommand) -> SessionReply:
+        reply = await self._call(command, self.admission_timeout_s)
+        assert isinstance(reply, SessionReply)
+        if reply.ok:
+            return reply
+        if reply.error_kind == "overloaded":
+            raise EngineOverloadedError(reply.message or "no room for another session")
+        raise InvalidEngineRequestError(reply.message or "session refused")
+
+    async def _call(self, command: AdapterCommand | SessionCommand, timeout_s: float) -> CallReply:
+        """Send a command the engine answers with one reply (matched by call id)."""
         self._check_serving()
-        call_id = uuid.uuid4().hex
-        future: asyncio.Future[AdapterReply] = asyncio.get_running_loop().create_future()
-        self._adapter_calls[call_id] = future
+        command.call_id = f"{command.op}-{next(self._call_ids)}"
+        future: asyncio.Future[CallReply] = asyncio.get_running_loop().create_future()
+        self._calls[command.call_id] = future
         try:
-            async with asyncio.timeout(ADAPTER_COMMAND_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 await self._wait_for_send_room()
-                self._send(AdapterCommand(call_id=call_id, op=op, name=name, path=path))
+                self._send(command)
                 return await future
         except TimeoutError:
             raise EngineOverloadedError(
-                f"The engine did not answer the adapter command within "
-                f"{ADAPTER_COMMAND_TIMEOUT_S:g} s; retry later."
+                f"The engine did not answer within {timeout_s:g} s; retry later."
             ) from None
         finally:
-            self._adapter_calls.pop(call_id, None)
+            self._calls.pop(command.call_id, None)
 
     async def abort(self, request_ids: list[str]) -> None:
         self._abort_now(request_ids)
@@ -243,7 +278,7 @@ class EngineClient(ABC):
             self._send(AbortRequest(ids))
 
     # -- incoming (called on the event loop) ------------------------------------------
-    def _dispatch(self, message: Admission | OutputBatch) -> None:
+    def _dispatch(self, message: Admission | OutputBatch | CallReply) -> None:
         if isinstance(message, OutputBatch):
             collectors = self._collectors
             for out in message.outputs:
@@ -252,14 +287,17 @@ class EngineClient(ABC):
                     if out.finish_reason is not None:
                         del collectors[out.request_id]
                     collector.put(out)
-        elif isinstance(message, AdapterReply):
-            call = self._adapter_calls.get(message.call_id)
+        elif isinstance(message, AdapterReply | SessionReply):
+            call = self._calls.get(message.call_id)
             if call is not None and not call.done():
                 call.set_result(message)
         else:
             future = self._admissions.get(message.request_id)
             if future is not None and not future.done():
                 future.set_result(message)
+
+    def _pending_calls(self) -> list[asyncio.Future[Admission] | asyncio.Future[CallReply]]:
+        return [*self._admissions.values(), *self._calls.values()]
 
     def _set_ready(self, info: ModelInfo) -> None:
         self._model_info = info
@@ -271,7 +309,7 @@ class EngineClient(ABC):
             return
         self._dead = True
         error = dead_error()
-        for future in [*self._admissions.values(), *self._adapter_calls.values()]:
+        for future in self._pending_calls():
             if not future.done():
                 future.set_exception(error)
         self.fail_in_flight(error)
@@ -287,7 +325,7 @@ class EngineClient(ABC):
         if not stalled:
             return
         error = stalled_error()
-        for future in self._admissions.values():
+        for future in self._pending_calls():
             if not future.done():
                 future.set_exception(error)  # add_request aborts it in the engine
         self.fail_in_flight(error)

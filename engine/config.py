@@ -112,6 +112,9 @@ class EngineConfig:
     test_fault_file: str | None = None
     """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
     fails, so the reliability tests can fail one step of a real server."""
+    test_step_delay: float | None = None
+    """Test hook (--test-step-delay, hidden): seconds every step sleeps first, so a test
+    can make a request take long on any host (the mode timeouts of `serve`)."""
 
     # -- environment transport ------------------------------------------------------
     def to_env(self) -> dict[str, str]:
@@ -179,6 +182,9 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     architecture: str = ""
     """The native model class serving it (``Qwen3ForCausalLM``, ...): `/version` and
     `/v1/models` show it."""
+    max_num_seqs: int = 0
+    """Sequences the engine runs in one batch (--max-num-seqs): SageMaker batch
+    transform's MaxConcurrentTransforms (GET /execution-parameters)."""
 
 
 CPU_TOKEN_BUDGET = 256

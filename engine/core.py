@@ -33,6 +33,8 @@ from engine.messages import (
     AddRequest,
     Admission,
     RequestOutput,
+    SessionCommand,
+    SessionReply,
 )
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner, StepResult, kv_cache_bytes_per_block
@@ -41,6 +43,7 @@ from engine.request import Request
 from engine.resolved_config import resolve
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from engine.sessions import SessionTable, SessionTableFull
 from engine.structured.grammar import GrammarState
 from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
@@ -53,6 +56,9 @@ DEFAULT_CPU_KV_BYTES = 4 << 30
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 """A step that raises fails only its own requests; this many in a row means the engine
 itself is broken, and it exits so the platform restarts the container."""
+
+
+SESSION_GONE = "The session is unknown, closed or expired; start a new one (NEW_SESSION)."
 
 
 class InjectedFault(RuntimeError):
@@ -125,6 +131,7 @@ class EngineCore:
             self.max_num_batched_tokens,
             config.scheduling_policy,
         )
+        self.sessions = SessionTable(self.block_manager)
         self.model_info = ModelInfo(
             model_dir=model_dir,
             max_model_len=max_len,
@@ -136,12 +143,14 @@ class EngineCore:
             kernels=self.backends.description,
             pooling=self.pooling,
             architecture=type(self.model).__name__,
+            max_num_seqs=config.max_num_seqs,
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_consecutive_step_failures = 0
         self._fault_file = config.test_fault_file
+        self._step_delay = config.test_step_delay
         say(
             f"KV cache: {num_blocks} blocks of {block_size} tokens "
             f"({num_blocks * block_size} tokens), max_model_len {max_len}"
@@ -245,7 +254,8 @@ class EngineCore:
             client_id,
             msg.priority,
             msg.arrival_time or None,
-            msg.pooling,
+            pooling=msg.pooling,
+            session_id=msg.session_id,
         )
         request.grammar = grammar
         if lora is not None:
@@ -347,6 +357,8 @@ class EngineCore:
             return f"request id {msg.request_id!r} is already in use"
         if not ids:
             return "the prompt is empty"
+        if msg.session_id is not None and not self.sessions.is_live(msg.session_id):
+            return SESSION_GONE
         if msg.pooling is not None:
             return self._validate_embedding(msg)
         if len(ids) >= self.max_model_len:
@@ -377,6 +389,32 @@ class EngineCore:
             return f"input token ids must be in [0, {self.vocab_size})"
         assert msg.pooling is not None
         return self.pooling.check_dimensions(msg.pooling.dimensions)
+
+    # -- stateful sessions --------------------------------------------------------------
+    def session_command(self, cmd: SessionCommand) -> SessionReply:
+        """Open or close a session (engine/sessions.py): the table every worker shares."""
+        if cmd.op == "open":
+            try:
+                session_id, expires_at = self.sessions.open(cmd.ttl_s)
+            except SessionTableFull as exc:
+                return SessionReply(
+                    call_id=cmd.call_id, ok=False, error_kind="overloaded", message=str(exc)
+                )
+            return SessionReply(
+                call_id=cmd.call_id, ok=True, session_id=session_id, expires_at=expires_at
+            )
+        if cmd.op == "close" and cmd.session_id is not None:
+            if self.sessions.is_live(cmd.session_id) and self.sessions.close(cmd.session_id):
+                return SessionReply(call_id=cmd.call_id, ok=True, session_id=cmd.session_id)
+            return SessionReply(
+                call_id=cmd.call_id, ok=False, error_kind="invalid", message=SESSION_GONE
+            )
+        return SessionReply(
+            call_id=cmd.call_id,
+            ok=False,
+            error_kind="invalid",
+            message=f"unknown session operation {cmd.op!r}",
+        )
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -419,6 +457,8 @@ class EngineCore:
         if sched_out.is_empty:
             return []
         try:
+            if self._step_delay:
+                time.sleep(self._step_delay)
             if self._fault_file is not None and os.path.exists(self._fault_file):
                 os.unlink(self._fault_file)
                 raise InjectedFault("injected fault (test hook)")

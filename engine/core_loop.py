@@ -23,6 +23,7 @@ from engine.messages import (
     Hello,
     OutputBatch,
     RequestOutput,
+    SessionCommand,
     WorkerMessage,
 )
 from engine.metrics import EngineMetrics, StatsLogger
@@ -71,6 +72,8 @@ def handle_message(
         core.abort(message.request_ids)
     elif isinstance(message, AdapterCommand):
         transport.send(client_id, core.adapter_command(message))
+    elif isinstance(message, SessionCommand):
+        transport.send(client_id, core.session_command(message))
     elif isinstance(message, Hello):
         pass
 
@@ -104,6 +107,7 @@ def run_engine_loop(
                 core.structured.prewarm()
                 prewarmed = True
         messages = transport.poll(timeout)
+        core.sessions.expire()
         for client_id, message in messages:
             handle_message(core, transport, client_id, message)
         changed = bool(messages)

@@ -39,10 +39,38 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     lora_name: str | None = None
     """The LoRA adapter to run with (the request's `model`, or SageMaker's adapter
     header); None: the base model."""
+    session_id: str | None = None
+    """The stateful session the request runs in (`X-Amzn-SageMaker-Session-Id`): the
+    engine refuses it ('invalid') unless the session is open, and pins its KV blocks to
+    the session when it ends."""
 
 
 class AbortRequest(msgspec.Struct, tag="abort"):
     request_ids: list[str]
+
+
+class SessionCommand(msgspec.Struct, tag="session", kw_only=True):
+    """Open or close a stateful session (engine/sessions.py); answered by SessionReply."""
+
+    call_id: str
+    """Names the reply (unique among this worker's pending calls)."""
+    op: str
+    """'open' or 'close'."""
+    session_id: str | None = None
+    """The session to close (open: None, the engine makes the id)."""
+    ttl_s: float = 0.0
+    """Open: seconds until the session expires."""
+
+
+class SessionReply(msgspec.Struct, tag="session_reply", kw_only=True):
+    call_id: str
+    ok: bool
+    session_id: str | None = None
+    expires_at: float = 0.0
+    """Unix time at which the session expires (open)."""
+    error_kind: str | None = None
+    """'invalid' (unknown, closed or expired session -> 400) or 'overloaded' (-> 503)."""
+    message: str | None = None
 
 
 class Hello(msgspec.Struct, tag="hello"):
@@ -131,5 +159,5 @@ class OutputBatch(msgspec.Struct, tag="outs"):
     outputs: list[RequestOutput]
 
 
-EngineMessage = AddRequest | AbortRequest | Hello | AdapterCommand
-WorkerMessage = Admission | OutputBatch | AdapterReply
+EngineMessage = AddRequest | AbortRequest | AdapterCommand | SessionCommand | Hello
+WorkerMessage = Admission | OutputBatch | AdapterReply | SessionReply

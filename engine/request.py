@@ -49,6 +49,7 @@ class Request:
         "priority",
         "prompt_logprobs",
         "request_id",
+        "session_id",
         "status",
         "stop_reason",
         "stop_token_set",
@@ -62,9 +63,14 @@ class Request:
         client_id: bytes = b"",
         priority: int = 0,
         arrival_time: float | None = None,
+        *,
         pooling: PoolingParams | None = None,
+        session_id: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.session_id = session_id
+        """The stateful session this request belongs to: its blocks are pinned to it when
+        freed (`BlockManager.free`), so the conversation's next turn hits them."""
         self.client_id = client_id
         self.params = params
         self.priority = priority

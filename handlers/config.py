@@ -27,6 +27,9 @@ ENV_VAR = "HEARTH_SERVER_CONFIG"
 DEFAULT_MAX_REQUEST_BODY_BYTES = 6 * 1024 * 1024
 """SageMaker's InvokeEndpoint limit (6 MiB); a bigger body could never arrive there."""
 
+DEFAULT_SESSION_TTL_S = 1200.0
+"""AWS's container standards' default session lifetime (SAGEMAKER_SESSIONS_EXPIRATION)."""
+
 
 DEFAULT_RESPONSES_STORE_MAX_ENTRIES = 1024
 DEFAULT_RESPONSES_STORE_MAX_BYTES = 256 * 1024 * 1024
@@ -110,6 +113,11 @@ class ServerConfig:
     runtime_dir: str | None = None
     """The engine's socket and runtime files: a directory `hearth serve` makes per run
     (not a flag). None outside `hearth serve` (in-process engines need none)."""
+    enable_stateful_sessions: bool = False
+    """Answer SageMaker's session requests on /invocations (`handlers/serving/sessions.py`)."""
+    session_ttl: float = DEFAULT_SESSION_TTL_S
+    """Seconds from NEW_SESSION until a session expires (SageMaker's
+    SAGEMAKER_SESSIONS_EXPIRATION, 1200 by default)."""
     generation_config: str = "auto"
     """'auto': the model's generation_config.json sets default sampling params (as vLLM);
     'vllm': OpenAI defaults only."""
@@ -143,7 +151,7 @@ class ServerConfig:
                 raise ValueError("ServerConfig.api_key_digests holds SHA-256 hex digests")
         if not self.responses_store_ttl > 0:
             raise ValueError("ServerConfig.responses_store_ttl must be > 0")
-        for name in ("sse_keep_alive_interval", "request_timeout"):
+        for name in ("sse_keep_alive_interval", "request_timeout", "session_ttl"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"ServerConfig.{name} must be > 0 (or unset)")

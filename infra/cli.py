@@ -22,12 +22,14 @@ from typing import Any
 from infra import lambda_fn, rollout
 from infra.artifacts import ModelSource
 from infra.autoscaling import ScalingSpec
-from infra.cli_args import ENV_HELP, adopt_arg, aws_parent, sagemaker_args, wait_args
+from infra.batch import TransformSpec, run_batch
+from infra.cli_args import ENV_HELP, adopt_arg, aws_parent, model_args, sagemaker_args, wait_args
 from infra.errors import AWS_ERRORS, DeployError, describe_error
+from infra.inference_components import parse_adapters
 from infra.invoke import chat_body, load_body, send
 from infra.naming import validate_deployment_name
 from infra.results import Result
-from infra.sagemaker_spec import EndpointSpec, MetricsSpec, ModelSpec, VariantSpec
+from infra.sagemaker_spec import AsyncSpec, EndpointSpec, MetricsSpec, ModelSpec, VariantSpec
 from infra.sagemaker_status import Waiting
 from infra.session import Clients, make_session
 
@@ -133,13 +135,29 @@ def cmd_deploy_sagemaker(args: argparse.Namespace) -> int:
     )
     rollout.deploy(
         _clients(args),
-        EndpointSpec(name, model, variant, metrics),
+        EndpointSpec(
+            name, model, variant, metrics, _async_spec(args), parse_adapters(args.adapter)
+        ),
         scaling,
         _options(args),
         source=_source(args),
         adopt=args.adopt,
     )
     return 0
+
+
+def _async_spec(args: argparse.Namespace) -> AsyncSpec | None:
+    """``--async --output s3://...`` (the S3 options mean nothing without ``--async``)."""
+    options = (args.output, args.failure_output, args.max_concurrent_invocations)
+    if not args.async_inference:
+        if any(option is not None for option in options):
+            raise DeployError(
+                "--output, --failure-output and --max-concurrent-invocations need --async"
+            )
+        return None
+    if args.output is None:
+        raise DeployError("--async needs --output s3://bucket/prefix for the answers")
+    return AsyncSpec(args.output, args.failure_output, args.max_concurrent_invocations)
 
 
 @_command
@@ -208,6 +226,33 @@ def cmd_deploy_lambda(args: argparse.Namespace) -> int:
         url_auth=None if args.no_url else args.url_auth,
     )
     lambda_fn.deploy(_clients(args), spec, adopt=args.adopt, report=_emit, warn=_progress)
+    return 0
+
+
+@_command
+def cmd_batch(args: argparse.Namespace) -> int:
+    """Run a batch transform job (MultiRecord, Line) over the JSON Lines under --input."""
+    spec = TransformSpec(
+        name=args.name,
+        input_s3=args.input,
+        output_s3=args.output,
+        instance_type=args.instance_type,
+        instance_count=args.instance_count,
+        max_payload_mb=args.max_payload_mb,
+        max_concurrent_transforms=args.max_concurrent_transforms,
+        invocation_timeout_s=args.invocation_timeout,
+    )
+    model = ModelSpec(image=args.image, role_arn=args.role, environment=parse_env(args.env))
+    waiting = Waiting(timeout_s=args.wait_timeout, poll_s=args.poll_interval, progress=_progress)
+    run_batch(
+        _clients(args),
+        model,
+        spec,
+        waiting,
+        source=_source(args),
+        wait=not args.no_wait,
+        report=_emit,
+    )
     return 0
 
 
@@ -324,6 +369,44 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--no-url", action="store_true", help="do not create a Function URL")
     adopt_arg(p)
     p.set_defaults(func=cmd_deploy_lambda)
+
+    p = subparsers.add_parser(
+        "batch",
+        parents=[aws],
+        help="run a SageMaker batch transform job over JSON Lines in S3",
+        description="Create the model and a transform job (BatchStrategy MultiRecord, "
+        "SplitType Line, AssembleWith Line): every line under --input is one request, "
+        "answered by one line under --output. Idempotent: the same arguments find the "
+        "same job.",
+    )
+    p.add_argument("--name", required=True, help="job name prefix (also names the model)")
+    model_args(p)
+    p.add_argument("--input", required=True, metavar="S3URI", help="JSON Lines objects to run")
+    p.add_argument("--output", required=True, metavar="S3URI", help="where the answers go")
+    p.add_argument("--instance-type", default="ml.g5.xlarge", help="default ml.g5.xlarge")
+    p.add_argument("--instance-count", type=int, default=1, help="default 1")
+    p.add_argument(
+        "--max-payload-mb",
+        type=int,
+        default=6,
+        metavar="MB",
+        help="records per request, in MB (default 6)",
+    )
+    p.add_argument(
+        "--max-concurrent-transforms",
+        type=int,
+        metavar="N",
+        help="requests in flight per instance (default: the container's /execution-parameters)",
+    )
+    p.add_argument(
+        "--invocation-timeout",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="per request, 1-3600 (default 3600)",
+    )
+    wait_args(p)
+    p.set_defaults(func=cmd_batch)
 
     p = subparsers.add_parser(
         "invoke",

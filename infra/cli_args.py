@@ -14,7 +14,7 @@ from typing import Any
 
 from infra.sagemaker_spec import DEFAULT_VARIANT, METRIC_FREQUENCIES, ROUTING_STRATEGIES
 
-__all__ = ["ENV_HELP", "adopt_arg", "aws_parent", "sagemaker_args", "wait_args"]
+__all__ = ["ENV_HELP", "adopt_arg", "aws_parent", "model_args", "sagemaker_args", "wait_args"]
 
 ENV_HELP = (
     "container environment variable KEY=VALUE (repeatable); HEARTH_<FLAG> / SM_HEARTH_<FLAG> "
@@ -53,16 +53,9 @@ def adopt_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
-    """Arguments of ``deploy sagemaker`` (full spec) and ``deploy update`` (overrides only:
-    every default is None so that "not given" keeps what the endpoint runs now)."""
-
-    def d(value: Any) -> Any:
-        return None if update else value
-
-    adopt_arg(parser)
-
-    parser.add_argument("--name", required=True, help="endpoint name (also prefixes the rest)")
+def model_args(parser: argparse.ArgumentParser, *, update: bool = False) -> None:
+    """The model: image, role, model data and container environment (``deploy sagemaker``,
+    ``deploy update`` and ``batch``)."""
     what = parser.add_argument_group("model")
     what.add_argument("--image", required=not update, help="container image URI in ECR")
     what.add_argument(
@@ -89,6 +82,19 @@ def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
         what.add_argument(
             "--unset-env", action="append", metavar="KEY", help="remove a variable (repeatable)"
         )
+
+
+def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
+    """Arguments of ``deploy sagemaker`` (full spec) and ``deploy update`` (overrides only:
+    every default is None so that "not given" keeps what the endpoint runs now)."""
+
+    def d(value: Any) -> Any:
+        return None if update else value
+
+    adopt_arg(parser)
+
+    parser.add_argument("--name", required=True, help="endpoint name (also prefixes the rest)")
+    model_args(parser, update=update)
 
     where = parser.add_argument_group("instances")
     where.add_argument("--instance-type", default=d("ml.g5.xlarge"), help="default ml.g5.xlarge")
@@ -142,6 +148,35 @@ def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
         metavar="SECONDS",
         help="publish period: 10, 30, 60, 120, 180, 240 or 300 (default 60)",
     )
+
+    if not update:
+        parser.add_argument_group(
+            "LoRA adapters (adapter inference components on a base inference component)"
+        ).add_argument(
+            "--adapter",
+            action="append",
+            metavar="NAME=S3URI",
+            help="serve a LoRA adapter as the inference component <name>-NAME (repeatable); "
+            "the endpoint is then created for inference components",
+        )
+        queued = parser.add_argument_group(
+            "asynchronous inference (requests queued by SageMaker, answers written to S3)"
+        )
+        queued.add_argument(
+            "--async",
+            dest="async_inference",
+            action="store_true",
+            help="an async endpoint (AsyncInferenceConfig; needs --output); the container's "
+            "request timeout becomes an hour",
+        )
+        queued.add_argument("--output", metavar="S3URI", help="where answers are written")
+        queued.add_argument("--failure-output", metavar="S3URI", help="where errors are written")
+        queued.add_argument(
+            "--max-concurrent-invocations",
+            type=int,
+            metavar="N",
+            help="per instance, 1-1000 (default: SageMaker's)",
+        )
 
     scaling = parser.add_argument_group("autoscaling (on when --max-capacity is given)")
     scaling.add_argument("--min-capacity", type=int, default=d(1), help="default 1")

@@ -23,6 +23,8 @@ __all__ = [
     "content_hash",
     "derived_name",
     "is_derived_name",
+    "is_owned",
+    "resource_tags",
     "validate_deployment_name",
 ]
 
@@ -60,3 +62,16 @@ def is_derived_name(name: str, deployment: str, kind: str) -> bool:
     """Whether ``name`` was produced by :func:`derived_name` for this deployment and kind."""
     pattern = rf"^{re.escape(deployment)}-{re.escape(kind)}-[0-9a-f]{{{HASH_CHARS}}}$"
     return re.match(pattern, name) is not None
+
+
+def resource_tags(sm: Any, arn: str) -> dict[str, str]:
+    """The tags of a SageMaker resource, every page."""
+    tags: dict[str, str] = {}
+    for page in sm.get_paginator("list_tags").paginate(ResourceArn=arn):
+        tags.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
+    return tags
+
+
+def is_owned(sm: Any, arn: str, deployment: str) -> bool:
+    """Whether the resource carries this deployment's ownership tag."""
+    return resource_tags(sm, arn).get(DEPLOYMENT_TAG) == deployment

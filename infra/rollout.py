@@ -135,7 +135,7 @@ def update(
     scaling = None
     if not changes.disable_scaling:
         scaling = updated_scaling(aas, name, variant.name, changes.scaling)
-    candidate = EndpointSpec(name, model, variant, metrics)
+    candidate = EndpointSpec(name, model, variant, metrics, current.async_inference)
     candidate.validate()
     check_scaling_wait(scaling, wait=options.wait)
     data = _model_data(clients, changes.source, name, options)

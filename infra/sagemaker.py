@@ -21,9 +21,17 @@ from typing import Any
 
 from infra.artifacts import ModelData
 from infra.errors import DeployError, if_exists
+from infra.inference_components import ensure_components
 from infra.results import Report, Result, Results, Status, ignore
 from infra.sagemaker_cleanup import delete_stale
-from infra.sagemaker_spec import EndpointSpec, MetricsSpec, ModelSpec, VariantSpec
+from infra.sagemaker_spec import (
+    ASYNC_MODE_ENV,
+    AsyncSpec,
+    EndpointSpec,
+    MetricsSpec,
+    ModelSpec,
+    VariantSpec,
+)
 from infra.sagemaker_status import TRANSITIONAL, Waiting, describe_endpoint, wait_for_endpoint
 
 __all__ = [
@@ -51,6 +59,11 @@ def read_spec(sm: Any, name: str) -> EndpointSpec:
     if len(variants) != 1:
         raise DeployError(f"endpoint {name} has {len(variants)} variants; only one is supported")
     pv = variants[0]
+    if "ModelName" not in pv:
+        raise DeployError(
+            f"endpoint {name} serves inference components (--adapter); change it by running "
+            "`hearth deploy sagemaker` again with the full arguments"
+        )
     model = sm.describe_model(ModelName=pv["ModelName"])
     container = model.get("PrimaryContainer") or (model.get("Containers") or [{}])[0]
     metrics: MetricsSpec | None = None
@@ -65,12 +78,17 @@ def read_spec(sm: Any, name: str) -> EndpointSpec:
                 config.get("MetricsConfig", {}).get("MetricPublishFrequencyInSeconds", 60),
             ),
         )
+    async_inference = AsyncSpec.from_config(config.get("AsyncInferenceConfig"))
+    environment = dict(container.get("Environment", {}))
+    if async_inference is not None:  # the spec adds it back (sagemaker_spec.ASYNC_MODE_ENV)
+        for key in ASYNC_MODE_ENV:
+            environment.pop(key, None)
     return EndpointSpec(
         name=name,
         model=ModelSpec(
             image=container["Image"],
             role_arn=model["ExecutionRoleArn"],
-            environment=dict(container.get("Environment", {})),
+            environment=environment,
             model_data=ModelData.from_container(container),
         ),
         variant=VariantSpec(
@@ -84,6 +102,7 @@ def read_spec(sm: Any, name: str) -> EndpointSpec:
             routing_strategy=pv.get("RoutingConfig", {}).get("RoutingStrategy"),
         ),
         metrics=metrics,
+        async_inference=async_inference,
     )
 
 
@@ -164,6 +183,8 @@ def deploy_endpoint(
     configs/models are deleted only after a successful wait (``prune``).
     """
     spec.validate()
+    if spec.uses_components and not wait:
+        raise DeployError("--adapter needs the endpoint InService first: drop --no-wait")
     results = Results(report)
     results.add(ensure_model(sm, spec))
     results.add(ensure_endpoint_config(sm, spec))
@@ -178,6 +199,9 @@ def deploy_endpoint(
                 f"{described['EndpointConfigName']}: "
                 f"{described.get('FailureReason', 'no reason given')}"
             )
+    if spec.uses_components:  # the base moves to the new model before the old one goes
+        for result in ensure_components(sm, spec.components(), waiting):
+            results.add(result)
     if prune:
         for result in delete_stale(sm, spec.name, spec.config_name, spec.model_name):
             results.add(result)

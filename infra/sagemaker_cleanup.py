@@ -13,8 +13,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from infra.errors import DeployError, is_not_found
-from infra.naming import DEPLOYMENT_TAG, is_derived_name
+from infra.errors import DeployError, if_exists, is_not_found
+from infra.inference_components import delete_components
+from infra.naming import DEPLOYMENT_TAG, is_derived_name, is_owned
 from infra.results import Report, Result, Results, Status, ignore
 from infra.sagemaker_status import Waiting, describe_endpoint, wait_for_endpoint_deleted
 
@@ -46,24 +47,13 @@ _CONFIGS = _Kind(
 _MODELS = _Kind("m", "model", "list_models", "Models", "ModelName", "ModelArn", "delete_model")
 
 
-def _tags(sm: Any, arn: str) -> dict[str, str]:
-    tags: dict[str, str] = {}
-    for page in sm.get_paginator("list_tags").paginate(ResourceArn=arn):
-        tags.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
-    return tags
-
-
-def _owned(sm: Any, arn: str, deployment: str) -> bool:
-    return _tags(sm, arn).get(DEPLOYMENT_TAG) == deployment
-
-
 def _owned_names(sm: Any, deployment: str, kind: _Kind) -> list[str]:
     """This deployment's configs or models: derived names that carry our tag, sorted."""
     names: list[str] = []
     for page in sm.get_paginator(kind.list_call).paginate(NameContains=deployment):
         for item in page.get(kind.list_key, []):
             name = item[kind.name_field]
-            if is_derived_name(name, deployment, kind.letter) and _owned(
+            if is_derived_name(name, deployment, kind.letter) and is_owned(
                 sm, item[kind.arn_field], deployment
             ):
                 names.append(name)
@@ -102,7 +92,7 @@ def owned_endpoint(sm: Any, deployment: str) -> dict[str, Any] | None:
     deleting someone else's endpoint by name would be a nasty surprise.
     """
     endpoint = describe_endpoint(sm, deployment)
-    if endpoint is not None and not _owned(sm, endpoint["EndpointArn"], deployment):
+    if endpoint is not None and not is_owned(sm, endpoint["EndpointArn"], deployment):
         raise DeployError(
             f"endpoint {deployment} has no {DEPLOYMENT_TAG}={deployment} tag, so it was not "
             "created by `hearth deploy`; delete it with the AWS console or CLI"
@@ -114,7 +104,7 @@ def claim_endpoint(sm: Any, deployment: str, *, adopt: bool) -> Result | None:
     """Refuse to converge an existing endpoint this tool did not create, unless ``adopt``:
     then tag it as ours (and say so). ``None`` when there is nothing to claim."""
     endpoint = describe_endpoint(sm, deployment)
-    if endpoint is None or _owned(sm, endpoint["EndpointArn"], deployment):
+    if endpoint is None or is_owned(sm, endpoint["EndpointArn"], deployment):
         return None
     if not adopt:
         raise DeployError(
@@ -125,6 +115,15 @@ def claim_endpoint(sm: Any, deployment: str, *, adopt: bool) -> Result | None:
         ResourceArn=endpoint["EndpointArn"], Tags=[{"Key": DEPLOYMENT_TAG, "Value": deployment}]
     )
     return Result("endpoint", deployment, Status.UPDATED, "adopted")
+
+
+def _serves_components(sm: Any, endpoint: dict[str, Any]) -> bool:
+    """An endpoint of inference components: its config's variant names no model."""
+    config = if_exists(
+        sm.describe_endpoint_config, EndpointConfigName=endpoint["EndpointConfigName"]
+    )
+    variants = (config or {}).get("ProductionVariants") or [{}]
+    return config is not None and "ModelName" not in variants[0]
 
 
 def delete_deployment(
@@ -142,6 +141,9 @@ def delete_deployment(
         results.add(Result("endpoint", deployment, Status.ABSENT))
     else:
         if endpoint["EndpointStatus"] != "Deleting":
+            if _serves_components(sm, endpoint):
+                for result in delete_components(sm, deployment, waiting):
+                    results.add(result)
             sm.delete_endpoint(EndpointName=deployment)
         if not wait:
             results.add(Result("endpoint", deployment, Status.DELETED, "deletion started"))

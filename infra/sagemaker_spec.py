@@ -14,12 +14,15 @@ from typing import Any
 
 from infra.artifacts import ModelData
 from infra.errors import DeployError
+from infra.inference_components import AdapterSpec, ComponentsSpec
 from infra.naming import DEPLOYMENT_TAG, derived_name
 
 __all__ = [
+    "ASYNC_MODE_ENV",
     "DEFAULT_VARIANT",
     "METRIC_FREQUENCIES",
     "ROUTING_STRATEGIES",
+    "AsyncSpec",
     "EndpointSpec",
     "MetricsSpec",
     "ModelSpec",
@@ -29,6 +32,9 @@ __all__ = [
 DEFAULT_VARIANT = "AllTraffic"
 METRIC_FREQUENCIES = (10, 30, 60, 120, 180, 240, 300)
 ROUTING_STRATEGIES = ("LEAST_OUTSTANDING_REQUESTS", "RANDOM", "PREFIX_AWARE", "KV_AWARE")
+ASYNC_MODE_ENV = {"HEARTH_SAGEMAKER_MODE": "async"}
+"""What tells `serve` it runs behind an async endpoint (SageMaker itself says nothing):
+its request timeout is then an hour instead of InvokeEndpoint's 60 s."""
 # ContainerDefinition.Environment limits (botocore sagemaker model).
 _ENV_MAX_ENTRIES = 100
 _ENV_MAX_BYTES = 1024
@@ -54,6 +60,56 @@ class MetricsSpec:
             )
         if not self.path.startswith("/") or ".." in self.path:
             raise DeployError(f"metrics path must start with / and not contain '..': {self.path}")
+
+
+def check_s3_uri(label: str, uri: str) -> None:
+    if not uri.startswith("s3://") or len(uri) <= len("s3://") or uri[5] == "/":
+        raise DeployError(f"{label} must be an s3://bucket/prefix URI, not {uri!r}")
+
+
+@dataclass(frozen=True)
+class AsyncSpec:
+    """An asynchronous endpoint (``AsyncInferenceConfig``): requests are queued by
+    SageMaker, read from S3 and answered into ``output_s3`` (payloads to 1 GB, up to an
+    hour each); ``failure_s3`` receives the errors."""
+
+    output_s3: str
+    failure_s3: str | None = None
+    max_concurrent_invocations: int | None = None
+    """Per instance (1-1000); None: SageMaker's choice."""
+
+    def validate(self) -> None:
+        check_s3_uri("--output", self.output_s3)
+        if self.failure_s3 is not None:
+            check_s3_uri("--failure-output", self.failure_s3)
+        n = self.max_concurrent_invocations
+        if n is not None and not 1 <= n <= 1000:
+            raise DeployError(f"max concurrent invocations must be 1-1000, got {n}")
+
+    def config(self) -> dict[str, Any]:
+        """The ``AsyncInferenceConfig`` of ``CreateEndpointConfig``."""
+        output: dict[str, Any] = {"S3OutputPath": self.output_s3}
+        if self.failure_s3 is not None:
+            output["S3FailurePath"] = self.failure_s3
+        config: dict[str, Any] = {"OutputConfig": output}
+        if self.max_concurrent_invocations is not None:
+            config["ClientConfig"] = {
+                "MaxConcurrentInvocationsPerInstance": self.max_concurrent_invocations
+            }
+        return config
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> AsyncSpec | None:
+        if not config:
+            return None
+        output = config.get("OutputConfig", {})
+        return cls(
+            output_s3=output["S3OutputPath"],
+            failure_s3=output.get("S3FailurePath"),
+            max_concurrent_invocations=config.get("ClientConfig", {}).get(
+                "MaxConcurrentInvocationsPerInstance"
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -121,20 +177,23 @@ class VariantSpec:
         if self.routing_strategy is not None and self.routing_strategy not in ROUTING_STRATEGIES:
             raise DeployError(f"routing strategy must be one of {', '.join(ROUTING_STRATEGIES)}")
 
-    def production_variant(self, model_name: str) -> dict[str, Any]:
-        """The ``ProductionVariant`` entry of ``CreateEndpointConfig``."""
+    def production_variant(self, model_name: str | None) -> dict[str, Any]:
+        """The ``ProductionVariant`` entry of ``CreateEndpointConfig``; ``model_name``
+        None for an endpoint of inference components (the start-up timeouts then belong
+        to the base component)."""
         variant: dict[str, Any] = {
             "VariantName": self.name,
-            "ModelName": model_name,
             "InstanceType": self.instance_type,
             "InitialInstanceCount": self.instance_count,
         }
-        optional = {
-            "ContainerStartupHealthCheckTimeoutInSeconds": self.startup_timeout_s,
-            "ModelDataDownloadTimeoutInSeconds": self.download_timeout_s,
+        optional: dict[str, Any] = {
             "VolumeSizeInGB": self.volume_size_gb,
             "InferenceAmiVersion": self.inference_ami_version,
         }
+        if model_name is not None:
+            variant["ModelName"] = model_name
+            optional["ContainerStartupHealthCheckTimeoutInSeconds"] = self.startup_timeout_s
+            optional["ModelDataDownloadTimeoutInSeconds"] = self.download_timeout_s
         variant.update({k: v for k, v in optional.items() if v is not None})
         if self.routing_strategy:
             variant["RoutingConfig"] = {"RoutingStrategy": self.routing_strategy}
@@ -143,12 +202,17 @@ class VariantSpec:
 
 @dataclass(frozen=True)
 class EndpointSpec:
-    """A whole deployment: endpoint name, model and variant, optional metrics."""
+    """A whole deployment: endpoint name, model and variant, optional metrics, and
+    optionally asynchronous inference."""
 
     name: str
     model: ModelSpec
     variant: VariantSpec
     metrics: MetricsSpec | None = None
+    async_inference: AsyncSpec | None = None
+    adapters: tuple[AdapterSpec, ...] = ()
+    """LoRA adapters as adapter inference components (infra/inference_components.py):
+    with any, the endpoint is one of inference components."""
 
     def validate(self) -> None:
         """Validate every part; called before the first AWS call."""
@@ -156,6 +220,30 @@ class EndpointSpec:
         self.variant.validate()
         if self.metrics is not None:
             self.metrics.validate()
+        if self.async_inference is not None:
+            self.async_inference.validate()
+        if self.adapters:
+            if self.async_inference is not None:
+                raise DeployError("--adapter and --async cannot be combined")
+            self.components().validate()
+
+    @property
+    def uses_components(self) -> bool:
+        return bool(self.adapters)
+
+    def components(self) -> ComponentsSpec:
+        """The base component (this spec's model on its variant) and the adapters."""
+        family = self.variant.instance_type.removeprefix("ml.").split(".")[0]
+        accelerated = family.startswith(("g", "p", "inf", "trn"))
+        return ComponentsSpec(
+            deployment=self.name,
+            variant_name=self.variant.name,
+            model_name=self.model_name,
+            adapters=self.adapters,
+            accelerators=1 if accelerated else None,
+            startup_timeout_s=self.variant.startup_timeout_s,
+            download_timeout_s=self.variant.download_timeout_s,
+        )
 
     @property
     def tags(self) -> list[dict[str, str]]:
@@ -164,8 +252,11 @@ class EndpointSpec:
 
     def _container(self) -> dict[str, Any]:
         container: dict[str, Any] = {"Image": self.model.image}
-        if self.model.environment:
-            container["Environment"] = dict(sorted(self.model.environment.items()))
+        environment = dict(self.model.environment)
+        if self.async_inference is not None:
+            environment.update(ASYNC_MODE_ENV)
+        if environment:
+            container["Environment"] = dict(sorted(environment.items()))
         if self.model.model_data is not None:
             container.update(self.model.model_data.container_fields())
         if self.metrics is not None:
@@ -192,14 +283,20 @@ class EndpointSpec:
         return {"ModelName": self.model_name, **self._model_content(), "Tags": self.tags}
 
     def _config_content(self) -> dict[str, Any]:
-        content: dict[str, Any] = {
-            "ProductionVariants": [self.variant.production_variant(self.model_name)]
-        }
+        if self.uses_components:  # the model is named by the base component, not here
+            content: dict[str, Any] = {
+                "ProductionVariants": [self.variant.production_variant(None)],
+                "ExecutionRoleArn": self.model.role_arn,
+            }
+        else:
+            content = {"ProductionVariants": [self.variant.production_variant(self.model_name)]}
         if self.metrics is not None:
             content["MetricsConfig"] = {
                 "EnableDetailedObservability": True,
                 "MetricPublishFrequencyInSeconds": self.metrics.frequency_s,
             }
+        if self.async_inference is not None:
+            content["AsyncInferenceConfig"] = self.async_inference.config()
         return content
 
     @property

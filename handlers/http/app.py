@@ -36,8 +36,10 @@ from handlers.serving import (
     ServingTokenization,
     StatsSink,
 )
+from handlers.serving.jsonlines import ServingJsonLines
 from handlers.serving.response_store import ResponseStore
 from handlers.serving.responses import ServingResponses
+from handlers.serving.sessions import ServingSessions
 
 
 def create_app(
@@ -100,15 +102,19 @@ def create_app(
     response_by_id = resources.ResponseById(responses)
     app.add_route("/v1/responses/{response_id}", response_by_id)
     app.add_route("/v1/responses/{response_id}/cancel", response_by_id, suffix="cancel")
+    invocations = ServingInvocations(
+        chat, completion, tgi, embedding, messages=messages, responses=responses
+    )
     app.add_route(
         "/invocations",
         resources.Invocations(
             config,
-            ServingInvocations(
-                chat, completion, tgi, embedding, messages=messages, responses=responses
-            ),
+            invocations,
+            ServingSessions(config, engine),
+            ServingJsonLines(invocations),
         ),
     )
+    app.add_route("/execution-parameters", resources.ExecutionParameters(config, engine))
     app.add_route("/tokenize", resources.Tokenize(config, tokenization))
     app.add_route("/detokenize", resources.Detokenize(config, tokenization))
     app.add_route("/ping", resources.Ping(engine))

@@ -18,9 +18,9 @@ from pydantic import BaseModel
 
 from engine.client import EngineClient
 from handlers.config import ServerConfig
-from handlers.errors import FailedDependencyError, ServiceUnavailableError
+from handlers.errors import FailedDependencyError, ServiceUnavailableError, ServingError
 from handlers.http.errors import error_response
-from handlers.http.media import read_json
+from handlers.http.media import parse_json, read_body, read_json
 from handlers.http.metrics import render_metrics
 from handlers.protocol.adapters import (
     LoadLoRAAdapterRequest,
@@ -44,9 +44,11 @@ from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.invocations import ServingInvocations
+from handlers.serving.jsonlines import JSONLINES_MEDIA_TYPE, ServingJsonLines, is_jsonlines
 from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
 from handlers.serving.responses import ServingResponses
+from handlers.serving.sessions import SESSION_ID_HEADER, ServingSessions
 from handlers.serving.sse import SSEEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
 
@@ -206,18 +208,84 @@ class ResponseById:
 
 
 class Invocations(_JsonBody):
-    """SageMaker's one inference route; any Content-Type, dispatch by body."""
+    """SageMaker's one inference route; any Content-Type, dispatch by body. A JSON Lines
+    body (batch transform) runs every record; the session headers are SageMaker's
+    stateful sessions (`handlers/serving/sessions.py`)."""
 
     any_content_type = True
 
-    def __init__(self, config: ServerConfig, serving: ServingInvocations) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        serving: ServingInvocations,
+        sessions: ServingSessions,
+        lines: ServingJsonLines,
+    ) -> None:
         super().__init__(config)
         self._serving = serving
+        self._sessions = sessions
+        self._lines = lines
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        jsonlines = is_jsonlines(req.content_type)
+        body = await read_body(req, self._limit) if jsonlines else await self.body(req)
+        step = await self._sessions.begin(
+            None if jsonlines else body, req.get_header(SESSION_ID_HEADER)
+        )
+        for name, value in step.headers.items():
+            resp.set_header(name, value)
+        if step.reply is not None:
+            resp.content_type = falcon.MEDIA_TEXT
+            resp.text = step.reply
+            return
         ctx = request_context(req)
         ctx.adapter = req.get_header(ADAPTER_HEADER) or None
-        send_result(resp, await self._serving.invoke(await self.body(req), ctx))
+        ctx.session_id = step.session_id
+        if jsonlines:
+            resp.content_type = JSONLINES_MEDIA_TYPE
+            resp.data = await self._lines.invoke_lines(json_lines(body), ctx)
+            return
+        send_result(resp, await self._serving.invoke(body, ctx))
+
+
+def json_lines(data: bytes) -> list[Any | ServingError]:
+    """Each non-blank line decoded, or the 400 that decoding it raised (the record's own
+    error line; the others still run)."""
+    records: list[Any | ServingError] = []
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(parse_json(line))
+        except ServingError as exc:
+            records.append(exc)
+    return records
+
+
+class ExecutionParameters:
+    """`GET /execution-parameters`: what a SageMaker batch transform job should send,
+    asked before the job starts. From the engine's capacity: it runs `max_num_seqs`
+    sequences at once, and every record of a MultiRecord payload joins that batch; the
+    payload cap is the body limit (SageMaker allows at most 100 MB)."""
+
+    def __init__(self, config: ServerConfig, engine: EngineClient) -> None:
+        self._max_body = config.max_request_body_bytes
+        self._engine = engine
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        info = self._engine.model_info
+        if info is None:
+            error_response(resp, ServiceUnavailableError("The model is still loading."))
+            return
+        resp.media = {
+            "MaxConcurrentTransforms": max(1, info.max_num_seqs),
+            "BatchStrategy": "MULTI_RECORD",
+            "MaxPayloadInMB": max(1, min(MAX_BATCH_PAYLOAD_MB, self._max_body >> 20)),
+        }
+
+
+MAX_BATCH_PAYLOAD_MB = 100
+"""SageMaker's upper bound of a transform job's MaxPayloadInMB."""
 
 
 class Tokenize(_JsonBody):

@@ -100,8 +100,10 @@ class ServingBase:
         prompts: SequenceT[list[int]],
         params: SequenceT[SamplingParams],
         priority: int = 0,
+        *,
         pooling: PoolingParams | None = None,
         lora_name: str | None = None,
+        session_id: str | None = None,
     ) -> OutputCollector:
         """Admit one engine request per choice (`<engine_id>-<i>`), all or none, into one
         collector (with `pooling`: embedding requests, one per prompt).
@@ -122,6 +124,7 @@ class ServingBase:
                     collector,
                     lora_name=lora_name,
                     pooling=pooling,
+                    session_id=session_id,
                 )
                 for i, (prompt, param) in enumerate(zip(prompts, params, strict=True))
             ),
@@ -188,6 +191,7 @@ class ServingBase:
             [choice for param in params for choice in self.choice_params(param, n)],
             priority,
             lora_name=adapter,
+            session_id=ctx.session_id,
         )
         run = Run(
             response_id=response_id,

@@ -17,3 +17,6 @@ class RequestContext:
     to run, whatever the body's `model` says."""
     arrival_time: float = field(default_factory=time.monotonic)
     """Monotonic clock at arrival: the start of TTFT and end-to-end latency."""
+    session_id: str | None = None
+    """The stateful session the request runs in (SageMaker's `X-Amzn-SageMaker-Session-Id`,
+    see `handlers/serving/sessions.py`); the engine keeps its prefix blocks warm."""

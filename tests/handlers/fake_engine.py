@@ -30,9 +30,13 @@ from engine.messages import (
     OutputBatch,
     PoolingParams,
     RequestOutput,
+    SessionCommand,
+    SessionReply,
     TokenLogprob,
 )
 from engine.sampling_params import SamplingParams
+
+SESSION_GONE = "The session is unknown, closed or expired; start a new one (NEW_SESSION)."
 
 
 @dataclass
@@ -59,6 +63,8 @@ class AddedRequest:
     params: SamplingParams
     priority: int
     pooling: PoolingParams | None = None
+    session_id: str | None = None
+    lora_name: str | None = None
 
 
 def fake_embedding(prompt_token_ids: list[int], size: int) -> list[float]:
@@ -85,6 +91,8 @@ class FakeEngine(EngineClient):
     closed: bool = False
     _dead: bool = False
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    sessions: set[str] = field(default_factory=set)
+    """Open stateful sessions (the engine's table, engine/sessions.py, in miniature)."""
 
     def __post_init__(self) -> None:
         EngineClient.__init__(self)
@@ -111,8 +119,11 @@ class FakeEngine(EngineClient):
     async def wait_ready(self, timeout: float | None = None) -> ModelInfo:
         return self.info
 
-    def _send(self, message: AddRequest | AbortRequest) -> None:
+    def _send(self, message: AddRequest | AbortRequest | SessionCommand) -> None:
         loop = asyncio.get_running_loop()
+        if isinstance(message, SessionCommand):
+            loop.call_soon(self._dispatch, self._session_reply(message))
+            return
         if isinstance(message, AbortRequest):
             for request_id in message.request_ids:
                 self.aborted.append(request_id)
@@ -130,18 +141,40 @@ class FakeEngine(EngineClient):
             )
             loop.call_soon(self._dispatch, refusal)
             return
+        if message.session_id is not None and message.session_id not in self.sessions:
+            refusal = Admission(
+                request_id=request_id, accepted=False, error_kind="invalid", message=SESSION_GONE
+            )
+            loop.call_soon(self._dispatch, refusal)
+            return
         request = AddedRequest(
             request_id,
             list(message.prompt_token_ids),
             message.params,
             message.priority,
             message.pooling,
+            message.session_id,
+            message.lora_name,
         )
         self.added.append(request)
         # Admission is a round trip in the real clients: answered on a later loop turn.
         loop.call_soon(self._dispatch, Admission(request_id=request_id, accepted=True))
         script = self._script_for(request)
         self._tasks[request_id] = asyncio.create_task(self._produce(request, script))
+
+    def _session_reply(self, command: SessionCommand) -> SessionReply:
+        if command.op == "open":
+            session_id = f"session{len(self.sessions)}-" + "x" * 24
+            self.sessions.add(session_id)
+            return SessionReply(
+                call_id=command.call_id, ok=True, session_id=session_id, expires_at=2e9
+            )
+        if command.session_id in self.sessions:
+            self.sessions.discard(command.session_id)
+            return SessionReply(call_id=command.call_id, ok=True, session_id=command.session_id)
+        return SessionReply(
+            call_id=command.call_id, ok=False, error_kind="invalid", message=SESSION_GONE
+        )
 
     # -- test controls ----------------------------------------------------------------
     def die(self) -> None:
