@@ -221,7 +221,12 @@ def test_preemption_scores_each_token_once(model_smollm2_dir, prompts, hf_model)
     # A pool too small for everything at once: sequences are preempted mid-scoring and
     # recomputed; every prompt token still gets exactly one, correct, entry.
     small = EngineCore(
-        EngineConfig(model=model_smollm2_dir, num_kv_blocks=20, max_num_batched_tokens=64)
+        EngineConfig(
+            model=model_smollm2_dir,
+            quantization="gguf",
+            num_kv_blocks=20,
+            max_num_batched_tokens=64,
+        )
     )
     batch = [p for p in prompts if len(p) < 150]
     assert sum(len(p) + 16 for p in batch) > 20 * 16

@@ -45,8 +45,12 @@ def fault_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(server_logs: Path, model_smollm2_dir: str, fault_file: Path) -> Iterator[Server]:
+    # --quantization gguf: streams run together are compared byte for byte with one run
+    # alone, which only the batch-invariant mode promises (not the AMX default).
     server = start_server(
         server_logs,
+        "--quantization",
+        "gguf",
         "--workers",
         "2",
         "--max-model-len",
