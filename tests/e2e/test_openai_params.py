@@ -429,9 +429,12 @@ def test_completion_logprobs_with_text_offset(default_server: Server) -> None:
 
 
 # -- sampling filters ----------------------------------------------------------------------
-def test_top_k_top_p_min_p_narrow_to_greedy(default_server: Server) -> None:
+def test_top_k_top_p_min_p_narrow_to_greedy(invariant_server: Server) -> None:
+    """Five requests at once, compared with each other: the batch-invariant mode (how many
+    share a step depends on arrival)."""
+
     async def run() -> list[str]:
-        api = async_client(default_server)
+        api = async_client(invariant_server)
 
         async def one(**kwargs: Any) -> str:
             out = await api.completions.create(
