@@ -411,7 +411,7 @@ def add_serve_flags(
     eng.switch(
         "--enforce-eager",
         False,
-        "GPU: run every step eagerly (no CUDA graphs for decode steps)",
+        "Run every step op by op: no CUDA graphs for decode steps on GPU, no captured step program on the CPU fast path",
     )
     eng.value("--seed", int, 0, "Engine random seed")
     eng.value("--max-num-queued-reqs", int, None, "Refuse (503) when this many requests wait")

@@ -3,7 +3,7 @@
 A `Linear` holds a dense ``[out_features, in_features]`` weight (what the checkpoint
 gives) and a `LinearMethod` that computes ``x @ W.T + b``. The model file builds every
 linear with the exact method; at start-up the engine may hand a layer another method
-(`engine/quantization.py`), which may repack the weight into its own layout and free the
+(`engine/backends.py` `choose_backends`), which may repack the weight into its own layout and free the
 dense copy. The model file never learns which kernel runs (vLLM's ``LinearBase`` with its
 ``quant_method``).
 
