@@ -367,7 +367,8 @@ def add_serve_flags(
         "auto",
         "Weights: gguf (a GGUF's own Q4_1/Q8_0 blocks with float32 activations; CPU; no "
         "result depends on batch size), gguf-bf16 (the same blocks for steps under 16 tokens, "
-        "bfloat16 AMX tiles with float32 sums from 16 up; needs AMX-BF16), gguf-int8 (the "
+        "bfloat16 AMX tiles with float32 sums from 16 up; needs AMX-BF16 or "
+        "AVX512-BF16), gguf-int8 (the "
         "blocks times int8 activations: faster, below the quality bar), none (dense weights "
         "of --dtype); auto = gguf-bf16 for a GGUF model on an AMX host, gguf on other CPUs, "
         "unless --dtype float32 asks for the exact mode",
