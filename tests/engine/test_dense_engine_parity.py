@@ -15,9 +15,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.messages import AddRequest
 from engine.models.llama import layer_windows
-from engine.sampling_params import SamplingParams
+from tests.engine.test_greedy_parity import _generate as greedy_outputs
 from tests.engine.tiny_models import SERVED_VOCAB, save_servable_tiny
 from tests.handlers.handlers_testing import EOS_ID
 
@@ -70,26 +69,8 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def _generate(core: EngineCore, prompts: list[list[int]], at_once: bool) -> list[list[int]]:
-    """Greedy outputs through `EngineCore.step`; both sides stop at EOS (and emit it)."""
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
-    results: dict[str, list[int]] = {}
-    order = [f"r{i}" for i in range(len(prompts))]
-
-    def run_until_done() -> None:
-        while core.has_work():
-            for _, out in core.step():
-                results.setdefault(out.request_id, []).extend(out.new_token_ids)
-
-    for rid, ids in zip(order, prompts, strict=True):
-        admission = core.add_request(
-            AddRequest(request_id=rid, prompt_token_ids=ids, params=params)
-        )
-        assert admission.accepted, admission.message
-        if not at_once:
-            run_until_done()
-    run_until_done()
-    assert core.block_manager.num_used_blocks == 0  # nothing leaked, window-freed or not
-    return [results[rid] for rid in order]
+    """Greedy outputs through `EngineCore.step` (nothing leaked, window-freed or not)."""
+    return greedy_outputs(core, prompts, "r", at_once, max_tokens=NEW_TOKENS)
 
 
 def test_alone_and_in_one_mixed_batch(tiny: Tiny) -> None:

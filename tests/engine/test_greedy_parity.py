@@ -69,9 +69,18 @@ def reference(model_smollm2_dir: str, prompts: list[list[int]]) -> list[list[int
     return outs
 
 
-def _generate(core, prompts: list[list[int]], tag: str, at_once: bool) -> list[list[int]]:
-    # Both sides stop at EOS (and emit it), or after NEW_TOKENS tokens.
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+def _generate(
+    core,
+    prompts: list[list[int]],
+    tag: str,
+    at_once: bool,
+    max_tokens: int = NEW_TOKENS,
+    ignore_eos: bool = False,
+) -> list[list[int]]:
+    """Greedy outputs through `EngineCore.step`, each prompt alone (run to the end before
+    the next is admitted) or all at once; no KV block may stay in use. Both sides stop at
+    EOS (and emit it) unless `ignore_eos`, or after `max_tokens` tokens."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     results: dict[str, list[int]] = {}
     order = [f"{tag}-{i}" for i in range(len(prompts))]
 

@@ -27,11 +27,10 @@ from engine.layers.moe import (
     TopKRouter,
     use_moe_method,
 )
-from engine.messages import AddRequest
 from engine.model_loader import load_model
 from engine.models.registry import get_model_class
-from engine.sampling_params import SamplingParams
 from tests.engine.moe_models import CONFIGS, VOCAB, one_thread, save_tiny_moe
+from tests.engine.test_greedy_parity import _generate as greedy_outputs
 from tests.engine.test_llama_parity import PagedRunner, _prompts
 
 ATOL = 1e-4
@@ -232,25 +231,7 @@ def test_cuda_grouped_gemm_matches_transformers(ckpt: MoeCheckpoint) -> None:
 
 
 def _engine_generate(core, prompts: list[list[int]], tag: str, at_once: bool) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    results: dict[str, list[int]] = {}
-    order = [f"{tag}-{i}" for i in range(len(prompts))]
-
-    def run_until_done() -> None:
-        while core.has_work():
-            for _, out in core.step():
-                results.setdefault(out.request_id, []).extend(out.new_token_ids)
-
-    for rid, ids in zip(order, prompts, strict=True):
-        admission = core.add_request(
-            AddRequest(request_id=rid, prompt_token_ids=ids, params=params)
-        )
-        assert admission.accepted, admission.message
-        if not at_once:
-            run_until_done()
-    run_until_done()
-    assert core.block_manager.num_used_blocks == 0  # nothing leaked
-    return [results[rid] for rid in order]
+    return greedy_outputs(core, prompts, tag, at_once, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 def _core(ckpt: MoeCheckpoint, **overrides):
