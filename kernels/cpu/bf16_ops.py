@@ -131,16 +131,6 @@ def linear_tiles(
         return out
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
-    if t >= weight.min_t and library().hearth_bf16_gemm(
-        x.data_ptr(),
-        t,
-        x.stride(0),
-        weight.k,
-        weight.data.data_ptr(),
-        weight.n,
-        None if weight.bias is None else weight.bias.data_ptr(),
-        out.data_ptr(),
-        out.stride(0),
-    ):
+    if t >= weight.min_t and library().hearth_bf16_gemm(*ops.gemm_args(x, weight, out)):
         return out
     return ops.linear(x, weight.blocks, out)

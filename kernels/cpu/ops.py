@@ -182,18 +182,18 @@ def linear(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = Non
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
     fn = library().hearth_q4_1_gemm if weight.kind == "q4_1" else library().hearth_q8_0_gemm
-    fn(
-        _p(x),
-        t,
-        x.stride(0),
-        weight.k,
-        _p(weight.data),
-        weight.n,
-        _p(weight.bias),
-        _p(out),
-        out.stride(0),
-    )
+    fn(*gemm_args(x, weight, out))
     return out
+
+
+def gemm_args(x: torch.Tensor, weight, out: torch.Tensor) -> tuple:
+    """The arguments every GEMM entry point of the C library starts with, for a packed
+    weight (any layout with ``k``, ``n``, ``data``, ``bias``): ``x, t, ldx, k, w, n, bias,
+    out, ldo``."""
+    return (
+        _p(x), x.shape[0], x.stride(0), weight.k, _p(weight.data), weight.n, _p(weight.bias),
+        _p(out), out.stride(0),
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- elementwise

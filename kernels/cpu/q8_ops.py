@@ -184,20 +184,7 @@ def linear_q8act(
         return out
     gemm = _gemm(variant)
     scratch = _SCRATCH.get(scratch_bytes(t, weight.k))
-    gemm(
-        KINDS[weight.kind],
-        x.data_ptr(),
-        t,
-        x.stride(0),
-        weight.k,
-        weight.data.data_ptr(),
-        weight.n,
-        None if weight.bias is None else weight.bias.data_ptr(),
-        out.data_ptr(),
-        out.stride(0),
-        _aligned(scratch),
-        amx_min_t,
-    )
+    gemm(KINDS[weight.kind], *ops.gemm_args(x, weight, out), _aligned(scratch), amx_min_t)
     return out
 
 
