@@ -78,6 +78,15 @@ int hearth_bf16_isa(void) {
 }
 
 #ifdef __AVX512BF16__
+/* 32 floats (the first `left` of them; the rest read as zero) -> 32 bfloat16, nearest-even. */
+static inline void bf16_chunk(const float *src, int64_t left, uint16_t *dst) {
+    const __mmask16 m0 = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+    const __m512 lo = _mm512_maskz_loadu_ps(m0, src);
+    const __m512 hi = _mm512_maskz_loadu_ps(m1, src + 16);
+    _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 /*
  * The AVX512-BF16 kernel (hosts with VDPBF16PS but no AMX, e.g. AMD Zen 4/5): the same
  * packed tiles, read a B-tile row (16 outputs x one bfloat16 pair) per instruction. A
@@ -127,14 +136,7 @@ static void vec_dispatch(int nt, int ng, const uint16_t *a, int64_t kp, const ui
 static void rows_bf16(const float *x, int64_t t, int64_t ldx, int64_t k, int64_t kp, uint16_t *a) {
 #pragma omp parallel for schedule(static) if (t * k > 65536)
     for (int64_t r = 0; r < t; r++) {
-        for (int64_t c = 0; c < kp; c += 32) {
-            const int64_t left = k - c;
-            const __mmask16 m0 = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-            const __m512 lo = _mm512_maskz_loadu_ps(m0, x + r * ldx + c);
-            const __m512 hi = _mm512_maskz_loadu_ps(m1, x + r * ldx + c + 16);
-            _mm512_storeu_si512(a + r * kp + c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        }
+        for (int64_t c = 0; c < kp; c += 32) bf16_chunk(x + r * ldx + c, k - c, a + r * kp + c);
     }
 }
 
@@ -197,14 +199,7 @@ static void activations_bf16(const float *x, int64_t t, int64_t ldx, int64_t k, 
     for (int64_t r = 0; r < tp; r++) {
         uint16_t *row = a + (r / BM) * chunks * (BM * BK) + (r % BM) * BK;
         const float *xr = x + r * ldx;
-        for (int64_t c = 0; c < chunks; c++) {
-            const int64_t left = r < t ? k - c * BK : 0;
-            const __mmask16 m0 = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-            const __m512 lo = _mm512_maskz_loadu_ps(m0, xr + c * BK);
-            const __m512 hi = _mm512_maskz_loadu_ps(m1, xr + c * BK + 16);
-            _mm512_storeu_si512(row + c * (BM * BK), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        }
+        for (int64_t c = 0; c < chunks; c++) bf16_chunk(xr + c * BK, r < t ? k - c * BK : 0, row + c * (BM * BK));
     }
 }
 
