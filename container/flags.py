@@ -370,7 +370,7 @@ def add_serve_flags(
         "bfloat16 AMX tiles with float32 sums from 16 up; needs AMX-BF16 or "
         "AVX512-BF16), gguf-int8 (the "
         "blocks times int8 activations: faster, below the quality bar), none (dense weights "
-        "of --dtype); auto = gguf-bf16 for a GGUF model on an AMX host, gguf on other CPUs, "
+        "of --dtype); auto = gguf-bf16 for a GGUF model where AMX-BF16 or AVX512-BF16 runs, gguf on other CPUs, "
         "unless --dtype float32 asks for the exact mode",
         choices=QUANTIZATIONS,
     )

@@ -57,14 +57,15 @@ from kernels.registry import backend_for_device, select_backend
 logger = logging.getLogger("hearth.engine")
 
 TILES_BY_DEFAULT = True
-"""Whether ``auto`` picks ``gguf-bf16`` on an AMX host: it passes the quality bar there
-(docs/performance.md, "Precision modes"), and the batch-invariant ``gguf`` costs more than
-10 % at 16 and 64 concurrent requests, so invariance is the named flag, not the default."""
+"""Whether ``auto`` picks ``gguf-bf16`` where a bfloat16 kernel runs (AMX-BF16 tiles, or
+AVX512-BF16 dot products on Zen 4): it passes the quality bar on both (docs/performance.md,
+"Precision modes"), and the batch-invariant ``gguf`` costs more than 10 % at 16 and 64
+concurrent requests there (~2x), so invariance is the named flag, not the default."""
 
 
 def auto_gguf_mode() -> str:
     """The GGUF mode ``--quantization auto`` runs on this host (after ``--cpu-isa``)."""
-    return "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.has_amx(host_isa().variant) else "gguf"
+    return "gguf-bf16" if TILES_BY_DEFAULT and bf16_ops.available(host_isa().variant) else "gguf"
 
 
 @dataclass(frozen=True, slots=True)

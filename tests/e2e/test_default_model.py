@@ -75,7 +75,7 @@ def test_ops_routes(default_server: Server) -> None:
     assert httpx.post(default_server.url + "/ping", timeout=10).status_code == 200
     version = httpx.get(default_server.url + "/version", timeout=10).json()
     # The default model is a GGUF: on an AVX2 host the fast path runs (its bfloat16-tile
-    # mode where AMX runs), and says so.
+    # mode where a bfloat16 kernel runs), and says so.
     from engine.backends import auto_gguf_mode
     from kernels.cpu.build import host_isa
 

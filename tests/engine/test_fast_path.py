@@ -28,8 +28,8 @@ if not ops.available():
 
 
 def _fast_core(model_dir: str, **overrides):
-    """`--quantization gguf`: the default on hosts without AMX, and the batch-invariant
-    mode everywhere (on AMX hosts the default is gguf-bf16: tests/engine/test_tiled_path.py)."""
+    """`--quantization gguf`: the default on hosts without AVX512-BF16, and the batch-invariant
+    mode everywhere (elsewhere the default is gguf-bf16: tests/engine/test_tiled_path.py)."""
     from engine.core import EngineCore
 
     overrides.setdefault("quantization", "gguf")

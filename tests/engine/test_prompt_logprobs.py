@@ -124,7 +124,7 @@ def score(core, prompts: list[list[int]], tag: str, **params) -> dict[str, Reque
 def core(model_smollm2_dir: str):
     from engine.core import EngineCore
 
-    # --quantization gguf: the file's exact weights in float32 (on AMX hosts the default
+    # --quantization gguf: the file's exact weights in float32 (on AMX / AVX512-BF16 hosts the default
     # gguf-bf16 rounds operands to bfloat16, ~1e-2 nat: above this test's bound).
     return EngineCore(
         EngineConfig(
