@@ -404,8 +404,9 @@ def add_serve_flags(
         "--kv-cache-dtype",
         str,
         "auto",
-        "KV cache element type: auto (the model dtype), float32, or float16 (the CPU fast "
-        "path only: half the bytes per attention read, prompt logprobs within ~1e-3 of fp32)",
+        "KV cache element type: auto (float16 under gguf-bf16, else the model dtype), "
+        "float32, or float16 (the CPU fast path only: half the bytes per attention read, "
+        "prompt logprobs within ~1e-3 of fp32)",
         choices=KV_CACHE_DTYPES,
     )
     eng.value("--gpu-memory-utilization", float, 0.9, "Fraction of GPU memory hearth may use")

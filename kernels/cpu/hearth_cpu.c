@@ -687,7 +687,11 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
         const int64_t row = scratch_per_thread / ATT_MAXV; /* floats per score row */                    \
         int64_t *tiles;                                                                                   \
         const int64_t num_tiles = attention_tiles(seq, ctx, t, tile_tokens, &tiles);                      \
-        _Pragma("omp parallel for schedule(dynamic, 1) collapse(2)")                                      \
+        /* A tile's kv heads in a row on one thread (once there are tiles enough for every          \
+         * thread): their rows share each slot's memory, so the later ones find it in cache      \
+         * (~1.2x at 16-64 decodes on a cold cache). Which thread runs an item changes nothing. */ \
+        const int64_t chunk = num_tiles >= 4 * omp_get_max_threads() ? nkv : 1;                          \
+        _Pragma("omp parallel for schedule(dynamic, chunk) collapse(2)")                                  \
         for (int64_t it = 0; it < num_tiles; it++)                                                        \
             for (int64_t kvh = 0; kvh < nkv; kvh++)                                                       \
                 attention_item(KIND, it, kvh, tiles, q, ldq, nh, hd, group, kv_stride, k_cache, v_cache,  \

@@ -96,3 +96,23 @@ def test_outputs_do_not_change_with_load_on_one_side_of_the_threshold(
     alone = _generate(tiled_core, long, "alone", at_once=False)
     batched = _generate(tiled_core, long, "batched", at_once=True)
     assert alone == batched
+
+
+def test_the_tiles_keep_a_float16_kv_cache_by_default_and_gguf_float32(
+    tiled_core, model_smollm2_dir: str
+) -> None:
+    """gguf-bf16's KV default is float16 (its quality bar passes with it; decode attention
+    reads half the bytes); the float32-faithful gguf mode and an explicit flag keep float32."""
+    import torch
+
+    assert tiled_core.backends.kv_dtype == torch.float16
+    assert "float16 KV cache" in tiled_core.backends.description
+    assert tiled_core.runner.attention is not None
+    for quantization, kv, expected in [
+        ("gguf", "auto", torch.float32),
+        ("gguf-bf16", "float32", torch.float32),
+    ]:
+        core = _core(
+            model_smollm2_dir, quantization=quantization, kv_cache_dtype=kv, num_kv_blocks=8
+        )
+        assert core.backends.kv_dtype == expected, core.backends.description
