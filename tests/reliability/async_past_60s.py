@@ -53,8 +53,11 @@ def main() -> int:
     parser.add_argument("--step-delay", type=float, default=0.5, help="seconds per engine step")
     parser.add_argument("--tokens", type=int, default=140, help="tokens to generate")
     args = parser.parse_args()
-    print(f"request: {args.tokens} tokens at >= {args.step_delay} s a step "
-          f"(>= {args.tokens * args.step_delay:.0f} s)", flush=True)
+    print(
+        f"request: {args.tokens} tokens at >= {args.step_delay} s a step "
+        f"(>= {args.tokens * args.step_delay:.0f} s)",
+        flush=True,
+    )
     ok = True
     with tempfile.TemporaryDirectory(prefix="hearth-async-") as tmp:
         for mode in ("realtime", "async"):
@@ -62,8 +65,11 @@ def main() -> int:
             status, elapsed, body = _run(mode, args.step_delay, args.tokens, Path(tmp))
             usage = body.get("usage", {}).get("completion_tokens")
             message = body.get("error", {}).get("message", "")
-            print(f"{mode:>8}: HTTP {status} after {elapsed:.1f} s; completion_tokens={usage} "
-                  f"{message}", flush=True)
+            print(
+                f"{mode:>8}: HTTP {status} after {elapsed:.1f} s; completion_tokens={usage} "
+                f"{message}",
+                flush=True,
+            )
             if mode == "realtime":
                 ok &= status == 504 and elapsed < 75
             else:
