@@ -299,11 +299,18 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of a mixed decode + prefill step over the paged cache (see ``AttentionMetadata``).
 
     ``sliding_window`` (None: global): a query at position p sees keys p - W + 1 .. p
     only, by the masks of the step's plan for that window.
+
+    ``sinks`` (None: none): gpt-oss's learned per-head attention sinks ``[num_heads]``,
+    one extra logit per head that joins the softmax denominator and attends to nothing
+    (its probability is dropped), so each row's weights sum to less than one. SDPA has
+    no such term, so with sinks the scores are computed explicitly, in transformers'
+    ``eager_attention_forward`` order (`_sink_attention`).
 
     Decodes: every sequence's blocks are gathered at once with one ``index_select`` over the
     cache's block axis (``[num_decodes, blocks * block_size, nkv, hd]``, the tail past each
@@ -326,10 +333,12 @@ def paged_attention(
     plan = reference_plan(meta, k_cache.shape[1], query.dtype, sliding_window)
     parts: list[torch.Tensor] = []
     if plan.decode is not None:
-        parts.append(_decode_attention(query[:nd], k_cache, v_cache, plan.decode, scale))
+        parts.append(_decode_attention(query[:nd], k_cache, v_cache, plan.decode, scale, sinks))
     if plan.prefill is not None:
         q_prefill = query[nd : nd + plan.prefill.num_tokens]
-        parts.append(_prefill_attention(q_prefill, k_cache, v_cache, plan.prefill, meta, scale))
+        parts.append(
+            _prefill_attention(q_prefill, k_cache, v_cache, plan.prefill, meta, scale, sinks)
+        )
     covered = sum(p.shape[0] for p in parts)
     if covered < num_tokens:  # trailing padding tokens (none today): defined zeros
         parts.append(query.new_zeros((num_tokens - covered, *query.shape[1:])))
@@ -358,13 +367,16 @@ def _decode_attention(
     v_cache: torch.Tensor,
     plan: DecodePlan,
     scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # query: [B, num_heads, hd] (one token per decoding sequence)
     b, num_heads, hd = query.shape
     nkv = k_cache.shape[2]
     k = _gather_blocks(k_cache, plan.block_ids, b)  # [B, nkv, L, hd]
     v = _gather_blocks(v_cache, plan.block_ids, b)
-    if query.dtype == torch.float32:
+    if sinks is not None:
+        out = _sink_attention(query[:, :, None], k, v, plan.mask, scale, sinks)
+    elif query.dtype == torch.float32:
         # Head h uses kv head h // group, so a group's heads are contiguous: [B, nkv, group,
         # hd] is a free view, and the group's heads become the query rows of their kv head.
         # Measured fastest in float32 (see bench_reference.py).
@@ -386,6 +398,7 @@ def _prefill_attention(
     plan: PrefillPlan,
     meta: AttentionMetadata,
     scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # q_all: the prefill part of the step [n, num_heads, hd]; returns its output.
     n, num_heads, hd = q_all.shape
@@ -395,17 +408,61 @@ def _prefill_attention(
     v = _gather_blocks(v_cache, plan.block_ids, p)
     if plan.causal_only:
         q = q_all.view(1, n, num_heads, hd).transpose(1, 2)  # [1, num_heads, n, hd]
-        out = F.scaled_dot_product_attention(
-            q, k[:, :, :n], v[:, :, :n], is_causal=True, scale=scale, enable_gqa=nkv != num_heads
-        )  # [1, num_heads, n, hd]
+        if sinks is not None:
+            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
+            mask = torch.zeros(n, n, dtype=q.dtype, device=q.device).masked_fill_(
+                ~causal, float("-inf")
+            )  # [n, n] additive
+            out = _sink_attention(q, k[:, :, :n], v[:, :, :n], mask, scale, sinks)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k[:, :, :n], v[:, :, :n], is_causal=True, scale=scale,
+                enable_gqa=nkv != num_heads,
+            )  # fmt: skip
+        # [1, num_heads, n, hd]
         return out.transpose(1, 2).reshape(n, num_heads, hd)
     assert plan.tok_idx is not None and plan.out_idx is not None
     max_q = meta.prefill_max_query_len
     single = p == 1 and max_q == n  # one chunk (after a cached prefix): no padding needed
     q = q_all if single else q_all.index_select(0, plan.tok_idx)  # [P * max_q, heads, hd]
     q = q.view(p, max_q, num_heads, hd).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=plan.mask, scale=scale, enable_gqa=nkv != num_heads
-    )  # [P, num_heads, max_q, hd]
+    if sinks is not None:
+        out = _sink_attention(q, k, v, plan.mask, scale, sinks)
+    else:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=plan.mask, scale=scale, enable_gqa=nkv != num_heads
+        )  # [P, num_heads, max_q, hd]
     out = out.transpose(1, 2).reshape(p * max_q, num_heads, hd)
     return out if single else out.index_select(0, plan.out_idx)
+
+
+def _sink_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """Attention with a per-head sink logit, op for op transformers' gpt-oss
+    ``eager_attention_forward``: ``q @ k.T * scale + mask``, the sink appended as one more
+    column, the row max subtracted, softmax, the sink column dropped, ``@ v``.
+
+    q: [B, H, Lq, hd]; k, v: [B, nkv, L, hd] (GQA: each kv head serves H / nkv query
+    heads); mask: additive, broadcastable to [B, H, Lq, L]; sinks: [H]. Returns
+    [B, H, Lq, hd]. Rows keep a finite max (the sink column), so a row whose keys are all
+    masked gives zeros, never NaN.
+    """
+    b, num_heads, lq, _ = q.shape
+    group = num_heads // k.shape[1]
+    if group > 1:  # transformers' repeat_kv
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, H, Lq, L]
+    if mask is not None:
+        scores = scores + mask
+    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(b, -1, lq, -1)
+    logits = torch.cat([scores, sink], dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    probs = F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)

@@ -365,3 +365,39 @@ def test_scale_is_applied() -> None:
         atol=2e-5,
         rtol=1e-5,
     )
+
+
+def _sinks(num_heads: int, seed: int = 4) -> torch.Tensor:
+    """Per-head sink logits around the scores' own size (some far above, some below), so
+    the extra denominator term changes every row noticeably."""
+    return 3.0 * torch.randn(num_heads, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+@pytest.mark.parametrize("window", [None, 6])
+def test_paged_attention_with_sinks_matches_dense_oracle(case: str, window: int | None) -> None:
+    """gpt-oss's attention sinks on every path of the reference (decodes, a lone causal
+    chunk, padded chunks, GQA), with and without a window; zeroed sinks are not a no-op
+    (a sink of 0 still adds exp(0 - max) to the denominator), and sinks of -inf are plain
+    attention."""
+    step, q, kc, vc, keys, values = _attention_case(case, 6, 2, 32, 4, torch.float32)
+    sinks = _sinks(6)
+    got = reference.paged_attention(q, kc, vc, step.meta, 0.2, window, sinks)
+    expected = naive_attention(step, q, keys, values, 0.2, window, sinks)
+    torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=1e-5)
+    plain = reference.paged_attention(q, kc, vc, step.meta, 0.2, window)
+    assert (got - plain).abs().max() > 1e-2
+    none = torch.full((6,), float("-inf"))
+    torch.testing.assert_close(
+        reference.paged_attention(q, kc, vc, step.meta, 0.2, window, none), plain,
+        atol=1e-6, rtol=1e-5,
+    )  # fmt: skip
+
+
+def test_paged_attention_with_sinks_16bit() -> None:
+    step, q, kc, vc, keys, values = _attention_case("mixed", 6, 2, 64, 16, torch.bfloat16)
+    sinks = _sinks(6).to(torch.bfloat16)
+    got = reference.paged_attention(q, kc, vc, step.meta, 0.125, None, sinks)
+    assert got.dtype == torch.bfloat16
+    expected = naive_attention(step, q, keys, values, 0.125, None, sinks)
+    torch.testing.assert_close(got.double(), expected, atol=3e-2, rtol=3e-2)
