@@ -82,7 +82,7 @@ def compute_inv_freq(
     head_dim: int, base: float, rope_scaling: dict[str, Any] | None = None
 ) -> torch.Tensor:
     """Rotary inverse frequencies ``[head_dim // 2]`` float32 on CPU, computed with the very
-    same float32 operations as transformers (default rope, ``linear`` and ``llama3``), which
+    same float32 operations as transformers (default rope, ``linear``, ``llama3`` and ``yarn``), which
     is what keeps our angles bit-identical to theirs."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rope_type = "default"
@@ -111,7 +111,60 @@ def compute_inv_freq(
         )
         is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    if rope_type == "yarn":
+        assert rope_scaling is not None
+        return _yarn_parameters(head_dim, base, rope_scaling)[0]
     raise NotImplementedError(f"rope_type {rope_type!r} is not supported")
+
+
+def _yarn_parameters(
+    head_dim: int, base: float, scaling: dict[str, Any]
+) -> tuple[torch.Tensor, float]:
+    """YaRN's (inverse frequencies, attention factor): transformers'
+    ``_compute_yarn_parameters`` line for line, in float32 (gpt-oss; DeepSeek's
+    ``mscale`` / ``mscale_all_dim``). `scaling` carries ``factor`` and
+    ``original_max_position_embeddings`` (``factor`` None: ``max_position_embeddings``
+    over it, which the caller folds in as ``factor``); ``beta_fast`` / ``beta_slow``
+    default to 32 / 1, ``truncate`` to True."""
+    dim = head_dim
+    factor = scaling["factor"]
+    attention_factor = scaling.get("attention_factor")
+    mscale = scaling.get("mscale")
+    mscale_all_dim = scaling.get("mscale_all_dim")
+    original = scaling["original_max_position_embeddings"]
+
+    def get_mscale(scale: float, m: float = 1) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = float(
+                get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+            )
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    extrapolation_factor = 1 - ramp
+    inv_freq = (
+        inv_freq_interpolation * (1 - extrapolation_factor)
+        + inv_freq_extrapolation * extrapolation_factor
+    )
+    return inv_freq, float(attention_factor)
 
 
 def build_cos_sin_cache(
@@ -130,6 +183,9 @@ def build_cos_sin_cache(
     cast to ``dtype``. ``head_dim`` is the rotary width (smaller than the head under a
     partial rotary factor).
 
+    YaRN (gpt-oss, ``rope_type`` ``yarn``): the blended inverse frequencies, cos and sin
+    multiplied by the attention factor, as transformers' rotary does.
+
     LongRoPE (Phi-3/4, ``rope_type`` ``longrope``): rows below
     ``original_max_position_embeddings`` use the short factors, the rows from there on the
     long ones, both scaled by the attention factor; row p is what transformers' rotary
@@ -144,6 +200,10 @@ def build_cos_sin_cache(
     if rope_type == "longrope":
         assert rope_scaling is not None
         return _longrope_cos_sin_cache(head_dim, max_position, base, dtype, device, rope_scaling)
+    if rope_type == "yarn":  # cos and sin are scaled by YaRN's attention factor (mscale)
+        assert rope_scaling is not None
+        inv_freq, attention_factor = _yarn_parameters(head_dim, base, rope_scaling)
+        return _cos_sin(inv_freq, 0, max_position, dtype, device, attention_factor)
     inv_freq = compute_inv_freq(head_dim, base, rope_scaling)  # [head_dim // 2]
     return _cos_sin(inv_freq, 0, max_position, dtype, device)
 
