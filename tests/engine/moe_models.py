@@ -90,12 +90,16 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def hf_reference(name: str, seed: int = 1) -> torch.nn.Module:
+def hf_reference(name: str, seed: int = 1, vocab_size: int | None = None) -> torch.nn.Module:
     """transformers' model of `name` with distinct random weights, float32, eager
-    attention and eager experts (the per-expert loop: the plainest oracle)."""
+    attention and eager experts (the per-expert loop: the plainest oracle). `vocab_size`
+    overrides the config's (a served model needs room for its tokenizer's ids)."""
+    config = CONFIGS[name]()
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
-        CONFIGS[name](),
+        config,
         dtype=torch.float32,
         attn_implementation="eager",
         experts_implementation="eager",
@@ -122,4 +126,17 @@ def save_tiny_moe(name: str, directory: Path, seed: int = 1) -> torch.nn.Module:
     model = hf_reference(name, seed)
     model.save_pretrained(directory)
     write_tokenizer(directory, VOCAB)
+    return model
+
+
+def save_servable_tiny_moe(name: str, directory: Path) -> torch.nn.Module:
+    """`name`'s checkpoint with the handler tests' byte-level BPE tokenizer and ChatML
+    template (as `tests/engine/tiny_models.py` `save_servable_tiny` for the dense models),
+    for the real-server architecture test; returns the HF model."""
+    from tests.engine.tiny_models import SERVED_VOCAB
+    from tests.handlers.handlers_testing import build_tiny_model
+
+    build_tiny_model(directory)  # tokenizer files (and a config.json, replaced below)
+    model = hf_reference(name, vocab_size=SERVED_VOCAB)
+    model.save_pretrained(directory)
     return model
