@@ -445,6 +445,8 @@ def test_yarn_matches_transformers(name: str) -> None:
     cache = reference.build_cos_sin_cache(head_dim, max_pos, theta, torch.float32, "cpu", scaling)
     torch.testing.assert_close(cache[:, : head_dim // 2], cos[0], atol=1e-6, rtol=0)
     torch.testing.assert_close(cache[:, head_dim // 2 :], sin[0], atol=1e-6, rtol=0)
+    if name == "gpt-oss":  # the released parameters: measured bit for bit
+        assert torch.equal(cache, torch.cat([cos[0], sin[0]], dim=-1))
     assert not torch.equal(hf_inv_freq, reference.compute_inv_freq(head_dim, theta))
 
 
