@@ -270,8 +270,9 @@ def add_serve_flags(
         "--reasoning-parser",
         str,
         None,
-        "Move <think>...</think> into reasoning_content (default: on when the template has <think>)",
-        choices=["think", "none"],
+        "Move <think>...</think> (think) or gpt-oss's analysis channel (harmony) into "
+        "reasoning_content (default: harmony for gpt-oss, think when the template has <think>)",
+        choices=["think", "harmony", "none"],
     )
     api.switch("--enable-request-id-headers", False, "Echo X-Request-Id in responses")
     api.value(

@@ -40,6 +40,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, CpuAttentionBackend, PagedAttentionBackend
 from engine.config import QUANTIZATIONS, EngineConfig
+from engine.layers.attention import has_sinks
 from engine.layers.gguf_linear import (
     GGUFBlockLinearMethod,
     GGUFInt8LinearMethod,
@@ -107,7 +108,7 @@ def choose_backends(
     if asked == "none" or (asked == "auto" and config.dtype != "auto"):
         return _exact_checked(model, config, dtype, device)
     path = gguf_source(model_dir)
-    why_not = CpuAttentionBackend.supported(model.head_dim, dtype, device)
+    why_not = CpuAttentionBackend.supported(model.head_dim, dtype, device, has_sinks(model))
     if path is None:
         why_not = "the model is not a GGUF file"
     if why_not is not None:

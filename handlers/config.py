@@ -67,7 +67,8 @@ class ServerConfig:
     tool_call_parser: str | None = None
     """Tool-call format ('hermes', 'llama3_json', 'mistral'); None: from the chat template."""
     reasoning_parser: str | None = None
-    """'think' or 'none'; None: 'think' when the chat template mentions <think>."""
+    """'think', 'harmony' or 'none'; None: 'harmony' for gpt-oss (or a template with
+    harmony channels), else 'think' when the chat template mentions <think>."""
     chat_template: str | None = None
     """Template text overriding the model's own (the CLI reads --chat-template files)."""
     trust_request_chat_template: bool = False

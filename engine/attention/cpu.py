@@ -94,8 +94,13 @@ class CpuAttentionBackend(AttentionBackend):
         )  # fmt: skip
 
     @staticmethod
-    def supported(head_dim: int, dtype: torch.dtype, device: torch.device) -> str | None:
-        """None when the kernel can run, else why not."""
+    def supported(
+        head_dim: int, dtype: torch.dtype, device: torch.device, sinks: bool = False
+    ) -> str | None:
+        """None when the kernel can run, else why not. `sinks`: the model's attention has
+        sinks (gpt-oss), a softmax term the C kernel does not compute."""
+        if sinks:
+            return "the model's attention has sinks (gpt-oss), which the C kernel lacks"
         if device.type != "cpu" or dtype != torch.float32:
             return "the C attention kernel computes in float32 on the CPU"
         if head_dim % 32:
@@ -115,6 +120,8 @@ class CpuAttentionBackend(AttentionBackend):
         assert layer.kv_cache is not None
         assert meta.seq_block_tables is not None and meta.token_seq is not None
         assert meta.token_ctx is not None
+        if layer.sinks is not None:  # choose_backends never pairs the two: a guard
+            raise ValueError("the C attention kernel has no attention sinks (gpt-oss)")
         k_cache, v_cache = layer.kv_cache
         ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         if q.stride(2) != 1 or (layer.num_heads > 1 and q.stride(1) != layer.head_dim):

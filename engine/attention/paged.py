@@ -61,6 +61,6 @@ class PagedAttentionBackend(AttentionBackend):
         k_cache, v_cache = layer.kv_cache
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = paged_attention(
-            q, k_cache, v_cache, meta, layer.scale, layer.sliding_window
+            q, k_cache, v_cache, meta, layer.scale, layer.sliding_window, layer.sinks
         )  # [T, nh, hd]
         return out.reshape(q.shape[0], layer.num_heads * layer.head_dim)

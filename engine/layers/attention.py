@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from engine.layers.linear import empty_parameter
 from kernels.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -26,6 +27,12 @@ class Attention(nn.Module):
     `sliding_window` (None: global attention): a query at position p sees only the keys
     at positions ``p - sliding_window + 1 .. p`` (the window counts the token itself, as
     transformers' sliding-window mask and vLLM do). Every backend honours it.
+
+    `sinks` (gpt-oss): a learned logit per query head, ``[num_heads]``, that joins each
+    softmax's denominator and attends to nothing (kernels/reference.py
+    ``paged_attention``). It is a parameter of this layer (``...self_attn.attn.sinks``;
+    the model file maps the checkpoint's name onto it). A backend whose kernel has no
+    sink term must refuse the layer (`supports`), never run it without.
     """
 
     def __init__(
@@ -35,6 +42,9 @@ class Attention(nn.Module):
         head_dim: int,
         scale: float,
         sliding_window: int | None = None,
+        sinks: bool = False,
+        dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -46,6 +56,11 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        self.sinks: nn.Parameter | None = None
+        if sinks:
+            if dtype is None or device is None:
+                raise ValueError("an Attention with sinks needs the model dtype and device")
+            self.sinks = empty_parameter((num_heads,), dtype, device)
         self.kv_cache: KVCache | None = None
         self.backend: AttentionBackend | None = None
 
@@ -61,6 +76,11 @@ class Attention(nn.Module):
         if self.backend is None or self.kv_cache is None:
             raise RuntimeError("Attention.bind was not called (the model runner binds it)")
         return self.backend.forward(self, q, k, v, meta)
+
+
+def has_sinks(model: nn.Module) -> bool:
+    """Whether some attention layer of `model` has attention sinks (gpt-oss)."""
+    return any(isinstance(m, Attention) and m.sinks is not None for m in model.modules())
 
 
 def bind_attention(model: nn.Module, kv_caches: list[KVCache], backend: AttentionBackend) -> None:

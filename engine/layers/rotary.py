@@ -44,6 +44,14 @@ def rope_config(config: Any, layer_type: str | None = None) -> tuple[float, dict
         )
     if rope_type == "llama3" and "original_max_position_embeddings" not in scaling:
         scaling["original_max_position_embeddings"] = config.max_position_embeddings
+    if rope_type == "yarn" and "original_max_position_embeddings" not in scaling:
+        scaling["original_max_position_embeddings"] = getattr(
+            config, "original_max_position_embeddings", None
+        ) or (config.max_position_embeddings)
+    if rope_type == "yarn" and scaling.get("factor") is None:  # transformers' fallback
+        scaling["factor"] = (
+            config.max_position_embeddings / scaling["original_max_position_embeddings"]
+        )
     return theta, scaling
 
 

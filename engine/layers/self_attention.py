@@ -28,6 +28,7 @@ class SelfAttention(nn.Module):
     - `scale`: the softmax scale (default ``head_dim ** -0.5``; Gemma:
       ``query_pre_attn_scalar ** -0.5``);
     - `sliding_window`: this layer's window (None: global);
+    - `sinks`: per-head attention sinks (gpt-oss), a parameter of `attn`;
     - `fused_checkpoint`: the checkpoint stores one ``qkv_proj`` tensor (Phi-3) instead
       of ``q_proj``/``k_proj``/``v_proj``.
     """
@@ -50,6 +51,7 @@ class SelfAttention(nn.Module):
         scale: float | None = None,
         sliding_window: int | None = None,
         fused_checkpoint: bool = False,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -82,7 +84,7 @@ class SelfAttention(nn.Module):
         self.rotary_emb = rotary  # shared by the layers of one rope kind (one cos/sin table)
         self.attn = Attention(
             num_heads, num_kv_heads, head_dim, head_dim**-0.5 if scale is None else scale,
-            sliding_window=sliding_window,
+            sliding_window=sliding_window, sinks=sinks, dtype=dtype, device=device,
         )  # fmt: skip
 
     def forward(

@@ -1,13 +1,28 @@
-"""gpt-oss's MoE block on the shared MoE layer, and its checkpoint's expert tensors.
+"""gpt-oss (``GptOssForCausalLM``): the Llama decoder with attention sinks, YaRN rope,
+alternating sliding-window layers, biased q/k/v/o and a sparse MoE block.
 
-NOTE: only the feed-forward half of gpt-oss is here; `GptOssForCausalLM` is not
-registered yet. Its attention needs what hearth's attention backends do not have yet
-(per-head attention sinks in the softmax; YaRN rope; alternating sliding-window layers
-are the dense helper's `layer_types` windows). The block below is checked against
-transformers' ``GptOssMLP`` (tests/engine/test_moe_parity.py), so the model class only
-has to compose it.
+What differs from the dense base (`LlamaForCausalLM`), each data the base's hooks read:
 
-What differs from Mixtral / Qwen3-MoE:
+- attention: q/k/v/o projections with biases (``attention_bias``, default True), the
+  plain ``head_dim ** -0.5`` scale, and learned per-head **attention sinks**
+  (``self_attn.sinks`` [num_heads]: one extra logit per head in the softmax
+  denominator), computed by the attention backend (kernels/reference.py,
+  kernels/triton/paged_attention.py; the CPU C kernel has none, so `choose_backends`
+  never gives it a gpt-oss model). The parameter lives on the `Attention` layer,
+  ``self_attn.attn.sinks``; `load_weights` maps the checkpoint's name onto it;
+- rope: **YaRN** (``rope_parameters`` type ``yarn``: factor 32 over 4096 original
+  positions in the released configs), with cos and sin scaled by its attention factor
+  (kernels/reference.py ``build_cos_sin_cache``); the rotation is rotate-half, as Llama's;
+- windows: ``layer_types`` alternates ``sliding_attention`` (``sliding_window``, 128 in
+  the released configs) and ``full_attention``, read by the base's `layer_windows`
+  (as for Gemma 3);
+- norms: RMSNorm as Llama's; transformers multiplies by the weight in float32 before the
+  cast (and keeps the norm weights in float32), which is the same arithmetic in float32
+  but may differ in the last bit under bfloat16;
+- the MLP is the MoE block below.
+
+The MoE block (`gpt_oss_moe`) is checked against transformers' ``GptOssMLP``
+(tests/engine/test_moe_parity.py); what differs from Mixtral / Qwen3-MoE:
 
 - the router has a bias and takes the top k of the *logits*, then a softmax over those
   k (in the model dtype);
@@ -19,6 +34,10 @@ What differs from Mixtral / Qwen3-MoE:
   ``down_proj_bias`` [E, H]. `split_stacked_experts` turns them into per-expert tensors
   in hearth's layout (gate rows, then up rows, ``[out, in]``), named as the experts'
   `Shard`s, so the generic loader (engine/models/weights.py) fills the stacked weights.
+
+Released checkpoints store the experts as MXFP4 blocks (``*_blocks`` / ``*_scales``);
+hearth loads dense (bfloat16 / float32) expert tensors only, and a quantized checkpoint
+fails at load naming the tensor it does not know.
 """
 
 from __future__ import annotations
@@ -27,10 +46,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from engine.layers.moe import ExpertNames, FusedMoE, SparseMoeBlock, TopKRouter
+from engine.models.llama import LlamaForCausalLM
+from engine.models.weights import load_checkpoint
 
-__all__ = ["GPT_OSS_EXPERTS", "gpt_oss_moe", "split_stacked_experts"]
+__all__ = ["GPT_OSS_EXPERTS", "GptOssForCausalLM", "gpt_oss_moe", "split_stacked_experts"]
 
 GPT_OSS_EXPERTS = ExpertNames(
     gate="experts.{e}.gate_proj", up="experts.{e}.up_proj", down="experts.{e}.down_proj"
@@ -89,3 +111,34 @@ def split_stacked_experts(
                 yield f"{base}.{e}.down_proj.bias", tensor[e]
             else:
                 raise ValueError(f"unexpected gpt-oss expert tensor {name!r}")
+
+
+def _sinks_on_attention(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``...self_attn.sinks`` → ``...self_attn.attn.sinks`` (the `Attention` layer holds
+    them); every other tensor passes through."""
+    for name, tensor in weights:
+        if name.endswith(".self_attn.sinks"):
+            name = name.removesuffix(".sinks") + ".attn.sinks"
+        yield name, tensor
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    """gpt-oss-20b / gpt-oss-120b (dense expert weights) and their fine-tunes."""
+
+    qkv_bias_default = False  # ``attention_bias`` (True in every gpt-oss config) decides
+
+    def _attention_options(self, config: Any, index: int) -> dict[str, Any]:
+        return {**super()._attention_options(config, index), "sinks": True}
+
+    def _mlp(
+        self, config: Any, index: int, prefix: str, dtype: torch.dtype, device: torch.device
+    ) -> nn.Module:
+        return gpt_oss_moe(config, prefix, dtype, device)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The base's loader over the checkpoint with its stacked experts split per expert
+        and the sinks named after the layer that holds them."""
+        ignore = ("lm_head.weight",) if self.tie_word_embeddings else ()
+        load_checkpoint(self, _sinks_on_attention(split_stacked_experts(weights)), ignore=ignore)

@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
@@ -24,6 +25,7 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 """Every architecture hearth serves natively; SmolLM/SmolLM2 checkpoints say LlamaForCausalLM."""
 
@@ -37,6 +39,7 @@ _BY_MODEL_TYPE: dict[str, str] = {
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 """Fallback for configs that name no architecture (hand-written or very old config.json)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -22,6 +23,7 @@ from handlers.serving.base import PromptInput, Run, ServingBase
 from handlers.serving.chat_template import ChatTemplateChoice, choose_chat_template
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
+from handlers.serving.harmony import HarmonyStreamer, parse_harmony
 from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
 from handlers.serving.reasoning import split_reasoning
 from handlers.serving.render import render_chat
@@ -73,12 +75,15 @@ class ServingChat(ServingBase):
         model_name = self.model_name(request.model)
         template, prompt_text, prompt_ids = await self.render_prompt(request)
         structured = forced_tool_spec(request)
+        options = self.sequence_options(request)
+        if template.harmony:  # the parser reads the channels' special tokens
+            options = dataclasses.replace(options, skip_special_tokens=False)
         run = await self.start_run(
             ctx,
             model_name=model_name,
             prompts=[PromptInput(prompt_ids, "messages", prompt_text)],
             build_params=lambda bounds: request.to_sampling_params(bounds, structured),
-            options=self.sequence_options(request),
+            options=options,
             client_request_id=request.request_id,
             n=request.n,
             priority=request.priority,
@@ -127,9 +132,14 @@ class ServingChat(ServingBase):
     ) -> ChatCompletionResponseChoice:
         """One finished choice: reasoning split off, tool calls parsed out of the text."""
         reasoning = None
-        if template.reasoning:
-            reasoning, text = split_reasoning(text)
-        content, calls = tool_calls_from_text(text, request, template.tool_format)
+        if _parses_harmony(request, template):
+            parsed = parse_harmony(text, _offered_tools(request))
+            reasoning, content, calls = parsed.reasoning, parsed.content, parsed.calls
+            text = content or ""
+        else:
+            if template.reasoning:
+                reasoning, text = split_reasoning(text)
+            content, calls = tool_calls_from_text(text, request, template.tool_format)
         finish = seq.finish_reason
         if calls and finish == "stop":
             finish = "tool_calls"
@@ -224,6 +234,9 @@ class ServingChat(ServingBase):
             seq.index: ToolCallStreamer(request, template.tool_format) for seq in run.sequences
         }
         reasoning = {seq.index: ReasoningStreamer(template.reasoning) for seq in run.sequences}
+        harmony = None
+        if _parses_harmony(request, template):
+            harmony = {seq.index: HarmonyStreamer(_offered_tools(request)) for seq in run.sequences}
         async for item in self.deltas(run, self.keep_alive):
             if item is None:
                 yield None
@@ -231,7 +244,10 @@ class ServingChat(ServingBase):
             seq, delta = item
             if not (delta.text or delta.logprobs or delta.finish_reason):
                 continue
-            message, finish = self._delta_message(delta, tools[seq.index], reasoning[seq.index])
+            if harmony is not None:
+                message, finish = _harmony_delta_message(delta, harmony[seq.index])
+            else:
+                message, finish = self._delta_message(delta, tools[seq.index], reasoning[seq.index])
             yield seq, delta, message, finish
 
     @staticmethod
@@ -263,3 +279,40 @@ class ServingChat(ServingBase):
         if piece.tool_calls:
             fields["tool_calls"] = piece.tool_calls
         return DeltaMessage(**fields), finish
+
+
+def _parses_harmony(request: ChatCompletionRequest, template: ChatTemplateChoice) -> bool:
+    """Harmony channels are parsed unless a tool is forced (named or required): then the
+    output is the constrained call JSON itself, read as for every other format."""
+    if not template.harmony:
+        return False
+    return not request.tools or request.effective_tool_choice in ("auto", "none")
+
+
+def _offered_tools(request: ChatCompletionRequest) -> set[str]:
+    """The tools a harmony call may name (none under tool_choice "none")."""
+    if not request.tools or request.effective_tool_choice == "none":
+        return set()
+    return {t.function.name for t in request.tools}
+
+
+def _harmony_delta_message(
+    delta: ChoiceDelta, streamer: HarmonyStreamer
+) -> tuple[DeltaMessage, str | None]:
+    """`ServingChat._delta_message` for harmony outputs: one streamer does the reasoning,
+    content and tool-call split."""
+    thought, text, calls = streamer.feed(delta.text) if delta.text else ("", "", [])
+    finish = delta.finish_reason
+    if finish is not None:
+        more_thought, more_text, more_calls = streamer.finish()
+        thought, text, calls = thought + more_thought, text + more_text, calls + more_calls
+        if streamer.num_calls and finish == "stop":
+            finish = "tool_calls"
+    fields: dict[str, Any] = {}
+    if text:
+        fields["content"] = text
+    if thought:
+        fields["reasoning_content"] = thought
+    if calls:
+        fields["tool_calls"] = calls
+    return DeltaMessage(**fields), finish

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from handlers.errors import BadRequestError
 from handlers.protocol.chat import ChatMessageParam, ChatToolParam
+from handlers.serving.harmony import uses_harmony
 from handlers.serving.reasoning import reasoning_enabled
 from handlers.serving.served_model import ServedModel
 from handlers.serving.tool_parsers import detect_tool_format
@@ -48,6 +49,11 @@ class ChatTemplateChoice:
     reasoning: bool
     """Split `<think>...</think>` into reasoning_content (--reasoning-parser, else
     whether the template mentions <think>)."""
+    harmony: bool = False
+    """gpt-oss's harmony channels (handlers/serving/harmony.py): the output is
+    detokenized with its special tokens and split into reasoning, content and tool
+    calls by channel (--reasoning-parser harmony, else a gpt-oss model or a template
+    that writes ``<|channel|>``); `reasoning` and `tool_format` are then unused."""
 
 
 def requested_template(request: ChatTemplateRequest) -> str | None:
@@ -71,10 +77,13 @@ def choose_chat_template(served: ServedModel, request: ChatTemplateRequest) -> C
         )
     source = from_request or config.chat_template or served.tokenizer().chat_template
     detected_format, renders_tools = detect_tool_format(source)
+    info = served.engine.model_info
+    harmony = uses_harmony(config.reasoning_parser, source, info.architecture if info else "")
     return ChatTemplateChoice(
         source=source,
         from_request=from_request is not None,
         tool_format=config.tool_call_parser or detected_format,
         renders_tools=renders_tools,
-        reasoning=reasoning_enabled(config.reasoning_parser, source),
+        reasoning=not harmony and reasoning_enabled(config.reasoning_parser, source),
+        harmony=harmony,
     )

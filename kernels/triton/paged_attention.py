@@ -20,6 +20,11 @@ an online softmax in float32, and nothing of size ``seq_len`` is materialised.
   The key loops start at the first position any of their rows can see, so keys (and
   cache blocks) before the window are never read: they may have been freed and reused.
 
+* attention sinks ``SINKS`` (gpt-oss): a per-head logit that joins the softmax
+  denominator and attends to nothing. The online softmax simply starts from it: running
+  max = the sink (log2 units), running sum = 1, accumulator 0, which is the sink as a
+  key whose value is zero. In split-KV decode only split 0 starts from it.
+
 Rows that no query owns (padding heads in a group, queries past a chunk's end) are masked
 on store and kept finite: every such row still sees key 0, so no NaN is ever computed.
 """
@@ -83,9 +88,25 @@ def _weighted(p, v, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
+def _sink_state(sinks_ptr, heads, mask, ROWS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """The online softmax's starting (max, sum) per row: the rows' sink logits in log2
+    units and 1 with ``HAS_SINKS`` (the sink is a key of value zero), else (-inf, 0)."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=mask, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_i = tl.zeros([ROWS], dtype=tl.float32) + sink
+        l_i = tl.full([ROWS], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([ROWS], dtype=tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
 def _attend(
     q,
     q_pos,
+    m_i,
+    l_i,
     lo,
     hi,
     kv_len,
@@ -112,13 +133,12 @@ def _attend(
     never loaded; ``CAUSAL``: row r also sees only positions ``<= q_pos[r]`` (and, with a
     ``WINDOW``, ``> q_pos[r] - WINDOW``).
 
-    Returns ``(acc, m_i, l_i)``: the unnormalised ``[ROWS, BLOCK_D]`` accumulator, and per
-    row the running max (log2 units) and sum of exponentials."""
+    ``(m_i, l_i)`` is the starting state (`_sink_state`). Returns ``(acc, m_i, l_i)``:
+    the unnormalised ``[ROWS, BLOCK_D]`` accumulator, and per row the running max (log2
+    units) and sum of exponentials."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
         pos = start + offs_n  # [BLOCK_N]
@@ -180,6 +200,7 @@ def _paged_attention_decode_kernel(
     v_cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -197,6 +218,7 @@ def _paged_attention_decode_kernel(
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
     WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -207,9 +229,12 @@ def _paged_attention_decode_kernel(
     q, heads, h_mask = _load_group_query(
         q_ptr, seq, kvh, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D
     )
+    m_i, l_i = _sink_state(sinks_ptr, heads, h_mask, BLOCK_H, HAS_SINKS)
     acc, _, l_i = _attend(
         q,
         heads,  # unused: not causal
+        m_i,
+        l_i,
         lo,
         seq_len,
         seq_len,
@@ -248,6 +273,7 @@ def _paged_attention_decode_split_kernel(
     v_cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -265,6 +291,7 @@ def _paged_attention_decode_split_kernel(
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
     WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Split-KV (flash-decoding) pass 1: program (seq, kv head, split) runs the online
     softmax over its slice of the context and stores the unnormalised accumulator with its
@@ -283,9 +310,16 @@ def _paged_attention_decode_split_kernel(
     q, heads, h_mask = _load_group_query(
         q_ptr, seq, kvh, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D
     )
+    m_i, l_i = _sink_state(sinks_ptr, heads, h_mask, BLOCK_H, HAS_SINKS)
+    if HAS_SINKS:  # the sink joins one split only: the others start empty
+        first = split == 0
+        m_i = tl.where(first, m_i, float("-inf"))
+        l_i = tl.where(first, l_i, 0.0)
     acc, m_i, l_i = _attend(
         q,
         heads,  # unused: not causal
+        m_i,
+        l_i,
         lo,
         hi,
         hi,
@@ -369,6 +403,7 @@ def _paged_attention_prefill_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    sinks_ptr,
     token_offset,
     qk_scale,
     stride_qt,
@@ -387,6 +422,7 @@ def _paged_attention_prefill_kernel(
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
     WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     chunk = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -414,9 +450,14 @@ def _paged_attention_prefill_kernel(
     kv_start = 0
     if WINDOW > 0:  # keys before the block's first query's window are invisible to all
         kv_start = tl.maximum(prefix + m_start - WINDOW + 1, 0)
+    m_i, l_i = _sink_state(
+        sinks_ptr, head + tl.zeros([BLOCK_M], dtype=tl.int32), m_mask, BLOCK_M, HAS_SINKS
+    )
     acc, _, l_i = _attend(
         q,
         q_pos,
+        m_i,
+        l_i,
         kv_start,
         kv_end,
         seq_len,
@@ -482,6 +523,7 @@ def paged_attention_triton(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
     *,
     block_m: int = 64,
     block_n: int = 64,
@@ -492,9 +534,15 @@ def paged_attention_triton(
     Rows past the step's decode and prefill tokens (there are none today) are left
     unwritten. ``block_m``/``block_n`` are the prefill query tile and the K/V tile;
     ``num_splits`` forces the split-KV decode slice count (None: ``decode_num_splits``).
-    ``sliding_window``: see ``kernels.reference.paged_attention``.
+    ``sliding_window``, ``sinks``: see ``kernels.reference.paged_attention``.
     """
     _check(query, k_cache, v_cache, meta)
+    if sinks is not None:
+        assert sinks.shape == (query.shape[1],), f"sinks {tuple(sinks.shape)} vs heads"
+        assert sinks.device == query.device, "sinks must be on the query's device"
+        sinks = sinks.to(torch.float32).contiguous()  # read as float32 logits
+    has_sinks = sinks is not None
+    sinks_arg = sinks if sinks is not None else query  # never read without HAS_SINKS
     _, num_heads, hd = query.shape
     _, block_size, nkv, _ = k_cache.shape
     group = num_heads // nkv
@@ -509,8 +557,9 @@ def paged_attention_triton(
         num_splits = decode_num_splits(nd, nkv, meta.decode_max_seq_len, _num_sms(query.device))
     if nd > 0 and num_splits is not None and num_splits > 1:
         _decode_split(
-            query, k_cache, v_cache, meta, out, qk_scale, num_splits, block_n, fp32_dot, window
-        )
+            query, k_cache, v_cache, meta, out, qk_scale, num_splits, block_n, fp32_dot, window,
+            sinks,
+        )  # fmt: skip
     elif nd > 0:
         _paged_attention_decode_kernel[(nd, nkv)](
             out,
@@ -519,6 +568,7 @@ def paged_attention_triton(
             v_cache,
             meta.decode_block_tables,
             meta.decode_seq_lens,
+            sinks_arg,
             qk_scale,
             query.stride(0),
             query.stride(1),
@@ -536,6 +586,7 @@ def paged_attention_triton(
             BLOCK_N=block_n,
             FP32_DOT=fp32_dot,
             WINDOW=window,
+            HAS_SINKS=has_sinks,
             num_warps=4,
         )
     if meta.num_prefills > 0 and meta.prefill_max_query_len > 0:
@@ -548,6 +599,7 @@ def paged_attention_triton(
             meta.prefill_block_tables,
             meta.prefill_seq_lens,
             meta.prefill_query_start_loc,
+            sinks_arg,
             nd,
             qk_scale,
             query.stride(0),
@@ -566,6 +618,7 @@ def paged_attention_triton(
             BLOCK_N=block_n,
             FP32_DOT=fp32_dot,
             WINDOW=window,
+            HAS_SINKS=has_sinks,
             num_warps=4,
         )
     return out
@@ -582,6 +635,7 @@ def _decode_split(
     block_n: int,
     fp32_dot: bool,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """The decode rows of ``out`` through the two split-KV kernels."""
     nd = meta.num_decode_tokens
@@ -603,6 +657,7 @@ def _decode_split(
         v_cache,
         meta.decode_block_tables,
         meta.decode_seq_lens,
+        sinks if sinks is not None else query,
         qk_scale,
         query.stride(0),
         query.stride(1),
@@ -620,6 +675,7 @@ def _decode_split(
         BLOCK_N=block_n,
         FP32_DOT=fp32_dot,
         WINDOW=window,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     _paged_attention_decode_reduce_kernel[(nd, num_heads)](

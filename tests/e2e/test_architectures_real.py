@@ -17,12 +17,19 @@ from transformers import AutoModelForCausalLM
 from engine.tokenizer import Tokenizer
 from tests.e2e.clients import client
 from tests.e2e.server import Server, start_server
+from tests.engine.moe_models import save_servable_tiny_moe
 from tests.engine.tiny_models import save_servable_tiny
 from tests.handlers.handlers_testing import EOS_ID
 
 pytestmark = pytest.mark.slow
 
-ARCHITECTURES = {"gemma3": "Gemma3ForCausalLM", "qwen3-sliding": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "gemma3": "Gemma3ForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",
+    "qwen3-sliding": "Qwen3ForCausalLM",
+}
+MOE = {"gpt-oss"}
+"""Names from tests/engine/moe_models.py (the rest are tests/engine/tiny_models.py's)."""
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
@@ -31,7 +38,10 @@ def tiny_server(
 ) -> Iterator[tuple[str, Path, Server]]:
     name = request.param
     directory = tmp_path_factory.mktemp(name)
-    save_servable_tiny(name, directory)
+    if name in MOE:
+        save_servable_tiny_moe(name, directory)
+    else:
+        save_servable_tiny(name, directory)
     server = start_server(
         tmp_path_factory.mktemp(f"{name}-logs"), str(directory), "--served-model-name", "tiny",
         "--max-model-len", "128", "--block-size", "4",

@@ -1,6 +1,7 @@
-"""A real `hearth serve` on each tiny MoE checkpoint (tests/engine/moe_models.py): the
-`openai` SDK's chat and completions, greedy completions token-identical to transformers'
-`generate`, and /version naming the architecture."""
+"""A real `hearth serve` on each tiny MoE checkpoint (tests/engine/moe_models.py, gpt-oss
+among them: sinks, YaRN, alternating windows): the `openai` SDK's chat and completions,
+greedy completions token-identical to transformers' `generate`, and /version and
+/v1/models naming the architecture."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from tests.engine.moe_models import CONFIGS, one_thread, save_tiny_moe
 
 pytestmark = pytest.mark.slow
 
-ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3-moe": "Qwen3MoeForCausalLM"}
+ARCHITECTURES = {
+    "gpt-oss": "GptOssForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3-moe": "Qwen3MoeForCausalLM",
+}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -42,6 +47,7 @@ def test_version_and_models_name_the_moe_model(moe_server) -> None:
     assert version["quantization"] == "none"
     models = httpx.get(server.v1 + "/models", timeout=30).json()
     assert [m["id"] for m in models["data"]] == ["tiny-moe"]
+    assert models["data"][0]["architecture"] == ARCHITECTURES[name]
 
 
 def test_chat_and_completions_answer(moe_server) -> None:

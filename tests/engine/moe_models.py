@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, PretrainedConfig, Qwen3MoeConfig
+from transformers import (
+    AutoModelForCausalLM,
+    GptOssConfig,
+    MixtralConfig,
+    PretrainedConfig,
+    Qwen3MoeConfig,
+)
 
 from tests.engine.tiny_models import COMMON, randomize
 from tests.gpu.gpu_models import write_tokenizer
@@ -46,7 +52,24 @@ def _qwen3_moe() -> PretrainedConfig:
     )  # fmt: skip
 
 
+def _gpt_oss() -> PretrainedConfig:
+    # Layers 0 and 2 windowed (8 tokens: the parity prompts run up to 40 and past it),
+    # 1 and 3 global (transformers' default alternation); YaRN over 64 original
+    # positions (factor 4, so the blend and its attention factor both bite at the
+    # tests' lengths); top-2 of 4 experts; biases everywhere; untied head.
+    rope = {
+        "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64,
+    }  # fmt: skip
+    return GptOssConfig(
+        **{**_COMMON, "num_hidden_layers": 4, "intermediate_size": 32}, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=8, rope_parameters=rope,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+
+
 CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
+    "gpt-oss": _gpt_oss,
     "mixtral": _mixtral,
     "qwen3-moe": _qwen3_moe,
 }
@@ -67,18 +90,35 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def hf_reference(name: str, seed: int = 1) -> torch.nn.Module:
+def hf_reference(name: str, seed: int = 1, vocab_size: int | None = None) -> torch.nn.Module:
     """transformers' model of `name` with distinct random weights, float32, eager
-    attention and eager experts (the per-expert loop: the plainest oracle)."""
+    attention and eager experts (the per-expert loop: the plainest oracle). `vocab_size`
+    overrides the config's (a served model needs room for its tokenizer's ids)."""
+    config = CONFIGS[name]()
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
-        CONFIGS[name](),
+        config,
         dtype=torch.float32,
         attn_implementation="eager",
         experts_implementation="eager",
     )
     randomize(model, seed=seed)
+    if name == "gpt-oss":
+        strong_sinks(model, seed)
     return model.eval()
+
+
+def strong_sinks(model: torch.nn.Module, seed: int) -> None:
+    """Attention sinks around the size of the attention scores (``randomize`` leaves them
+    near 0.15): each takes a sizeable share of its head's softmax, so attention that
+    ignored them (or got them wrong) moves every logit far beyond the parity bound."""
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            sinks = layer.self_attn.sinks
+            sinks.copy_(1.0 + 1.5 * torch.randn(sinks.shape, generator=gen))
 
 
 def save_tiny_moe(name: str, directory: Path, seed: int = 1) -> torch.nn.Module:
@@ -86,4 +126,17 @@ def save_tiny_moe(name: str, directory: Path, seed: int = 1) -> torch.nn.Module:
     model = hf_reference(name, seed)
     model.save_pretrained(directory)
     write_tokenizer(directory, VOCAB)
+    return model
+
+
+def save_servable_tiny_moe(name: str, directory: Path) -> torch.nn.Module:
+    """`name`'s checkpoint with the handler tests' byte-level BPE tokenizer and ChatML
+    template (as `tests/engine/tiny_models.py` `save_servable_tiny` for the dense models),
+    for the real-server architecture test; returns the HF model."""
+    from tests.engine.tiny_models import SERVED_VOCAB
+    from tests.handlers.handlers_testing import build_tiny_model
+
+    build_tiny_model(directory)  # tokenizer files (and a config.json, replaced below)
+    model = hf_reference(name, vocab_size=SERVED_VOCAB)
+    model.save_pretrained(directory)
     return model

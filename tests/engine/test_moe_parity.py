@@ -7,6 +7,10 @@ logit row compared with transformers; (b) through the whole `EngineCore` (schedu
 batching, chunked prefill, preemption), greedy output token-identical to `generate`.
 The prompts route tokens to every expert of every layer (checked), so a mis-loaded or
 mis-weighted expert cannot hide.
+
+gpt-oss (attention sinks, YaRN rope, alternating 8-token windows the prompts run past,
+biased attention) goes through every test here as one more MoE architecture; the tests at
+the end show its sinks and windows matter (without them the same checks fail).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.layers.attention import Attention
 from engine.layers.moe import (
     EXPERT_LINEARS,
     GROUPED_GEMM,
@@ -106,6 +111,16 @@ def test_qwen3_moe_sparse_layers_are_transformers_choice() -> None:
     assert our_sparse == hf_sparse == [False, True, False, False, False, True]
 
 
+def _hf_stacked(name: str, hf: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' stacked expert weights in hearth's layout: w13 [E, 2I, H], w2 [E, H, I]
+    (gpt-oss stores them transposed, gate and up interleaved in the columns)."""
+    if name != "gpt-oss":
+        return hf.gate_up_proj, hf.down_proj
+    gate_up = hf.gate_up_proj  # [E, H, 2I]
+    w13 = torch.cat([gate_up[:, :, 0::2], gate_up[:, :, 1::2]], dim=2).transpose(1, 2)
+    return w13, hf.down_proj.transpose(1, 2)
+
+
 def test_stacked_experts_hold_the_checkpoint_tensors(ckpt: MoeCheckpoint) -> None:
     """Per-expert checkpoint tensors land in the stacked weights (the Linears are views)."""
     moes = [m for m in ckpt.model.modules() if isinstance(m, FusedMoE)]
@@ -113,8 +128,9 @@ def test_stacked_experts_hold_the_checkpoint_tensors(ckpt: MoeCheckpoint) -> Non
     hf_experts = [m for n, m in ckpt.hf.named_modules() if n.endswith(".experts")]
     assert len(hf_experts) == len(moes)
     for moe, hf in zip(moes, hf_experts, strict=True):
-        torch.testing.assert_close(moe.w13, hf.gate_up_proj, atol=0, rtol=0)
-        torch.testing.assert_close(moe.w2, hf.down_proj, atol=0, rtol=0)
+        w13, w2 = _hf_stacked(ckpt.name, hf)
+        torch.testing.assert_close(moe.w13, w13, atol=0, rtol=0)
+        torch.testing.assert_close(moe.w2, w2, atol=0, rtol=0)
         for e in range(moe.num_experts):
             assert moe.gate_up[e].weight.data_ptr() == moe.w13[e].data_ptr()
             assert moe.down[e].weight.data_ptr() == moe.w2[e].data_ptr()
@@ -262,7 +278,7 @@ def test_engine_greedy_matches_generate_alone_batched_chunked_preempted(
 
 
 # ------------------------------------------------------------------------------------
-# gpt-oss's MoE block (the architecture itself is not served yet: engine/models/gpt_oss.py)
+# gpt-oss's MoE block alone
 # ------------------------------------------------------------------------------------
 
 
@@ -305,3 +321,107 @@ def test_gpt_oss_moe_block_matches_transformers(method) -> None:
     _, ids = block.router(x)
     assert set(ids.flatten().tolist()) == set(range(4))  # every expert routed to
     torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------
+# gpt-oss: its sinks and windows are what the parity above checks
+# ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> MoeCheckpoint:
+    return MoeCheckpoint("gpt-oss", tmp_path_factory.mktemp("gpt-oss-sinks"))
+
+
+def _attention_layers(model: torch.nn.Module) -> list[Attention]:
+    return [m for m in model.modules() if isinstance(m, Attention)]
+
+
+def test_gpt_oss_layout(gpt_oss: MoeCheckpoint) -> None:
+    """Sinks loaded onto each attention layer, alternating windows as transformers sets
+    them, biased q/k/v/o, YaRN's scaled table."""
+    layers = _attention_layers(gpt_oss.model)
+    hf_layers = gpt_oss.hf.model.layers
+    assert (
+        [a.sliding_window for a in layers]
+        == [layer.self_attn.sliding_window for layer in hf_layers]
+        == [8, None, 8, None]
+    )
+    for attn, hf_layer in zip(layers, hf_layers, strict=True):
+        assert attn.sinks is not None
+        assert torch.equal(attn.sinks, hf_layer.self_attn.sinks)
+        assert attn.sinks.abs().max() > 1.0  # strong_sinks: far from randomize's 0.15
+    attention = gpt_oss.model.model.layers[0].self_attn
+    assert attention.qkv_proj.bias is not None and attention.o_proj.bias is not None
+    assert gpt_oss.model.sliding_window is None  # global layers keep every block
+    cos_sin = attention.rotary_emb.cos_sin_cache
+    assert cos_sin[:, :8].abs().max() > 1.0  # YaRN's attention factor scales cos
+
+
+@pytest.mark.parametrize("sinks", ["ignored", "zero"])
+def test_gpt_oss_sinks_decide_the_logits(gpt_oss: MoeCheckpoint, sinks: str) -> None:
+    """A kernel that ignored the sinks (a logit of -inf) or had them at zero would fail
+    the parity bound by orders of magnitude, and change greedy tokens."""
+    layers = _attention_layers(gpt_oss.model)
+    saved = [a.sinks.detach().clone() for a in layers if a.sinks is not None]
+    prompt = PROMPTS[3]  # 40 tokens, past the 8-token window
+    want = gpt_oss.hf_logits(prompt)
+    try:
+        with torch.no_grad():
+            for attn in layers:
+                assert attn.sinks is not None
+                attn.sinks.fill_(float("-inf") if sinks == "ignored" else 0.0)
+        (got,) = PagedRunner(gpt_oss.model, block_size=4).step([("x", prompt)], all_rows=True)
+    finally:
+        with torch.no_grad():
+            for attn, value in zip(layers, saved, strict=True):
+                assert attn.sinks is not None
+                attn.sinks.copy_(value)
+    assert (got - want).abs().max() > 100 * ATOL
+    assert (got.argmax(-1) != want.argmax(-1)).any()
+    (restored,) = PagedRunner(gpt_oss.model, block_size=4).step([("x", prompt)], all_rows=True)
+    torch.testing.assert_close(restored, want, atol=ATOL, rtol=RTOL)
+
+
+def test_gpt_oss_windows_decide_the_logits(gpt_oss: MoeCheckpoint) -> None:
+    """Without its windows (every layer global) the model misses transformers' logits past
+    the window: the sliding layers are exercised by the prompts."""
+    layers = _attention_layers(gpt_oss.model)
+    saved = [a.sliding_window for a in layers]
+    prompt = PROMPTS[3]
+    try:
+        for attn in layers:
+            attn.sliding_window = None
+        (got,) = PagedRunner(gpt_oss.model, block_size=4).step([("x", prompt)], all_rows=True)
+    finally:
+        for attn, window in zip(layers, saved, strict=True):
+            attn.sliding_window = window
+    want = gpt_oss.hf_logits(prompt)
+    torch.testing.assert_close(got[:8], want[:8], atol=ATOL, rtol=RTOL)  # inside the window
+    assert (got[8:] - want[8:]).abs().max() > 100 * ATOL
+
+
+def test_gpt_oss_refuses_the_c_attention_kernel(gpt_oss: MoeCheckpoint) -> None:
+    """The CPU fast path's C attention has no sink term: the backend check says so (so
+    `choose_backends` never picks it for gpt-oss) and the kernel refuses a sinks layer."""
+    from engine.attention import CpuAttentionBackend
+    from engine.layers.attention import has_sinks
+
+    assert has_sinks(gpt_oss.model)
+    why = CpuAttentionBackend.supported(16, torch.float32, torch.device("cpu"), sinks=True)
+    assert why is not None and "sinks" in why
+    layer = _attention_layers(gpt_oss.model)[0]
+    q = torch.zeros(1, layer.num_heads, layer.head_dim)
+    kv = torch.zeros(1, layer.num_kv_heads, layer.head_dim)
+    saved = (layer.kv_cache, layer.backend)
+    cache = torch.zeros(2, 4, layer.num_kv_heads, layer.head_dim)
+    backend = CpuAttentionBackend()
+    try:
+        layer.bind((cache, cache.clone()), backend)
+        from kernels.metadata import SeqSpan
+
+        meta = backend.build_metadata([SeqSpan(0, 1, [0])], [0], 4, torch.device("cpu"))
+        with pytest.raises(ValueError, match="sinks"):
+            layer(q, kv, kv, meta)
+    finally:
+        layer.kv_cache, layer.backend = saved

@@ -117,13 +117,16 @@ def naive_attention(
     values: list[torch.Tensor],
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense causal attention per sequence and per head in float64, no paging: the oracle.
 
     Sequence i's queries are its ``query_lens[i]`` consecutive rows of ``query`` (decodes
     first, then prefill chunks, the step's token order) at positions
     ``seq_len - q_len .. seq_len - 1``; each sees keys ``0 ..`` its own position (with a
-    ``sliding_window`` W: only ``position - W + 1 ..`` its own position).
+    ``sliding_window`` W: only ``position - W + 1 ..`` its own position). ``sinks``
+    ``[num_heads]``: head h's softmax gets one more logit, ``sinks[h]``, whose weight is
+    dropped (gpt-oss).
     """
     num_heads = query.shape[1]
     out = torch.zeros(query.shape, dtype=torch.float64)
@@ -140,6 +143,11 @@ def naive_attention(
             scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
             if sliding_window is not None:
                 scores = scores.masked_fill(k_pos <= q_pos - sliding_window, float("-inf"))
-            out[row : row + q_len, h] = torch.softmax(scores, dim=-1) @ v_h
+            if sinks is not None:
+                sink = torch.full((q_len, 1), float(sinks[h]), dtype=torch.float64)
+                weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[:, :-1]
+            else:
+                weights = torch.softmax(scores, dim=-1)
+            out[row : row + q_len, h] = weights @ v_h
         row += q_len
     return out

@@ -365,3 +365,99 @@ def test_scale_is_applied() -> None:
         atol=2e-5,
         rtol=1e-5,
     )
+
+
+def _sinks(num_heads: int, seed: int = 4) -> torch.Tensor:
+    """Per-head sink logits around the scores' own size (some far above, some below), so
+    the extra denominator term changes every row noticeably."""
+    return 3.0 * torch.randn(num_heads, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+@pytest.mark.parametrize("window", [None, 6])
+def test_paged_attention_with_sinks_matches_dense_oracle(case: str, window: int | None) -> None:
+    """gpt-oss's attention sinks on every path of the reference (decodes, a lone causal
+    chunk, padded chunks, GQA), with and without a window; zeroed sinks are not a no-op
+    (a sink of 0 still adds exp(0 - max) to the denominator), and sinks of -inf are plain
+    attention."""
+    step, q, kc, vc, keys, values = _attention_case(case, 6, 2, 32, 4, torch.float32)
+    sinks = _sinks(6)
+    got = reference.paged_attention(q, kc, vc, step.meta, 0.2, window, sinks)
+    expected = naive_attention(step, q, keys, values, 0.2, window, sinks)
+    torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=1e-5)
+    plain = reference.paged_attention(q, kc, vc, step.meta, 0.2, window)
+    assert (got - plain).abs().max() > 1e-2
+    none = torch.full((6,), float("-inf"))
+    torch.testing.assert_close(
+        reference.paged_attention(q, kc, vc, step.meta, 0.2, window, none), plain,
+        atol=1e-6, rtol=1e-5,
+    )  # fmt: skip
+
+
+def test_paged_attention_with_sinks_16bit() -> None:
+    step, q, kc, vc, keys, values = _attention_case("mixed", 6, 2, 64, 16, torch.bfloat16)
+    sinks = _sinks(6).to(torch.bfloat16)
+    got = reference.paged_attention(q, kc, vc, step.meta, 0.125, None, sinks)
+    assert got.dtype == torch.bfloat16
+    expected = naive_attention(step, q, keys, values, 0.125, None, sinks)
+    torch.testing.assert_close(got.double(), expected, atol=3e-2, rtol=3e-2)
+
+
+YARN_CASES = {
+    "gpt-oss": {
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 4096,
+    },
+    "truncated": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    "deepseek-mscale": {
+        "rope_type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+        "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+    },
+    "attention-factor": {
+        "rope_type": "yarn", "factor": 8.0, "attention_factor": 1.3,
+        "original_max_position_embeddings": 2048,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(YARN_CASES))
+def test_yarn_matches_transformers(name: str) -> None:
+    """YaRN's inverse frequencies and attention factor are bitwise transformers'
+    ``_compute_yarn_parameters`` (float32), and the cos/sin table equals its rotary's
+    cos/sin (both scaled by the attention factor) at every position."""
+    from transformers import GptOssConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    theta, head_dim, max_pos = 150000.0, 64, 8192
+    params = {**YARN_CASES[name], "rope_theta": theta}
+    config = GptOssConfig(
+        hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+        max_position_embeddings=max_pos, rope_parameters=dict(params), num_hidden_layers=1,
+    )  # fmt: skip
+    hf_inv_freq, hf_factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    assert torch.equal(reference.compute_inv_freq(head_dim, theta, scaling), hf_inv_freq)
+    _, factor = reference._yarn_parameters(head_dim, theta, scaling)
+    assert factor == hf_factor and (name == "attention-factor") == (factor == 1.3)
+    hf = GptOssRotaryEmbedding(config)
+    cos, sin = hf(torch.zeros(1), torch.arange(max_pos)[None])  # [1, max_pos, head_dim // 2]
+    cache = reference.build_cos_sin_cache(head_dim, max_pos, theta, torch.float32, "cpu", scaling)
+    torch.testing.assert_close(cache[:, : head_dim // 2], cos[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(cache[:, head_dim // 2 :], sin[0], atol=1e-6, rtol=0)
+    if name == "gpt-oss":  # the released parameters: measured bit for bit
+        assert torch.equal(cache, torch.cat([cos[0], sin[0]], dim=-1))
+    assert not torch.equal(hf_inv_freq, reference.compute_inv_freq(head_dim, theta))
+
+
+def test_rope_config_reads_gpt_oss_yarn() -> None:
+    """gpt-oss's default rope parameters come through `rope_config` as a YaRN dict."""
+    from transformers import GptOssConfig
+
+    from engine.layers.rotary import rope_config
+
+    config = GptOssConfig(num_hidden_layers=1)
+    theta, scaling = rope_config(config)
+    assert theta == 150000.0 and scaling is not None
+    assert scaling["rope_type"] == "yarn" and scaling["factor"] == 32.0
+    assert scaling["original_max_position_embeddings"] == 4096 and scaling["truncate"] is False
