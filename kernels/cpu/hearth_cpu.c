@@ -87,6 +87,9 @@ static inline float hsum(__m256 v);
  * each rebuilt weight vector from registers.
  */
 #define TILE 5 /* tokens per register tile */
+#ifndef Q4_SINGLE_GROUPS
+#define Q4_SINGLE_GROUPS 4 /* groups per tile for a single token (2 to 4) */
+#endif
 
 static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
 
@@ -102,17 +105,17 @@ static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
     static void q4_tile_##G##_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg, \
                                    int64_t group_bytes, const float *xsum, __m256 *out) {     \
         __m256 acc[G][NT];                                                                    \
-        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                                  \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                  \
             _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps(); \
         const __m256i low = _mm256_set1_epi32(0xF);                                          \
         for (int64_t b = 0; b < nb; b++) {                                                    \
             const float *xb = x + b * Q4_BLOCK;                                               \
             __m256 s[G][NT];                                                                  \
-            _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                              \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                              \
                 _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) s[g][t] = _mm256_setzero_ps(); \
             for (int j = 0; j < 16; j++) {                                                    \
                 __m256 w0[G], w1[G];                                                          \
-                _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                        \
+                _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                        \
                     const uint8_t *q = wg + g * group_bytes + b * 160 + 32 + j * GROUP;       \
                     const __m256i qi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)); \
                     w0[g] = _mm256_cvtepi32_ps(_mm256_and_si256(qi, low));                    \
@@ -121,13 +124,13 @@ static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
                 _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
                     const __m256 x0 = bcast(xb + t * ldx + j);                                \
                     const __m256 x1 = bcast(xb + t * ldx + j + 16);                           \
-                    _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                    \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                    \
                         s[g][t] = _mm256_fmadd_ps(x0, w0[g], s[g][t]);                        \
                         s[g][t] = _mm256_fmadd_ps(x1, w1[g], s[g][t]);                        \
                     }                                                                         \
                 }                                                                             \
             }                                                                                 \
-            _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {                            \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                            \
                 const uint8_t *blk = wg + g * group_bytes + b * 160;                          \
                 const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));     \
                 const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))); \
@@ -137,7 +140,7 @@ static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \
-        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++)                                  \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                  \
             _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[g * TILE + t] = acc[g][t]; \
     }
 
@@ -180,16 +183,23 @@ static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
     Q##_TILE_FN(G, 1) Q##_TILE_FN(G, 2) Q##_TILE_FN(G, 3) Q##_TILE_FN(G, 4) Q##_TILE_FN(G, 5)
 TILE_SET(Q4, 1)
 TILE_SET(Q4, 2)
+Q4_TILE_FN(3, 1)
+Q4_TILE_FN(4, 1)
 TILE_SET(Q8, 1)
 
 typedef void (*tile_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, const float *,
                         __m256 *);
-/* [G - 1][NT] */
-static const tile_fn Q4_TILES[2][TILE + 1] = {
+/* [G - 1][NT]. Three and four groups exist for single tokens only: one token's tile of two
+ * groups is two dependent FMA chains, latency-bound at a quarter of the FMA units; four
+ * groups keep four chains in flight (~1.5x a single-token GEMV). Lanes are still output
+ * rows with the same per-lane arithmetic, so no result changes with G. */
+static const tile_fn Q4_TILES[4][TILE + 1] = {
     {0, q4_tile_1_1, q4_tile_1_2, q4_tile_1_3, q4_tile_1_4, q4_tile_1_5},
-    {0, q4_tile_2_1, q4_tile_2_2, q4_tile_2_3, q4_tile_2_4, q4_tile_2_5}};
-static const tile_fn Q8_TILES[2][TILE + 1] = {
-    {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}, {0}};
+    {0, q4_tile_2_1, q4_tile_2_2, q4_tile_2_3, q4_tile_2_4, q4_tile_2_5},
+    {0, q4_tile_3_1},
+    {0, q4_tile_4_1}};
+static const tile_fn Q8_TILES[4][TILE + 1] = {
+    {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}, {0}, {0}, {0}};
 
 static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, const uint8_t *w,
                        int64_t n, int64_t block_bytes, const tile_fn (*tiles)[TILE + 1],
@@ -219,10 +229,10 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
     for (int64_t pg = 0; pg < pairs; pg++) {
         for (int64_t tt = 0; tt < tiles_t; tt++) {
             const int64_t g0 = groups_per_tile * pg;
-            const int ng = (g0 + 1 < groups && groups_per_tile == 2) ? 2 : 1;
+            const int ng = (int)(groups - g0 < groups_per_tile ? groups - g0 : groups_per_tile);
             const int64_t t0 = tt * TILE;
             const int nt = (int)((t_count - t0) < TILE ? (t_count - t0) : TILE);
-            __m256 acc[2 * TILE];
+            __m256 acc[4 * TILE];
             tiles[ng - 1][nt](x + t0 * ldx, ldx, nb, w + g0 * group_bytes, group_bytes,
                               xsum + t0 * nb, acc);
             for (int g = 0; g < ng; g++) {
@@ -238,7 +248,7 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
 
 void hearth_q4_1_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
                       const float *bias, float *out, int64_t ldo) {
-    quant_gemm(x, t, ldx, k, w, n, 160, Q4_TILES, 2, bias, out, ldo);
+    quant_gemm(x, t, ldx, k, w, n, 160, Q4_TILES, t == 1 ? Q4_SINGLE_GROUPS : 2, bias, out, ldo);
 }
 
 void hearth_q8_0_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
