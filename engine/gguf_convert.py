@@ -14,11 +14,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["GGUF_ARCHITECTURES", "main"]
+__all__ = ["ConversionRefused", "convert", "main"]
 
-GGUF_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2"})
-"""`general.architecture` values of GGUFs whose conversion `engine.models` can serve
-(llama.cpp writes Llama, SmolLM and Mistral checkpoints as "llama")."""
+
+class ConversionRefused(ValueError):
+    """The file is a GGUF hearth does not convert (the message says why and what is)."""
 
 
 def _memoize_gguf_parsing(gguf: ModuleType) -> None:
@@ -50,36 +50,69 @@ def _memoize_gguf_parsing(gguf: ModuleType) -> None:
 def main(argv: list[str]) -> None:
     """Child-process entry point: dequantize GGUF `argv[0]` into HF directory `argv[1]`.
 
-    transformers dequantizes every tensor to float32 (exact for the quantized formats);
-    the engine casts to its serving dtype on load. The quantizer and its config entry
-    are dropped so the saved directory is a plain, unquantized checkpoint.
+    A file that cannot be read, or that `engine.gguf_arch.refusal` refuses, exits with
+    code 2 and one line on stderr, before torch is imported.
     """
-    gguf_path, out_dir = Path(argv[0]), Path(argv[1])
-    # Parse the file first (gguf + numpy only): a broken file or an architecture we
-    # cannot serve fails here, before the torch import. The parse is memoized, so
-    # transformers reuses it instead of parsing again.
     import gguf
 
     _memoize_gguf_parsing(gguf)
     try:
-        arch = str(gguf.GGUFReader(str(gguf_path)).fields["general.architecture"].contents())
-    except Exception as exc:
-        print(f"cannot read {gguf_path} as a GGUF file: {exc!r}", file=sys.stderr)
+        convert(Path(argv[0]), Path(argv[1]))
+    except ConversionRefused as exc:
+        print(str(exc), file=sys.stderr)
         raise SystemExit(2) from None
-    if arch not in GGUF_ARCHITECTURES:
-        print(
-            f"GGUF architecture {arch!r} is not served natively; supported: "
-            f"{', '.join(sorted(GGUF_ARCHITECTURES))}",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
+
+
+def convert(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize `gguf_path` into a plain HF directory `out_dir`, with the config fields
+    transformers' loader misses read from the file (`engine.gguf_arch.fixed_config`).
+
+    transformers dequantizes every tensor to float32 (exact for the quantized formats);
+    the engine casts to its serving dtype on load. The quantizer and its config entry
+    are dropped so the saved directory is a plain, unquantized checkpoint. A model with
+    a parameter the file did not provide is refused, never saved half random.
+    """
+    # Parse the file first (gguf + numpy only): a broken file or an architecture we
+    # cannot serve fails here, before the torch import. Under `main` the parse is
+    # memoized, so transformers reuses it instead of parsing again.
+    import gguf
+
+    from engine.gguf_arch import fixed_config, metadata, refusal, unplaced_tensors
+
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+        meta = metadata(reader)
+        arch = str(meta["general.architecture"])
+    except Exception as exc:
+        raise ConversionRefused(f"cannot read {gguf_path} as a GGUF file: {exc!r}") from None
+    if (why := refusal(arch, meta)) is not None:
+        raise ConversionRefused(why)
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     directory, name = str(gguf_path.parent), gguf_path.name
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    config = fixed_config(AutoConfig.from_pretrained(directory, gguf_file=name), arch, meta, reader)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, config=config, dtype=torch.float32, output_loading_info=True
+    )
+    parameters = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    if unplaced := unplaced_tensors(reader, arch, parameters):
+        raise ConversionRefused(
+            f"{gguf_path.name} ({arch}) holds {len(unplaced)} tensors {type(model).__name__} "
+            f"has no place for, e.g. {', '.join(unplaced[:3])}: its config is not one "
+            "transformers' GGUF loader reads"
+        )
+    if info["missing_keys"] or info["mismatched_keys"]:
+        missing = sorted(info["missing_keys"]) + [str(k) for k in info["mismatched_keys"]]
+        raise ConversionRefused(
+            f"{gguf_path.name} ({arch}) does not provide {len(missing)} weights of "
+            f"{type(model).__name__}, e.g. {', '.join(missing[:3])}"
+        )
     model.hf_quantizer = None
+    # Saved as a checkpoint of this class is on the hub (per-expert MoE tensors, ...): the
+    # conversions transformers recorded while reading the GGUF do not describe that layout.
+    model._weight_conversions = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out_dir)

@@ -314,6 +314,9 @@ def _run_conversion_child(gguf: Path, out_dir: Path) -> None:
         stderr=subprocess.STDOUT,
         check=False,
     )
+    if proc.returncode == 2:  # engine.gguf_convert refused the file: its last line says why
+        lines = proc.stdout.decode(errors="replace").strip().splitlines()
+        raise ModelConversionError(f"cannot serve {gguf}: {lines[-1] if lines else 'refused'}")
     if proc.returncode != 0:
         tail = proc.stdout.decode(errors="replace")[-3000:]
         raise ModelConversionError(

@@ -317,9 +317,8 @@ def test_failed_conversion_leaves_no_cache_entry(tmp_path: Path) -> None:
     broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)  # right magic, garbage after
     cache = tmp_path / "cache"
     rec = Recorder()
-    with pytest.raises(ModelConversionError, match=r"failed \(exit code") as info:
+    with pytest.raises(ModelConversionError, match=r"cannot serve .*broken\.gguf: cannot read"):
         resolve_model_dir(str(broken), str(cache), rec)
-    assert "converter output" in str(info.value)
     assert any("converting GGUF" in line for line in rec.lines)
     assert [p for p in cache.iterdir() if not p.name.endswith(".lock")] == []
 

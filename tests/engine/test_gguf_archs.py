@@ -1,0 +1,159 @@
+"""GGUF files of each architecture hearth converts: written from a tiny transformers
+checkpoint as llama.cpp would (tests/engine/gguf_writer.py), converted by
+`engine.gguf_convert`, served by the engine in float32: greedy output token-identical to
+transformers on the original checkpoint.
+
+Each config sets what transformers' GGUF loader alone gets wrong for its architecture
+(engine/gguf_arch.py): Qwen3's head_dim that is not 128 and its q/k/v biases, Qwen3-MoE's
+expert width, Gemma 3's query scale, soft-capping and scaled global rope, Phi-3's partial
+rotary, window and LongRoPE factors. Files that would convert to another model (a Mixtral
+written as "llama", SmolLM3) are refused with the reason and the list of what is served.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    MixtralConfig,
+    PretrainedConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    SmolLM3Config,
+)
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.gguf_convert import convert
+from engine.model_resolver import ModelConversionError, resolve_model_dir
+from tests.engine.gguf_writer import write_gguf
+from tests.engine.test_greedy_parity import _generate
+from tests.engine.tiny_models import COMMON, phi3_longrope, phi3_partial_sliding, randomize
+
+VOCAB = 320
+"""Room for the writer's byte-level vocabulary (256 bytes, merges, an end token)."""
+NEW_TOKENS = 10
+PROMPT_LENS = [5, 19, 33]
+
+
+def _gemma3() -> PretrainedConfig:
+    # Six layers: llama.cpp fixes Gemma 3's pattern (five sliding, one global) and its
+    # query scale (1/sqrt(head_dim)); a GGUF cannot say otherwise.
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+    }
+    return Gemma3TextConfig(
+        **{**COMMON, "num_hidden_layers": 6}, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=6, final_logit_softcapping=30.0, rope_parameters=rope,
+    )  # fmt: skip
+
+
+CASES: dict[str, Callable[[], PretrainedConfig]] = {
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True),
+    "qwen3-bias-untied": lambda: Qwen3Config(
+        **COMMON, head_dim=16, attention_bias=True, tie_word_embeddings=False
+    ),
+    "qwen3moe": lambda: Qwen3MoeConfig(
+        **COMMON,
+        head_dim=16,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=True,
+    ),
+    "gemma3": _gemma3,
+    "phi3-partial-sliding": phi3_partial_sliding,
+    "phi3-longrope": phi3_longrope,
+}
+
+
+def _save(config: PretrainedConfig, directory: Path) -> torch.nn.Module:
+    config.vocab_size = VOCAB
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    randomize(hf, seed=1)
+    hf.eval()
+    hf.save_pretrained(directory)
+    return hf
+
+
+@torch.no_grad()
+def _hf_greedy(hf: torch.nn.Module, prompt: list[int]) -> list[int]:
+    out = hf.generate(
+        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_converted_gguf_is_token_identical_to_transformers(name: str, tmp_path: Path) -> None:
+    hf = _save(CASES[name](), tmp_path / "hf")
+    gguf_path = write_gguf(tmp_path / "hf", tmp_path / f"{name}.gguf")
+    convert(gguf_path, tmp_path / "converted")  # in-process: the child runs it the same way
+    core = EngineCore(
+        EngineConfig(
+            model=str(tmp_path / "converted"), dtype="float32", max_model_len=64, block_size=4
+        )
+    )
+    assert core.model_info.architecture == type(hf).__name__
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    got = _generate(core, prompts, "g", at_once=True, max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert got == [_hf_greedy(hf, p) for p in prompts]
+
+
+def test_quantized_gguf_converts_to_its_dequantized_weights(tmp_path: Path) -> None:
+    """Q8_0 and Q4_1 blocks come out as gguf-py dequantizes them, in the HF row order."""
+    import gguf
+    from safetensors.torch import load_file
+
+    _save(CASES["qwen3"](), tmp_path / "hf")
+    for qtype in ("Q8_0", "Q4_1"):
+        path = write_gguf(tmp_path / "hf", tmp_path / f"{qtype}.gguf", qtype=qtype)
+        convert(path, tmp_path / qtype)
+        weights = load_file(str(tmp_path / qtype / "model.safetensors"))
+        reader = gguf.GGUFReader(str(path))
+        tensor = next(t for t in reader.tensors if t.name == "blk.1.attn_k.weight")
+        assert tensor.tensor_type == getattr(gguf.GGMLQuantizationType, qtype)
+        expected = torch.from_numpy(gguf.dequantize(tensor.data, tensor.tensor_type))
+        assert torch.equal(weights["model.layers.1.self_attn.k_proj.weight"], expected)
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (
+            lambda: MixtralConfig(
+                **COMMON, head_dim=16, num_local_experts=4, num_experts_per_tok=2
+            ),
+            r"'llama' GGUF has 4 experts \(a Mixtral\).*dense Llama without them",
+        ),
+        (
+            lambda: SmolLM3Config(**COMMON),
+            r"GGUF architecture 'smollm3' is not converted \(transformers' GGUF loader has no",
+        ),
+    ],
+    ids=["mixtral", "smollm3"],
+)
+def test_unconverted_architectures_are_refused_naming_the_served_ones(
+    config: Callable[[], PretrainedConfig], reason: str, tmp_path: Path
+) -> None:
+    _save(config(), tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / "m.gguf")
+    with pytest.raises(ModelConversionError) as info:
+        resolve_model_dir(str(path), str(tmp_path / "cache"), lambda _: None)
+    message = str(info.value)
+    assert message.startswith(f"cannot serve {path}: ")
+    assert re.search(reason, message), message
+    assert (
+        "GGUF architectures served: gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3moe" in message
+    )
