@@ -56,6 +56,8 @@ _LAYER_TENSORS = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused checkpoint tensors, stored fused
+    "mlp.gate_up_proj": "ffn_up",
 }
 """Hugging Face module names inside a decoder layer → llama.cpp's tensor names."""
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")

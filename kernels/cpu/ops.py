@@ -276,6 +276,14 @@ def rotary_embedding(
     fused qkv rows stay views); returns them."""
     if positions.dtype != torch.int64:
         raise ValueError("positions must be int64")
+    if cos_sin_cache.shape[-1] != query.shape[-1]:
+        # Partial rotary (Phi-4-mini): the C kernel rotates whole heads, so the torch
+        # reference runs it; a step program cannot replay a torch op, so none is captured.
+        if capture.active() is not None:
+            raise capture.CaptureError("partial rotary runs the torch reference")
+        from kernels import reference
+
+        return reference.rotary_embedding(positions, query, key, cos_sin_cache)
     _rope_(query, positions, cos_sin_cache)
     _rope_(key, positions, cos_sin_cache)
     return query, key

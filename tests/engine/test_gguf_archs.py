@@ -12,6 +12,7 @@ written as "llama", SmolLM3) are refused with the reason and the list of what is
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
     MixtralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen3Config,
     Qwen3MoeConfig,
@@ -31,9 +33,9 @@ from transformers import (
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.gguf_convert import convert
-from engine.model_resolver import ModelConversionError, resolve_model_dir
+from engine.model_resolver import CONVERSION_MARKER, ModelConversionError, resolve_model_dir
 from tests.engine.gguf_writer import write_gguf
-from tests.engine.test_greedy_parity import _generate
+from tests.engine.test_greedy_parity import _generate, assert_agrees_with_reference
 from tests.engine.tiny_models import COMMON, phi3_longrope, phi3_partial_sliding, randomize
 
 VOCAB = 320
@@ -157,3 +159,55 @@ def test_unconverted_architectures_are_refused_naming_the_served_ones(
     assert (
         "GGUF architectures served: gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3moe" in message
     )
+
+
+FAST_CASES: dict[str, Callable[[], PretrainedConfig]] = {
+    # head_dim 32: the C attention kernel's unit
+    "qwen3": lambda: Qwen3Config(
+        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
+        head_dim=32,
+        tie_word_embeddings=True,
+    ),
+    "phi3": lambda: Phi3Config(
+        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
+        partial_rotary_factor=0.5,
+        sliding_window=8,
+    ),
+}
+
+
+def _convert_marked(path: Path, out: Path) -> None:
+    """`convert` in-process, marked with its source as `resolve_model_dir` marks a cache
+    entry (the fast path finds the blocks through the marker); the resolver's own child,
+    which costs a fresh torch import, is tested in tests/engine/test_model_loader.py."""
+    convert(path, out)
+    (out / CONVERSION_MARKER).write_text(json.dumps({"source": str(path)}))
+
+
+@pytest.mark.parametrize("name", list(FAST_CASES))
+def test_q8_0_gguf_runs_the_cpu_fast_path(name: str, tmp_path: Path) -> None:
+    """`--quantization gguf` on a Q8_0 file of a new dense architecture: every linear
+    (Phi-3's fused qkv and gate_up too) computes from the file's blocks, which are the
+    exact mode's weights, and greedy output agrees with the exact mode (only the order of
+    float32 sums differs: `assert_agrees_with_reference`'s bound)."""
+    from engine.layers.gguf_linear import GGUFBlockLinearMethod
+    from engine.layers.linear import Linear
+    from kernels.cpu import ops
+
+    if not ops.available():
+        pytest.skip("host has no AVX2: the fast path does not run here")
+    _save(FAST_CASES[name](), tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / f"{name}.gguf", qtype="Q8_0")
+    _convert_marked(path, tmp_path / "converted")
+    config = {"model": str(tmp_path / "converted"), "max_model_len": 64, "block_size": 4}
+    fast = EngineCore(EngineConfig(**config, quantization="gguf"))  # type: ignore[arg-type]
+    exact = EngineCore(EngineConfig(**config, dtype="float32"))  # type: ignore[arg-type]
+    assert fast.backends.quantization == "gguf" and exact.backends.quantization == "none"
+    linears = [m for m in fast.model.modules() if isinstance(m, Linear)]
+    assert linears and all(isinstance(m.method, GGUFBlockLinearMethod) for m in linears)
+    assert f"{len(linears)} q8_0" in fast.backends.description
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    want = _generate(exact, prompts, "e", at_once=True, max_tokens=NEW_TOKENS, ignore_eos=True)
+    got = _generate(fast, prompts, "f", at_once=True, max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert_agrees_with_reference(got, want)

@@ -151,6 +151,25 @@ def test_rope_and_kv_write_match_reference() -> None:
     assert torch.equal(vc, vc_ref)
 
 
+def test_partial_rotary_runs_the_reference_and_refuses_capture() -> None:
+    """A table narrower than the head (Phi-4-mini rotates 3/4 of it) has no C kernel: the
+    torch reference computes it, and a step program is not captured around it (a replay
+    would skip the torch op)."""
+    from kernels.cpu import capture
+
+    torch.manual_seed(2)
+    cos_sin = reference.build_cos_sin_cache(16, 64, 10000.0, torch.float32)  # 16 of 32 dims
+    q, k = torch.randn(3, 2, 32), torch.randn(3, 1, 32)
+    positions = torch.tensor([0, 5, 9])
+    want_q, want_k = reference.rotary_embedding(positions, q, k, cos_sin)
+    got_q, got_k = ops.rotary_embedding(positions, q, k, cos_sin)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert not torch.equal(got_q[..., :16], q[..., :16])  # it did rotate
+    recorder = capture.Recorder(3, capture.persistent_ranges([]), {})
+    with pytest.raises(capture.CaptureError, match="partial rotary"), capture.recording(recorder):
+        ops.rotary_embedding(positions, q, k, cos_sin)
+
+
 def _attention_inputs(seqs: list[tuple[int, int]], nh: int, nkv: int, hd: int, bs: int):
     gen = torch.Generator().manual_seed(5)
     step = make_step(seqs, bs, 64, generator=gen)
