@@ -4,7 +4,7 @@ checkpoint as llama.cpp would (tests/engine/gguf_writer.py), converted by
 transformers on the original checkpoint.
 
 Each config sets what transformers' GGUF loader alone gets wrong for its architecture
-(engine/gguf_arch.py): Qwen3's head_dim that is not 128 and its q/k/v biases, Qwen3-MoE's
+(engine/gguf_arch.py): Llama's and Qwen3's biases, Qwen3's head_dim that is not 128, Qwen3-MoE's
 expert width, Gemma 3's query scale, soft-capping and scaled global rope, Phi-3's partial
 rotary, window and LongRoPE factors. Files that would convert to another model (a Mixtral
 written as "llama", SmolLM3) are refused with the reason and the list of what is served.
@@ -25,6 +25,7 @@ from transformers import (
     MixtralConfig,
     Phi3Config,
     PretrainedConfig,
+    Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
     SmolLM3Config,
@@ -36,7 +37,14 @@ from engine.gguf_convert import convert
 from engine.model_resolver import CONVERSION_MARKER, ModelConversionError, resolve_model_dir
 from tests.engine.gguf_writer import write_gguf
 from tests.engine.test_greedy_parity import _generate, assert_agrees_with_reference
-from tests.engine.tiny_models import COMMON, phi3_longrope, phi3_partial_sliding, randomize
+from tests.engine.tiny_models import (
+    COMMON,
+    llama_untied_bias,
+    phi3_longrope,
+    phi3_partial_sliding,
+    qwen2,
+    randomize,
+)
 
 VOCAB = 320
 """Room for the writer's byte-level vocabulary (256 bytes, merges, an end token)."""
@@ -58,6 +66,8 @@ def _gemma3() -> PretrainedConfig:
 
 
 CASES: dict[str, Callable[[], PretrainedConfig]] = {
+    "llama-untied-bias-headdim": llama_untied_bias,
+    "qwen2-qkv-bias": qwen2,
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True),
     "qwen3-bias-untied": lambda: Qwen3Config(
         **COMMON, head_dim=16, attention_bias=True, tie_word_embeddings=False
@@ -167,6 +177,16 @@ FAST_CASES: dict[str, Callable[[], PretrainedConfig]] = {
         **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
         head_dim=32,
         tie_word_embeddings=True,
+    ),
+    "qwen2": lambda: Qwen2Config(
+        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1}, tie_word_embeddings=False
+    ),
+    "gemma3": lambda: Gemma3TextConfig(
+        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 6},
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        sliding_window=6,
+        final_logit_softcapping=30.0,
     ),
     "phi3": lambda: Phi3Config(
         **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
