@@ -14,12 +14,15 @@ keys checked against tiny models of each architecture in tests/engine/test_gguf_
 - phi3: the rotary width (`rope.dimension_count` → `partial_rotary_factor`), the
   sliding window (0 means none), `original_max_position_embeddings`, and LongRoPE's
   factors, which llama.cpp stores as the tensors `rope_factors_long/short`;
+- llama, mistral, qwen2, qwen3, qwen3moe: linear rope scaling (`rope.scaling.type` and
+  `.factor`); q/k/v and MLP biases by their tensors;
 - every architecture: `pad_token_id` is the file's, or none (Phi-3's class default, 32000,
   lies outside smaller vocabularies).
 
 `refusal` names the files that would convert to a different model, so they are refused
 with a reason instead: a "llama" file with experts (llama.cpp writes Mixtral so, and
-transformers builds a dense Llama without them) and every architecture the table lacks.
+transformers builds a dense Llama without them), rope scaling other than linear (YaRN,
+...: transformers drops it), and every architecture the table lacks.
 Only the conversion child imports this module (it reads gguf-py objects, never torch).
 """
 
@@ -76,6 +79,13 @@ def refusal(arch: str, meta: dict[str, Any]) -> str | None:
         )
     if arch not in GGUF_ARCHITECTURES:
         return f"GGUF architecture {arch!r} is not served natively; supported: {served}"
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none", "linear") or (scaling == "linear" and arch == "phi3"):
+        return (
+            f"this {arch!r} GGUF uses {scaling!r} rope scaling, which transformers' GGUF "
+            "loader drops (hearth reads linear scaling only); serve its safetensors "
+            "directory instead"
+        )
     return None
 
 
@@ -138,6 +148,9 @@ def fixed_config(config: Any, arch: str, meta: dict[str, Any], reader: Any) -> A
     if arch == "qwen3moe":
         d["moe_intermediate_size"] = key("expert_feed_forward_length")
         d["norm_topk_prob"] = bool(key("expert_weights_norm", True))
+    if key("rope.scaling.type") == "linear" and arch not in ("gemma3", "phi3"):
+        rope = {**(d.get("rope_parameters") or {}), "rope_type": "linear"}
+        d["rope_parameters"] = {**rope, "factor": float(key("rope.scaling.factor"))}
     if arch == "gemma3":
         heads, hidden = key("attention.head_count"), key("embedding_length")
         d["query_pre_attn_scalar"] = (

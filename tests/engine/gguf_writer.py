@@ -88,21 +88,22 @@ def _metadata(w: Any, cfg: dict[str, Any], arch: str) -> None:
     if (experts := cfg.get("num_local_experts") or cfg.get("num_experts")) is not None:
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
+    rope_type = full.get("rope_type") or "default"
+    if rope_type == "linear":  # llama.cpp's TextModel writes linear scaling for every arch
+        import gguf
+
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    elif rope_type not in ("default", "longrope"):
+        raise ValueError(f"rope type {rope_type!r} is not written by this helper")
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
-        if full.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"rope type {full['rope_type']!r} is not written by this helper")
     if arch == "qwen3moe":
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if arch == "gemma3":
         if cfg.get("final_logit_softcapping"):
             w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         w.add_sliding_window(cfg["sliding_window"])
-        if full.get("rope_type") == "linear":
-            import gguf
-
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(full["factor"])
     if arch == "phi3":
         rot = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
         w.add_rope_dimension_count(int(rot * hidden) // heads)

@@ -69,6 +69,11 @@ CASES: dict[str, Callable[[], PretrainedConfig]] = {
     "llama-untied-bias-headdim": llama_untied_bias,
     "qwen2-qkv-bias": qwen2,
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True),
+    "qwen3-linear-rope": lambda: Qwen3Config(
+        **COMMON,
+        head_dim=16,
+        rope_parameters={"rope_type": "linear", "factor": 3.0, "rope_theta": 5e4},
+    ),
     "qwen3-bias-untied": lambda: Qwen3Config(
         **COMMON, head_dim=16, attention_bias=True, tie_word_embeddings=False
     ),
@@ -231,3 +236,14 @@ def test_q8_0_gguf_runs_the_cpu_fast_path(name: str, tmp_path: Path) -> None:
     want = _generate(exact, prompts, "e", at_once=True, max_tokens=NEW_TOKENS, ignore_eos=True)
     got = _generate(fast, prompts, "f", at_once=True, max_tokens=NEW_TOKENS, ignore_eos=True)
     assert_agrees_with_reference(got, want)
+
+
+@pytest.mark.parametrize(
+    ("arch", "scaling"), [("qwen3", "yarn"), ("llama", "longrope"), ("phi3", "linear")]
+)
+def test_rope_scaling_the_loader_drops_is_refused(arch: str, scaling: str) -> None:
+    from engine.gguf_arch import refusal
+
+    why = refusal(arch, {f"{arch}.rope.scaling.type": scaling})
+    assert why is not None and f"uses {scaling!r} rope scaling" in why
+    assert refusal(arch, {f"{arch}.rope.scaling.type": "none"}) is None
