@@ -78,7 +78,10 @@ def refusal(arch: str, meta: dict[str, Any]) -> str | None:
             f"safetensors directory instead (GGUF architectures served: {served})"
         )
     if arch not in GGUF_ARCHITECTURES:
-        return f"GGUF architecture {arch!r} is not served natively; supported: {served}"
+        return (
+            f"GGUF architecture {arch!r} is not converted; GGUF architectures served: {served} "
+            "(docs/models.md lists the architectures served from safetensors directories)"
+        )
     scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none", "linear") or (scaling == "linear" and arch == "phi3"):
         return (

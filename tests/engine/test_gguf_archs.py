@@ -247,3 +247,11 @@ def test_rope_scaling_the_loader_drops_is_refused(arch: str, scaling: str) -> No
     why = refusal(arch, {f"{arch}.rope.scaling.type": scaling})
     assert why is not None and f"uses {scaling!r} rope scaling" in why
     assert refusal(arch, {f"{arch}.rope.scaling.type": "none"}) is None
+
+
+def test_an_architecture_without_a_conversion_is_refused_naming_the_served_ones() -> None:
+    from engine.gguf_arch import refusal
+
+    why = refusal("gpt-oss", {"general.architecture": "gpt-oss"})
+    assert why is not None and why.startswith("GGUF architecture 'gpt-oss' is not converted")
+    assert "served: gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3moe" in why
