@@ -119,16 +119,6 @@ class StructuredOutputManager:
         ]
         for proc in self.processes:
             self._slots.put(proc)
-        if isolate:
-            # At once, not at the idle-time prewarm: a child costs the engine no GIL, and
-            # loading one (xgrammar, torch, the vocabulary: 3-7 s on two busy cores) by the
-            # first constrained request kept that request waiting.
-            try:
-                for proc in self.processes:
-                    proc.start()
-            except Exception:
-                logger.exception("cannot start a grammar compile process; compiling in-process")
-                self.isolate = False
         self._pending: dict[str, PendingCompile] = {}
         self._num_misses_pending = 0
         self.num_cache_hits = 0
@@ -204,13 +194,28 @@ class StructuredOutputManager:
             self._slots.put(slot)
         return deserialize(serialized, self._get_compiler().tokenizer_info)
 
+    def start(self) -> None:
+        """Start the compile children now (a no-op for those running). The engine's
+        runners call it as soon as the model is loaded, before warm-up, not at the
+        idle-time prewarm: a child costs the engine no GIL, and loading one (xgrammar,
+        torch, the vocabulary: ~2.4 s of CPU, 3-7 s on two busy cores; ~300 MB RSS) by
+        the first constrained request kept that request waiting. Not in the
+        constructor: an EngineCore that never serves (tests, tools) would pay two
+        children each (a set of three engine test files took 109 s instead of 55 s)."""
+        if not self.isolate:
+            return
+        try:
+            for proc in self.processes:
+                proc.start()
+        except Exception:
+            logger.exception("cannot start a grammar compile process; compiling in-process")
+            self.isolate = False
+
     def prewarm(self) -> None:
         """Load the grammar library and the vocabulary into it in the background, and
         start a compile child, so the first constrained request does not wait for
         them (the engine loop calls this once, when idle; a repeat finds them built)."""
-        if self.isolate:
-            for proc in self.processes:
-                proc.start()  # a no-op unless one was killed since
+        self.start()  # a no-op unless one was killed since
         self._pool.submit(self._get_compiler)
 
     def submit(self, request_id: str, spec: StructuredOutputSpec, payload: Any) -> None:
