@@ -19,7 +19,7 @@ from pathlib import Path
 
 from container.flags import add_serve_flags, finish_many
 from engine.config import EngineConfig
-from handlers.config import ServerConfig, digest_api_key
+from handlers.config import ServerConfig, digest_api_key, path_label
 
 DEFAULT_SERVED_NAME = "smollm2"
 """What the embedded default model is called when no MODEL is given."""
@@ -79,6 +79,9 @@ def serve_configs(
     server = ServerConfig(
         model_dir=model_dir,
         served_model_names=tuple(served),
+        # A name the user chose labels the metrics as given; the path --model defaults
+        # it to (vLLM's default, what clients send as `model`) only by its last part.
+        metrics_model_name="" if args.served_model_name else path_label(served[0]),
         api_key_digests=tuple(digest_api_key(k) for k in args.api_key),
         response_role=args.response_role,
         tool_call_parser=args.tool_call_parser,

@@ -77,6 +77,7 @@ class InprocEngineClient(EngineClient):
 
         try:
             core = EngineCore(self.config)
+            core.structured.start()  # the grammar compile children load during warm-up
             core.warm_up()
             self.core = core
             loop.call_soon_threadsafe(self._set_ready, core.model_info)

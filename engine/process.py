@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     core = EngineCore(config, progress=lambda msg: logger.info("%s", msg))
+    core.structured.start()  # the grammar compile children load during warm-up
     transport = ZmqEngineTransport(runtime_dir)
     warm = core.warm_up()
     heartbeat = Heartbeat(runtime_dir)

@@ -13,6 +13,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import msgspec
@@ -47,6 +48,12 @@ _LIMIT_MINIMUMS = {
 }
 
 
+def path_label(model: str) -> str:
+    """A model path's last part (`/srv/models/llama-3/` -> `llama-3`): the name to show
+    where the path itself should not be; a bare name is itself."""
+    return PurePath(model.rstrip("/")).name or model
+
+
 def digest_api_key(key: str) -> str:
     """SHA-256 hex digest of an API key; only digests are kept and compared."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
@@ -60,6 +67,11 @@ class ServerConfig:
     """Directory of tokenizer.json / chat_template.jinja; None: the engine's ModelInfo.model_dir."""
     served_model_names: tuple[str, ...] = ()
     """Names a request's `model` may use; the first is reported. Empty: model_dir (or 'default')."""
+    metrics_model_name: str = ""
+    """The `model_name` label of the /metrics series; empty: the reported served name.
+    Where that name defaults to the model's path (no --served-model-name), it is the
+    path's last part: series end up in dashboards and scrapers that see no other route,
+    and a filesystem path in every one tells them the host's layout (issue 17)."""
     api_key_digests: tuple[str, ...] = ()
     """SHA-256 hex digests of the accepted API keys (`digest_api_key`); empty: no auth."""
     response_role: str = "assistant"
@@ -147,6 +159,8 @@ class ServerConfig:
         if not self.served_model_names:
             default = self.model_dir.rstrip("/") if self.model_dir else "default"
             object.__setattr__(self, "served_model_names", (default,))
+            if not self.metrics_model_name:
+                object.__setattr__(self, "metrics_model_name", path_label(default))
         for digest in self.api_key_digests:
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
                 raise ValueError("ServerConfig.api_key_digests holds SHA-256 hex digests")
@@ -171,6 +185,10 @@ class ServerConfig:
     @property
     def default_model_name(self) -> str:
         return self.served_model_names[0]
+
+    @property
+    def metrics_label(self) -> str:
+        return self.metrics_model_name or self.default_model_name
 
     def request_limits(self) -> RequestLimits:
         """The limits request validation enforces (the pydantic validation context)."""

@@ -4,11 +4,16 @@ xgrammar has no way to stop a compile once started, and some schemas within ever
 cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of three
 properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
 a child process: when its request is aborted or its time is up, the child is killed
-(SIGKILL) and the next compile starts a fresh one. A compile still running after 2 s
-is demoted to nice 10, so a long compile takes CPU from the engine and the API
-workers only when they leave it idle, while ordinary ones (milliseconds) are not slowed
-on a busy host. It sends the compiled grammar back serialized (xgrammar's JSON);
-the engine deserializes it against its own tokenizer info.
+(SIGKILL) and the next compile starts a fresh one. A compile that has used 2 s of CPU
+is demoted to nice 10, so a long compile takes CPU from the engine and the API workers
+only when they leave it idle, while ordinary ones (milliseconds of CPU) keep their
+priority however long a loaded host makes them wait for a core (a wall-clock trigger
+niced them too, and a niced compile beside a decoding engine gets ~10 % of a core).
+
+It sends the compiled grammar back as xgrammar's JSON, the one serialized form it has
+(its CompiledGrammar does not pickle), as raw bytes (no pickling of a multi-MB
+string); the engine deserializes it on the pool thread that waited for it, which
+releases the GIL meanwhile.
 """
 
 from __future__ import annotations
@@ -30,10 +35,15 @@ from engine.sampling_params import StructuredOutputSpec
 from engine.structured.grammar import GrammarError
 
 CHILD_NICENESS = 10
-NICE_AFTER_S = 2.0
-"""A compile still running after this is demoted to CHILD_NICENESS."""
+NICE_AFTER_CPU_S = 2.0
+"""A compile that has used this much CPU is demoted to CHILD_NICENESS."""
 POLL_S = 0.05
 """How often a waiting compile looks at its cancel flag and deadline."""
+
+
+OK, INVALID, FAILED = b"o", b"i", b"f"
+"""The first byte of a child's answer: compiled (the rest is the grammar's JSON), refused
+(the rest is the message: a 400) or failed (a library error)."""
 
 
 class CompileCancelled(Exception):
@@ -47,14 +57,7 @@ class CompileTimeout(GrammarError):
 def _child_main(
     conn: Connection, model_dir: str, vocab_size: int, eos: list[int], restarted: bool
 ) -> None:
-    # A first start loads at normal priority (as the in-engine compiler did); a restart
-    # after a kill loads (and compiles) niced, so aborting compiles over and over costs
-    # only idle CPU.
-    if restarted:
-        _nice()
-    from engine.structured.grammar import GrammarCompiler
-
-    compiler = GrammarCompiler(model_dir, vocab_size, eos)
+    compiler = _load(model_dir, vocab_size, eos, niced=restarted)
     while True:
         try:
             request = conn.recv()
@@ -64,42 +67,90 @@ def _child_main(
         spec = StructuredOutputSpec(
             kind=kind, value=value, any_whitespace=any_whitespace, separators=separators
         )
-        answer = _compile_demoting(compiler, spec)
+        status, payload = _compile_demoting(compiler, spec)
         try:
-            conn.send(answer)
+            conn.send_bytes(status + payload.encode())
         except (EOFError, OSError):
             return
 
 
-def _compile_demoting(compiler: Any, spec: StructuredOutputSpec) -> tuple[str, str]:
-    """Compile on a thread at normal priority; one still running after NICE_AFTER_S
+def _compile_demoting(compiler: Any, spec: StructuredOutputSpec) -> tuple[bytes, str]:
+    """Compile on a thread at normal priority; one that has used NICE_AFTER_CPU_S of CPU
     (an ordinary schema takes milliseconds) is demoted to nice CHILD_NICENESS, so only
-    idle CPU goes to it (Linux gives each thread its own nice value)."""
-    answer: list[tuple[str, str]] = []
-    tid: list[int] = []
+    idle CPU goes to it (Linux gives each thread its own nice value). CPU time, not wall
+    time: on a busy host an ordinary compile can wait seconds for a core, and demoting
+    it then would starve it behind the engine."""
+    answer: list[tuple[bytes, str]] = []
 
     def run() -> None:
-        tid.append(threading.get_native_id())
         try:
-            answer.append(("ok", compiler.compile(spec).serialize_json()))
+            answer.append((OK, compiler.compile(spec).serialize_json()))
         except GrammarError as exc:
-            answer.append(("invalid", str(exc)))
+            answer.append((INVALID, str(exc)))
         except Exception as exc:  # a library bug: reported, the child serves on
-            answer.append(("failed", f"{type(exc).__name__}: {exc}"))
+            answer.append((FAILED, f"{type(exc).__name__}: {exc}"))
 
     worker = threading.Thread(target=run, name="compile", daemon=True)
     worker.start()
-    worker.join(NICE_AFTER_S)
-    if worker.is_alive() and tid:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, tid[0], CHILD_NICENESS)
+    clock = _cpu_clock(worker)
+    while worker.is_alive():
+        worker.join(POLL_S)
+        if clock is not None and worker.is_alive():
+            try:
+                used = time.clock_gettime(clock)
+            except OSError:  # it just ended
+                break
+            if used >= NICE_AFTER_CPU_S:
+                _demote(worker.native_id)
+                clock = None
     worker.join()
     return answer[0]
 
 
-def _nice() -> None:
+def _cpu_clock(worker: threading.Thread) -> int | None:
+    """The CPU-time clock of a running thread (None where the platform has none: the
+    compile is then never demoted)."""
+    try:
+        assert worker.ident is not None
+        return time.pthread_getcpuclockid(worker.ident)
+    except (AttributeError, OSError):
+        return None
+
+
+def _demote(tid: int | None) -> None:
+    """Nice one thread to CHILD_NICENESS, never less nice than it is (a server started
+    under `nice -n 19` by root would otherwise have its compile raised to 10)."""
+    if tid is None:
+        return
     with contextlib.suppress(OSError):
-        os.nice(CHILD_NICENESS)
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, max(current, CHILD_NICENESS))
+
+
+def _load(model_dir: str, vocab_size: int, eos: list[int], niced: bool) -> Any:
+    """The child's compiler: xgrammar (with the torch and transformers it imports) and
+    the vocabulary read into it, ~3 s of CPU. A first start loads at normal priority (as
+    the in-engine compiler did); a restart after a kill loads on a thread niced to
+    CHILD_NICENESS, so aborting compiles over and over costs only idle CPU, while the
+    compiles that child runs later start at normal priority again (threads inherit
+    the nice value of the thread that creates them, and an unprivileged process could
+    not lower its own again)."""
+    from engine.structured.grammar import GrammarCompiler
+
+    if not niced:
+        return GrammarCompiler(model_dir, vocab_size, eos)
+    built: list[Any] = []
+
+    def load() -> None:
+        _demote(threading.get_native_id())
+        built.append(GrammarCompiler(model_dir, vocab_size, eos))
+
+    loader = threading.Thread(target=load, name="load", daemon=True)
+    loader.start()
+    loader.join()
+    if not built:
+        raise RuntimeError("the grammar compiler did not load")
+    return built[0]
 
 
 class CompileProcess:
@@ -162,7 +213,7 @@ class CompileProcess:
                 raise CompileTimeout("compiling the constraint ran out of time")
             try:
                 if self._conn.poll(min(left, POLL_S)):
-                    status, payload = self._conn.recv()
+                    answer = self._conn.recv_bytes()
                     break
             except (EOFError, OSError):
                 self.kill()
@@ -172,9 +223,10 @@ class CompileProcess:
             if self._proc.poll() is not None:
                 self.kill()
                 raise GrammarError("the grammar compiler stopped (the constraint crashed it)")
-        if status == "ok":
+        status, payload = answer[:1], str(memoryview(answer)[1:], "utf-8")
+        if status == OK:
             return payload
-        if status == "invalid":
+        if status == INVALID:
             raise GrammarError(payload)
         raise RuntimeError(payload)
 

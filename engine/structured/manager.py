@@ -1,15 +1,18 @@
 """Compiled-grammar cache and the compile queue, kept off the engine loop.
 
 A request with a constraint is held here, not in the scheduler, until its grammar is
-compiled: compiling runs on one of two threads (or, with `isolate`, in a child process
-that can be killed, `isolated.py`), so the engine keeps stepping every other request meanwhile. The loop polls
-`ready()` between steps; a compile that fails or runs past the time limit turns into a
-refused admission (400), answered before any status line like every other admission.
+compiled: compiling runs in one of two child processes that can be killed
+(`isolated.py`), each driven by a pool thread, so the engine keeps stepping every other
+request meanwhile. The loop polls `ready()` between steps; a compile that fails or runs
+past the time limit turns into a refused admission (400), answered before any status
+line like every other admission.
 
 Every compile is bounded (issue 17): its time limit counts from submission, so a queued
-compile times out too; a request that goes (abort, timeout) cancels its compile, queued
-or running (with `isolate`, the child is killed); at most `max_pending` compiles wait, beyond that
-`submit` raises CompileQueueFull (a 503).
+compile times out too; a request that goes (abort, timeout) cancels its compile: a
+queued one never runs, a running one's child is killed; at most `max_pending` compiles
+wait, beyond that `submit` raises CompileQueueFull (a 503). Only where no child process
+can be started at all does a compile run on the pool thread (logged): still bounded in
+wait and answer, but a running one then cannot be stopped.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class StructuredOutputManager:
         compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
         cache_size: int = DEFAULT_CACHE_SIZE,
         max_pending: int = DEFAULT_MAX_PENDING,
-        isolate: bool = False,
+        isolate: bool = True,
     ) -> None:
         self._model_dir = model_dir
         self._vocab_size = vocab_size
@@ -103,27 +106,19 @@ class StructuredOutputManager:
             max_workers=NUM_COMPILE_SLOTS, thread_name_prefix="hearth-grammar"
         )
         self.isolate = isolate
-        """Compile in killable child processes (off: on the pool threads, unstoppable).
-        Off by default for now: on the 2-vCPU CI host, 21 distinct schemas sent at once
-        to a just-started server (tests/e2e/test_structured_outputs.py) did not all
-        compile within the limit through the children (serializing the compiled grammars
-        adds ~15 % and the children load beside the engine), while on threads they did."""
+        """Compile in killable child processes (the default; off: on the pool threads,
+        which cannot be stopped, for benchmarks that want the library alone). Once off
+        by default: a cold burst of 21 distinct schemas missed the limit through the
+        children on a loaded 2-vCPU host. The children were demoted to nice 10 after
+        2 s of wall time, which on an oversubscribed host caught ordinary compiles
+        waiting for a core and starved them behind the decoding engine; they are now
+        demoted after 2 s of CPU (docs/reliability.md has the figures)."""
         self._slots: queue.SimpleQueue[CompileProcess] = queue.SimpleQueue()
         self.processes = [
             CompileProcess(model_dir, vocab_size, eos_token_ids) for _ in range(NUM_COMPILE_SLOTS)
         ]
         for proc in self.processes:
             self._slots.put(proc)
-        if isolate:
-            # At once, not at the idle-time prewarm: a child costs the engine no GIL, and
-            # loading one (xgrammar, torch, the vocabulary: 3-7 s on two busy cores) by the
-            # first constrained request kept that request waiting.
-            try:
-                for proc in self.processes:
-                    proc.start()
-            except Exception:
-                logger.exception("cannot start a grammar compile process; compiling in-process")
-                self.isolate = False
         self._pending: dict[str, PendingCompile] = {}
         self._num_misses_pending = 0
         self.num_cache_hits = 0
@@ -199,13 +194,28 @@ class StructuredOutputManager:
             self._slots.put(slot)
         return deserialize(serialized, self._get_compiler().tokenizer_info)
 
+    def start(self) -> None:
+        """Start the compile children now (a no-op for those running). The engine's
+        runners call it as soon as the model is loaded, before warm-up, not at the
+        idle-time prewarm: a child costs the engine no GIL, and loading one (xgrammar,
+        torch, the vocabulary: ~2.4 s of CPU, 3-7 s on two busy cores; ~300 MB RSS) by
+        the first constrained request kept that request waiting. Not in the
+        constructor: an EngineCore that never serves (tests, tools) would pay two
+        children each (a set of three engine test files took 109 s instead of 55 s)."""
+        if not self.isolate:
+            return
+        try:
+            for proc in self.processes:
+                proc.start()
+        except Exception:
+            logger.exception("cannot start a grammar compile process; compiling in-process")
+            self.isolate = False
+
     def prewarm(self) -> None:
         """Load the grammar library and the vocabulary into it in the background, and
         start a compile child, so the first constrained request does not wait for
         them (the engine loop calls this once, when idle; a repeat finds them built)."""
-        if self.isolate:
-            for proc in self.processes:
-                proc.start()  # a no-op unless one was killed since
+        self.start()  # a no-op unless one was killed since
         self._pool.submit(self._get_compiler)
 
     def submit(self, request_id: str, spec: StructuredOutputSpec, payload: Any) -> None:
@@ -230,7 +240,14 @@ class StructuredOutputManager:
             def run() -> Any:
                 if cancelled.is_set():
                     raise CompileCancelled()
-                return self.compile(spec, deadline, cancelled)
+                started = time.monotonic()
+                compiled = self.compile(spec, deadline, cancelled)
+                logger.debug(
+                    "grammar compiled in %.2f s (%.2f s queued)",
+                    time.monotonic() - started,
+                    started - now,
+                )
+                return compiled
 
             with self._cache_lock:
                 self._num_misses_pending += 1

@@ -59,7 +59,7 @@ def create_app(
     if tokenizer is None and config.model_dir:
         tokenizer = Tokenizer(config.model_dir)
     served = ServedModel(config, engine, tokenizer)
-    stats = stats if stats is not None else PrometheusStats(config.default_model_name)
+    stats = stats if stats is not None else PrometheusStats(config.metrics_label)
     chat = ServingChat(served, stats)
     completion = ServingCompletion(served, stats)
     tgi = ServingTGI(served, stats)

@@ -48,9 +48,8 @@ def _alive(pid: int | None) -> bool:
 
 @pytest.fixture
 def manager(model_smollm2_dir: str):
-    m = StructuredOutputManager(
-        model_smollm2_dir, 49152, [2], compile_timeout_s=600.0, isolate=True
-    )
+    m = StructuredOutputManager(model_smollm2_dir, 49152, [2], compile_timeout_s=600.0)
+    assert m.isolate  # the default the engine runs with
     m.prewarm()
     for proc in m.processes:
         proc.start()

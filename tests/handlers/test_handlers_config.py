@@ -33,6 +33,15 @@ def test_defaults() -> None:
     assert ServerConfig(model_dir="/m/llama").default_model_name == "/m/llama"
 
 
+def test_the_metrics_label_is_a_defaulted_paths_last_part_only() -> None:
+    """Issue 17, item 9: a served name defaulted from the model's path labels the
+    /metrics series by its last part; a name the user gave labels them as given."""
+    assert ServerConfig(model_dir="/srv/models/llama-3/").metrics_label == "llama-3"
+    assert ServerConfig(model_dir="/m/x", served_model_names=["org/m"]).metrics_label == "org/m"
+    named = ServerConfig(served_model_names=["/srv/m"], metrics_model_name="m")
+    assert named.default_model_name == "/srv/m" and named.metrics_label == "m"
+
+
 @pytest.mark.parametrize(
     ("value", "named"),
     [
