@@ -35,9 +35,11 @@ The MoE block (`gpt_oss_moe`) is checked against transformers' ``GptOssMLP``
   in hearth's layout (gate rows, then up rows, ``[out, in]``), named as the experts'
   `Shard`s, so the generic loader (engine/models/weights.py) fills the stacked weights.
 
-Released checkpoints store the experts as MXFP4 blocks (``*_blocks`` / ``*_scales``);
-hearth loads dense (bfloat16 / float32) expert tensors only, and a quantized checkpoint
-fails at load naming the tensor it does not know.
+The released checkpoints store ``gate_up_proj`` and ``down_proj`` as MXFP4
+(``quantization_config.quant_method`` ``mxfp4``; ``*_blocks`` / ``*_scales`` tensors,
+biases dense): `load_weights` dequantizes them once, to the model dtype on its device
+(engine/models/mxfp4.py, bitwise transformers' reader), before the split above; the
+model then runs them dense. Any other ``quant_method`` is refused at construction.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from torch import nn
 
 from engine.layers.moe import ExpertNames, FusedMoE, SparseMoeBlock, TopKRouter
 from engine.models.llama import LlamaForCausalLM
+from engine.models.mxfp4 import dequantize_mxfp4_tensors
 from engine.models.weights import load_checkpoint
 
 __all__ = ["GPT_OSS_EXPERTS", "GptOssForCausalLM", "gpt_oss_moe", "split_stacked_experts"]
@@ -124,10 +127,33 @@ def _sinks_on_attention(
         yield name, tensor
 
 
+_QUANT_METHODS = ("mxfp4",)
+"""``quantization_config.quant_method`` values a gpt-oss checkpoint may carry (its
+experts are dequantized at load)."""
+
+
 class GptOssForCausalLM(LlamaForCausalLM):
-    """gpt-oss-20b / gpt-oss-120b (dense expert weights) and their fine-tunes."""
+    """gpt-oss-20b / gpt-oss-120b (the released MXFP4 experts or dense ones) and their
+    fine-tunes."""
 
     qkv_bias_default = False  # ``attention_bias`` (True in every gpt-oss config) decides
+
+    @staticmethod
+    def _check_supported(config: Any) -> None:
+        LlamaForCausalLM._check_supported(config)
+        quant = getattr(config, "quantization_config", None)  # a dict in config.json
+        if quant is None:
+            return
+        method = (
+            quant.get("quant_method")
+            if isinstance(quant, dict)
+            else getattr(quant, "quant_method", quant)
+        )
+        if method not in _QUANT_METHODS:
+            raise ValueError(
+                f"gpt-oss quantization {method!r} is not supported "
+                f"(only {', '.join(_QUANT_METHODS)}, dequantized at load)"
+            )
 
     def _attention_options(self, config: Any, index: int) -> dict[str, Any]:
         return {**super()._attention_options(config, index), "sinks": True}
@@ -138,7 +164,10 @@ class GptOssForCausalLM(LlamaForCausalLM):
         return gpt_oss_moe(config, prefix, dtype, device)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The base's loader over the checkpoint with its stacked experts split per expert
-        and the sinks named after the layer that holds them."""
+        """The base's loader over the checkpoint with its MXFP4 experts dequantized (to
+        the model's dtype, on its device), its stacked experts split per expert and the
+        sinks named after the layer that holds them."""
         ignore = ("lm_head.weight",) if self.tie_word_embeddings else ()
-        load_checkpoint(self, _sinks_on_attention(split_stacked_experts(weights)), ignore=ignore)
+        device = self.model.embed_tokens.weight.device
+        dense = dequantize_mxfp4_tensors(weights, self.dtype, device)
+        load_checkpoint(self, _sinks_on_attention(split_stacked_experts(dense)), ignore=ignore)
