@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
-    AutoModelForCausalLM,
     Gemma3TextConfig,
     MixtralConfig,
     Phi3Config,
@@ -43,7 +42,7 @@ from tests.engine.tiny_models import (
     phi3_longrope,
     phi3_partial_sliding,
     qwen2,
-    randomize,
+    save_random_config,
 )
 
 VOCAB = 320
@@ -94,12 +93,7 @@ CASES: dict[str, Callable[[], PretrainedConfig]] = {
 
 def _save(config: PretrainedConfig, directory: Path) -> torch.nn.Module:
     config.vocab_size = VOCAB
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    randomize(hf, seed=1)
-    hf.eval()
-    hf.save_pretrained(directory)
-    return hf
+    return save_random_config(config, directory)
 
 
 @torch.no_grad()

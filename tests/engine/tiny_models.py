@@ -177,6 +177,12 @@ def save_tiny(name: str, directory: Path, vocab_size: int | None = None) -> torc
     config = CONFIGS[name]()
     if vocab_size is not None:
         config.vocab_size = vocab_size
+    return save_random_config(config, directory)
+
+
+def save_random_config(config: Any, directory: Path) -> torch.nn.Module:
+    """`config` (a transformers config object) with random weights (`randomize`), saved
+    to `directory`; returns the transformers model (eager attention, float32, eval mode)."""
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     randomize(hf, seed=1)
