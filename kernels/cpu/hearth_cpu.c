@@ -90,6 +90,9 @@ static inline float hsum(__m256 v);
 #ifndef Q4_SINGLE_GROUPS
 #define Q4_SINGLE_GROUPS 4 /* groups per tile for a single token (2 to 4) */
 #endif
+#if Q4_SINGLE_GROUPS < 2 || Q4_SINGLE_GROUPS > 4
+#error "Q4_SINGLE_GROUPS must be 2, 3 or 4 (Q4_TILES has single-token tiles up to four groups)"
+#endif
 
 static inline __m256 bcast(const float *p) { return _mm256_broadcast_ss(p); }
 
@@ -198,8 +201,8 @@ static const tile_fn Q4_TILES[4][TILE + 1] = {
     {0, q4_tile_2_1, q4_tile_2_2, q4_tile_2_3, q4_tile_2_4, q4_tile_2_5},
     {0, q4_tile_3_1},
     {0, q4_tile_4_1}};
-static const tile_fn Q8_TILES[4][TILE + 1] = {
-    {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}, {0}, {0}, {0}};
+static const tile_fn Q8_TILES[1][TILE + 1] = {
+    {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}};
 
 static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, const uint8_t *w,
                        int64_t n, int64_t block_bytes, const tile_fn (*tiles)[TILE + 1],
