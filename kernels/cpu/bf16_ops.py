@@ -72,11 +72,6 @@ def available(variant: str | None = None) -> bool:
     return library(variant).hearth_bf16_isa() > 0
 
 
-def has_amx(variant: str | None = None) -> bool:
-    """Whether the AMX tiles themselves run here (the default mode's condition)."""
-    return tile_path(variant) == "amx-bf16"
-
-
 @dataclass(frozen=True, slots=True)
 class TiledWeight:
     """An [n, k] weight as bfloat16 AMX tiles plus its float32-kernel blocks."""
