@@ -9,7 +9,9 @@ running each sequence alone, and greedy decoding must be token-identical to `gen
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,6 +70,21 @@ def model_ckpt(
 # ------------------------------------------------------------------------------------
 # a hand-rolled paged batch: the scheduler + block manager + runner in 60 lines
 # ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def windows_lifted(attentions) -> Iterator[None]:
+    """Run with every given attention layer's sliding window off (full attention), then
+    put each window back: a model with its windows lifted must miss a windowed reference,
+    which shows the windows are exercised."""
+    saved = [a.sliding_window for a in attentions]
+    try:
+        for a in attentions:
+            a.sliding_window = None
+        yield
+    finally:
+        for a, window in zip(attentions, saved, strict=True):
+            a.sliding_window = window
 
 
 class PagedRunner:
@@ -395,14 +412,8 @@ def test_sliding_window_is_what_matches(model_ckpt: Checkpoint) -> None:
     prompt = _prompts(1, [23], vocab=128, seed=3)[0]
     assert len(prompt) > max(w for w in model_ckpt.model.layer_windows if w)
     attns = [layer.self_attn.attn for layer in model_ckpt.model.model.layers]
-    windows = [a.sliding_window for a in attns]
-    try:
-        for a in attns:
-            a.sliding_window = None
+    with windows_lifted(attns):
         (lifted,) = PagedRunner(model_ckpt.model, block_size=4).step([("x", prompt)], all_rows=True)
-    finally:
-        for a, w in zip(attns, windows, strict=True):
-            a.sliding_window = w
     assert not torch.allclose(lifted, model_ckpt.hf_logits(prompt), atol=ATOL, rtol=RTOL)
 
 

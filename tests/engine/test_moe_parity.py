@@ -36,7 +36,7 @@ from engine.model_loader import load_model
 from engine.models.registry import get_model_class
 from tests.engine.moe_models import CONFIGS, VOCAB, one_thread, save_tiny_moe
 from tests.engine.test_greedy_parity import _generate as greedy_outputs
-from tests.engine.test_llama_parity import PagedRunner, _prompts
+from tests.engine.test_llama_parity import PagedRunner, _prompts, windows_lifted
 
 ATOL = 1e-4
 RTOL = 1e-4
@@ -387,15 +387,9 @@ def test_gpt_oss_windows_decide_the_logits(gpt_oss: MoeCheckpoint) -> None:
     """Without its windows (every layer global) the model misses transformers' logits past
     the window: the sliding layers are exercised by the prompts."""
     layers = _attention_layers(gpt_oss.model)
-    saved = [a.sliding_window for a in layers]
     prompt = PROMPTS[3]
-    try:
-        for attn in layers:
-            attn.sliding_window = None
+    with windows_lifted(layers):
         (got,) = PagedRunner(gpt_oss.model, block_size=4).step([("x", prompt)], all_rows=True)
-    finally:
-        for attn, window in zip(layers, saved, strict=True):
-            attn.sliding_window = window
     want = gpt_oss.hf_logits(prompt)
     torch.testing.assert_close(got[:8], want[:8], atol=ATOL, rtol=RTOL)  # inside the window
     assert (got[8:] - want[8:]).abs().max() > 100 * ATOL

@@ -17,6 +17,9 @@ while the hostile mix runs, from its own threads:
 
     PYTHONPATH=$PWD python tests/reliability/hostile_mix.py [--samples 40] [--url URL]
 
+The hostile clients run in a child process of their own (`--attack`), so their GIL is not
+the measuring client's; HOSTILE_ONLY=schemas or HOSTILE_ONLY=prompts runs one of them.
+
 Every loop is bounded (samples, a wall-clock cap per phase); everything stays on loopback.
 """
 
