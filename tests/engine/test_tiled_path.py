@@ -107,7 +107,6 @@ def test_the_tiles_keep_a_float16_kv_cache_by_default_and_gguf_float32(
 
     assert tiled_core.backends.kv_dtype == torch.float16
     assert "float16 KV cache" in tiled_core.backends.description
-    assert tiled_core.runner.attention is not None
     for quantization, kv, expected in [
         ("gguf", "auto", torch.float32),
         ("gguf-bf16", "float32", torch.float32),
