@@ -99,7 +99,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     code = 0
     try:
-        HearthApplication(options, supervisor).run()
+        HearthApplication(options, supervisor, args.worker_niceness).run()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:

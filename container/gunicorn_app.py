@@ -112,9 +112,15 @@ class EngineSupervisor:
 
 
 class HearthApplication(BaseApplication):
-    def __init__(self, options: dict[str, Any], supervisor: EngineSupervisor) -> None:
+    def __init__(
+        self, options: dict[str, Any], supervisor: EngineSupervisor, worker_niceness: int = 0
+    ) -> None:
+        """`worker_niceness`: how far below the engine (and this master) the API workers
+        run. The engine's step serves every request at once; a worker parsing one
+        client's bodies should get the CPU the step leaves, not take a core from it."""
         self.options = options
         self.supervisor = supervisor
+        self.worker_niceness = worker_niceness
         super().__init__()
 
     def load_config(self) -> None:
@@ -137,7 +143,15 @@ class HearthApplication(BaseApplication):
 
                 multiprocess.mark_process_dead(worker.pid)
 
+        worker_niceness = self.worker_niceness
+
+        def post_fork(server: Any, worker: Any) -> None:
+            # Each worker, once forked: lowering one's own priority needs no privilege.
+            if worker_niceness:
+                os.nice(worker_niceness)
+
         self.cfg.set("on_starting", on_starting)
+        self.cfg.set("post_fork", post_fork)
         self.cfg.set("on_exit", on_exit)
         self.cfg.set("child_exit", child_exit)
 

@@ -4,9 +4,10 @@ xgrammar has no way to stop a compile once started, and some schemas within ever
 cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of three
 properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
 a child process: when its request is aborted or its time is up, the child is killed
-(SIGKILL) and the next compile starts a fresh one. A compile that has used 2 s of CPU
-is demoted to nice 10, so a long compile takes CPU from the engine and the API workers
-only when they leave it idle, while ordinary ones (milliseconds of CPU) keep their
+(SIGKILL) and the next compile starts a fresh one. A compile
+starts at nice 5 (below the engine, level with the API workers) and is demoted to nice 10
+once it has used 2 s of CPU, so a long compile takes CPU from the engine and the API
+workers only when they leave it idle, while ordinary ones (milliseconds of CPU) keep their
 priority however long a loaded host makes them wait for a core (a wall-clock trigger
 niced them too, and a niced compile beside a decoding engine gets ~10 % of a core).
 
@@ -35,6 +36,11 @@ from engine.sampling_params import StructuredOutputSpec
 from engine.structured.grammar import GrammarError
 
 CHILD_NICENESS = 10
+COMPILE_NICENESS = 5
+"""Every compile starts at this nice value: the API workers' default (`hearth serve
+--worker-niceness`), as a compile is one request's work like a worker's parsing; the
+engine's step, which serves every request, comes first. At nice 0, a slow schema's first
+2 s of CPU beside a decoding engine took that CPU from the step."""
 NICE_AFTER_CPU_S = 2.0
 """A compile that has used this much CPU is demoted to CHILD_NICENESS."""
 POLL_S = 0.05
@@ -83,6 +89,7 @@ def _compile_demoting(compiler: Any, spec: StructuredOutputSpec) -> tuple[bytes,
     answer: list[tuple[bytes, str]] = []
 
     def run() -> None:
+        _demote(threading.get_native_id(), COMPILE_NICENESS)
         try:
             answer.append((OK, compiler.compile(spec).serialize_json()))
         except GrammarError as exc:
@@ -101,7 +108,7 @@ def _compile_demoting(compiler: Any, spec: StructuredOutputSpec) -> tuple[bytes,
             except OSError:  # it just ended
                 break
             if used >= NICE_AFTER_CPU_S:
-                _demote(worker.native_id)
+                _demote(worker.native_id, CHILD_NICENESS)
                 clock = None
     worker.join()
     return answer[0]
@@ -117,14 +124,14 @@ def _cpu_clock(worker: threading.Thread) -> int | None:
         return None
 
 
-def _demote(tid: int | None) -> None:
-    """Nice one thread to CHILD_NICENESS, never less nice than it is (a server started
+def _demote(tid: int | None, niceness: int) -> None:
+    """Nice one thread to `niceness`, never less nice than it is (a server started
     under `nice -n 19` by root would otherwise have its compile raised to 10)."""
     if tid is None:
         return
     with contextlib.suppress(OSError):
         current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, max(current, CHILD_NICENESS))
+        os.setpriority(os.PRIO_PROCESS, tid, max(current, niceness))
 
 
 def _load(model_dir: str, vocab_size: int, eos: list[int], niced: bool) -> Any:
@@ -142,7 +149,7 @@ def _load(model_dir: str, vocab_size: int, eos: list[int], niced: bool) -> Any:
     built: list[Any] = []
 
     def load() -> None:
-        _demote(threading.get_native_id())
+        _demote(threading.get_native_id(), CHILD_NICENESS)
         built.append(GrammarCompiler(model_dir, vocab_size, eos))
 
     loader = threading.Thread(target=load, name="load", daemon=True)

@@ -268,6 +268,16 @@ BAD_VALUES = [
         "(choose from 'auto', 'float32', 'bfloat16', 'float16')",
     ),
     (
+        ["serve", "--worker-niceness", "20"],
+        {},
+        "hearth serve: error: argument --worker-niceness: '20' is above the maximum 19",
+    ),
+    (
+        ["serve", "--worker-niceness=-5"],
+        {},
+        "hearth serve: error: argument --worker-niceness: '-5' is below the minimum 0",
+    ),
+    (
         ["serve", "--max-model-len"],
         {},
         "hearth serve: error: argument --max-model-len: expected one argument",
@@ -498,8 +508,8 @@ def _gunicorn_options(monkeypatch: pytest.MonkeyPatch, run: Any) -> dict[str, An
     captured: dict[str, Any] = {}
 
     class FakeApplication:
-        def __init__(self, options: dict[str, Any], supervisor: Any) -> None:
-            captured.update(options)
+        def __init__(self, options: dict[str, Any], supervisor: Any, niceness: int) -> None:
+            captured.update(options, worker_niceness=niceness)
 
         def run(self) -> None:
             pass

@@ -122,7 +122,7 @@ def test_serve_hands_each_process_its_settings_in_its_config(
             pass
 
     class Application:
-        def __init__(self, options: dict[str, Any], supervisor: Any) -> None:
+        def __init__(self, options: dict[str, Any], supervisor: Any, niceness: int) -> None:
             seen["server"] = ServerConfig.from_env()
 
         def run(self) -> None:

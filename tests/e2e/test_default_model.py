@@ -184,6 +184,25 @@ def _process_table(root_pid: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def test_the_workers_run_below_the_engines_priority(default_server: Server) -> None:
+    """--worker-niceness (default 5): a worker busy with one client's bodies gets the CPU
+    the engine's step leaves; the engine (and the master) keep the priority they had."""
+    import os
+
+    from container.flags import WORKER_NICENESS
+
+    master = default_server.process.pid
+    table = _process_table(master)
+    engines = [pid for pid, _, cmd in table if "engine.process" in cmd]
+    workers = [pid for pid, _, _ in table if pid != master and pid not in engines]
+    base = os.getpriority(os.PRIO_PROCESS, master)
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in engines] == [base]
+    assert len(workers) == 2
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in workers] == [
+        min(19, base + WORKER_NICENESS)
+    ] * 2
+
+
 def test_weights_live_in_one_engine_process(default_server: Server) -> None:
     table = _process_table(default_server.process.pid)
     for pid, rss, cmd in table:

@@ -195,13 +195,23 @@ HUGE_PROMPT_BODIES = st.builds(
         ]
     ),
 )
+MANY_CONTAINER_BODIES = st.builds(
+    lambda n, leaf, where, path: (
+        path,
+        {"messages": USER, "prompt": "hi", where: [leaf] * n},
+    ),
+    st.integers(min_value=1, max_value=150_000),
+    st.sampled_from([[], {}, [[]], {"a": []}, [{}, {}]]),
+    st.sampled_from(["metadata", "logit_bias", "stop", "tools", "messages"]),
+    st.sampled_from(["/v1/chat/completions", "/v1/completions", "/tokenize", "/invocations"]),
+)
 USER = [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize(
     "strategy",
-    [SCHEMA_TEXT_BODIES, MANY_MESSAGE_BODIES, HUGE_PROMPT_BODIES],
-    ids=["schema-texts", "many-messages", "huge-prompts"],
+    [SCHEMA_TEXT_BODIES, MANY_MESSAGE_BODIES, HUGE_PROMPT_BODIES, MANY_CONTAINER_BODIES],
+    ids=["schema-texts", "many-messages", "huge-prompts", "many-containers"],
 )
 def test_hostile_bodies_are_refused_cleanly(client, engine, strategy) -> None:
     @HOSTILE

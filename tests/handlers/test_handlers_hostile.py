@@ -168,6 +168,59 @@ def test_message_count_is_capped_before_validation(client, engine, path, monkeyp
     assert client.simulate_post(path, json=ok).status_code == 200
 
 
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, "/tokenize", "/invocations"])
+def test_a_body_of_millions_of_objects_is_refused_before_it_is_parsed(
+    client, engine, path, monkeypatch
+) -> None:
+    """6 MB of 2,000,000 empty objects took ~0.23 s to parse and 2.0 s to walk for depth,
+    all on the event loop: now the raw `{`/`[` count refuses it, and orjson never runs."""
+    from handlers.http import media
+
+    parsed: list[int] = []
+    real = media.orjson.loads
+
+    def counting(data):
+        parsed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(media.orjson, "loads", counting)
+    body = b'{"messages":[' + b",".join([b"{}"] * 2_000_000) + b"]}"
+    result = client.simulate_post(path, body=body, headers={"Content-Type": "application/json"})
+    error = assert_openai_error(result, 400)
+    assert str(media.MAX_BRACKET_BYTES) in error["message"]
+    assert parsed == []
+    assert engine.added == []
+
+
+@pytest.mark.parametrize("shape", ["flat", "nested"])
+def test_objects_past_the_cap_are_counted_exactly_after_the_parse(client, engine, shape) -> None:
+    """Under the raw bracket cap but over the container cap: the walk counts them (and stops
+    there) and the body is a 400 naming the cap, before any field is validated."""
+    from handlers.http.media import MAX_JSON_CONTAINERS
+
+    extra = MAX_JSON_CONTAINERS + 10
+    filler = [[]] * extra if shape == "flat" else [[[]]] * (extra // 2)
+    body = {"messages": USER, "metadata": {"filler": filler}}
+    error = assert_openai_error(client.simulate_post(CHAT, json=body), 400)
+    assert f"more than {MAX_JSON_CONTAINERS} JSON objects and arrays" in error["message"]
+    assert engine.added == []
+
+
+def test_brackets_inside_text_are_not_containers(client, engine) -> None:
+    """The raw count is only an upper bound: 100,000 brackets inside a prompt pass the raw
+    cap and are no containers, so the body goes on to its fields (here the context check
+    of this 256-token test model, which names the prompt)."""
+    from handlers.http.media import MAX_BRACKET_BYTES, MAX_JSON_CONTAINERS
+
+    text = "{[" * 50_000
+    assert MAX_JSON_CONTAINERS < text.count("{") + text.count("[") <= MAX_BRACKET_BYTES
+    result = client.simulate_post("/tokenize", json={"prompt": text})
+    error = assert_openai_error(result, 400, "prompt")
+    assert "maximum context length" in error["message"]
+    fits = client.simulate_post("/tokenize", json={"prompt": "{[" * 60})
+    assert fits.status_code == 200, fits.text[:300]
+
+
 @pytest.mark.parametrize("key", ["content", "tool_calls"])
 def test_content_parts_are_capped_over_all_messages(client, engine, key) -> None:
     from handlers.protocol.chat import MAX_CONTENT_PARTS

@@ -19,6 +19,9 @@ while the hostile mix runs, from its own threads:
 
 The hostile clients run in a child process of their own (`--attack`), so their GIL is not
 the measuring client's; HOSTILE_ONLY=schemas or HOSTILE_ONLY=prompts runs one of them.
+HOSTILE_NICE=19 runs that process at nice 19: a model of attackers on other machines (on a
+2-vCPU host their own CPU, building and sending 6 MB bodies, is otherwise taken from the
+server and the measuring client alike); quote which.
 
 Every loop is bounded (samples, a wall-clock cap per phase); everything stays on loopback.
 """
@@ -161,6 +164,9 @@ def attack(url: str, stop_file: Path, out_file: Path) -> int:
     the measuring process that stalled the pinger and the chat client themselves (a /ping
     p50 of ~700 ms that was the client's, not the server's). Runs until `stop_file`
     exists, then writes each attacker's statuses and median answer time to `out_file`."""
+    niceness = int(os.environ.get("HOSTILE_NICE", "0"))
+    if niceness:
+        os.nice(niceness)
     stop = threading.Event()
     attackers = [
         Hostile("schemas", url, stop, schema_bodies),
