@@ -4,12 +4,12 @@ xgrammar has no way to stop a compile once started, and some schemas within ever
 cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of three
 properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
 a child process: when its request is aborted or its time is up, the child is killed
-(SIGKILL) and the next compile starts a fresh one. A compile
-starts at nice 5 (below the engine, level with the API workers) and is demoted to nice 10
-once it has used 2 s of CPU, so a long compile takes CPU from the engine and the API
-workers only when they leave it idle, while ordinary ones (milliseconds of CPU) keep their
-priority however long a loaded host makes them wait for a core (a wall-clock trigger
-niced them too, and a niced compile beside a decoding engine gets ~10 % of a core).
+(SIGKILL) and the next compile starts a fresh one. A compile starts at nice 5 (below
+the engine, level with the API workers) and is demoted to nice 10 once it has used 2 s
+of CPU, so a long compile takes CPU from the engine and the API workers only when they
+leave it idle, while ordinary ones (milliseconds of CPU) keep their priority however long
+a loaded host makes them wait for a core (a wall-clock trigger niced them too, and a
+niced compile beside a decoding engine gets ~10 % of a core).
 
 It sends the compiled grammar back as xgrammar's JSON, the one serialized form it has
 (its CompiledGrammar does not pickle), as raw bytes (no pickling of a multi-MB
