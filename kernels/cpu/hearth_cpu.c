@@ -249,13 +249,172 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
     free(xsum);
 }
 
+#ifdef __AVX512F__
+/*
+ * A single token's GEMV on 16 lanes (the AVX-512 builds): one zmm holds two groups' rows
+ * (group 2p in lanes 0-7, group 2p + 1 in lanes 8-15), so every nibble conversion and FMA
+ * covers twice the rows of the 8-lane tiles above. Each lane still runs exactly the
+ * 8-lane tile's arithmetic for its row (FMA per column in the same order, then d and m
+ * folded in once per block), so every output is bitwise the one `q4_tile_*` gives: the
+ * batch-invariant mode keeps its results. P pairs of groups per tile keep P (Q4) or 2P
+ * (Q8) independent FMA chains in flight.
+ */
+static inline __m512i bytes_of_two_groups(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtepu8_epi32(
+        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b)));
+}
+
+static inline __m512 halves_of_two_groups(const uint8_t *a, const uint8_t *b) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                              _mm_loadu_si128((const __m128i *)b), 1);
+    return _mm512_cvtph_ps(v);
+}
+
+#define Q4_WIDE_FN(P)                                                                                   \
+    static void q4_wide_##P(const float *x, int64_t nb, const uint8_t *wg, int64_t group_bytes,       \
+                            const float *xsum, __m512 *out) {                                          \
+        __m512 acc[P];                                                                                  \
+        for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();                                       \
+        const __m512i low = _mm512_set1_epi32(0xF);                                                     \
+        for (int64_t b = 0; b < nb; b++) {                                                              \
+            const float *xb = x + b * Q4_BLOCK;                                                         \
+            __m512 s[P];                                                                                \
+            for (int p = 0; p < P; p++) s[p] = _mm512_setzero_ps();                                     \
+            for (int j = 0; j < 16; j++) {                                                              \
+                const __m512 x0 = _mm512_set1_ps(xb[j]), x1 = _mm512_set1_ps(xb[j + 16]);               \
+                _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {                                  \
+                    const uint8_t *q = wg + 2 * p * group_bytes + b * 160 + 32 + j * GROUP;             \
+                    const __m512i qi = bytes_of_two_groups(q, q + group_bytes);                         \
+                    s[p] = _mm512_fmadd_ps(x0, _mm512_cvtepi32_ps(_mm512_and_si512(qi, low)), s[p]);    \
+                    s[p] = _mm512_fmadd_ps(x1, _mm512_cvtepi32_ps(_mm512_srli_epi32(qi, 4)), s[p]);     \
+                }                                                                                       \
+            }                                                                                           \
+            const __m512 xs = _mm512_set1_ps(xsum[b]);                                                  \
+            _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {                                      \
+                const uint8_t *blk = wg + 2 * p * group_bytes + b * 160;                                \
+                acc[p] = _mm512_fmadd_ps(s[p], halves_of_two_groups(blk, blk + group_bytes), acc[p]);   \
+                acc[p] = _mm512_fmadd_ps(halves_of_two_groups(blk + 16, blk + group_bytes + 16), xs, acc[p]); \
+            }                                                                                           \
+        }                                                                                               \
+        for (int p = 0; p < P; p++) out[p] = acc[p];                                                    \
+    }
+
+#define Q8_WIDE_FN(P)                                                                                   \
+    static void q8_wide_##P(const float *x, int64_t nb, const uint8_t *wg, int64_t group_bytes,       \
+                            const float *xsum, __m512 *out) {                                          \
+        (void)xsum;                                                                                     \
+        __m512 acc[P];                                                                                  \
+        for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();                                       \
+        for (int64_t b = 0; b < nb; b++) {                                                              \
+            const float *xb = x + b * Q4_BLOCK;                                                         \
+            __m512 s[P], u[P];                                                                          \
+            for (int p = 0; p < P; p++) s[p] = u[p] = _mm512_setzero_ps();                              \
+            for (int j = 0; j < 32; j += 2) {                                                           \
+                const __m512 x0 = _mm512_set1_ps(xb[j]), x1 = _mm512_set1_ps(xb[j + 1]);                \
+                _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {                                  \
+                    const uint8_t *q = wg + 2 * p * group_bytes + b * 272 + 16 + j * GROUP;             \
+                    const __m128i w = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)q),           \
+                                                         _mm_loadl_epi64((const __m128i *)(q + group_bytes))); \
+                    const __m128i v = _mm_unpacklo_epi64(                                               \
+                        _mm_loadl_epi64((const __m128i *)(q + GROUP)),                                  \
+                        _mm_loadl_epi64((const __m128i *)(q + group_bytes + GROUP)));                   \
+                    s[p] = _mm512_fmadd_ps(x0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(w)), s[p]);      \
+                    u[p] = _mm512_fmadd_ps(x1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), u[p]);      \
+                }                                                                                       \
+            }                                                                                           \
+            _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {                                      \
+                const uint8_t *blk = wg + 2 * p * group_bytes + b * 272;                                \
+                acc[p] = _mm512_fmadd_ps(_mm512_add_ps(s[p], u[p]), halves_of_two_groups(blk, blk + group_bytes), \
+                                         acc[p]);                                                       \
+            }                                                                                           \
+        }                                                                                               \
+        for (int p = 0; p < P; p++) out[p] = acc[p];                                                    \
+    }
+
+Q4_WIDE_FN(1)
+Q4_WIDE_FN(2)
+Q4_WIDE_FN(4)
+Q8_WIDE_FN(1)
+Q8_WIDE_FN(2)
+
+#ifndef Q4_WIDE_PAIRS
+/* 4: 7.0 ms per batch-1 engine step vs 7.3-7.9 for 1 or 2 (Sapphire Rapids, 2 threads) */
+#define Q4_WIDE_PAIRS 4 /* pairs of groups per single-token Q4 tile: 1, 2 or 4 */
+#endif
+#ifndef Q8_WIDE_PAIRS
+#define Q8_WIDE_PAIRS 1 /* pairs of groups per single-token Q8 tile: 1 or 2 */
+#endif
+
+/* One token: items of `pairs` group pairs on 16-lane tiles; a last odd group runs the
+ * 8-lane tile (`tail`), which computes the same lane arithmetic. */
+static void wide_gemv(const float *x, int64_t k, const uint8_t *w, int64_t n, int64_t block_bytes,
+                      void (*wide[])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *),
+                      int pairs, tile_fn tail, const float *bias, float *out) {
+    const int64_t nb = k / Q4_BLOCK, groups = n / GROUP, group_bytes = nb * block_bytes;
+    float xsum[nb > 0 ? nb : 1];
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * Q4_BLOCK;
+        xsum[b] = hsum(_mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                                     _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24))));
+    }
+    const int64_t per_item = 2 * pairs, items = (groups + per_item - 1) / per_item;
+    int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
+    if (chunk < 1) chunk = 1;
+#pragma omp parallel for schedule(dynamic, chunk)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t g0 = it * per_item, left = groups - g0 < per_item ? groups - g0 : per_item;
+        __m512 acc[4];
+        int64_t done = 0;
+        if (left == per_item) {
+            wide[pairs](x, nb, w + g0 * group_bytes, group_bytes, xsum, acc);
+            done = left;
+        } else if (left >= 2) {
+            wide[1](x, nb, w + g0 * group_bytes, group_bytes, xsum, acc); /* one pair at a time */
+            for (int64_t p = 1; p < left / 2; p++)
+                wide[1](x, nb, w + (g0 + 2 * p) * group_bytes, group_bytes, xsum, acc + p);
+            done = left / 2 * 2;
+        }
+        for (int64_t g = 0; g < done; g++) {
+            const int64_t col = (g0 + g) * GROUP;
+            const __m256 a = (g & 1) ? _mm512_extractf32x8_ps(acc[g / 2], 1) : _mm512_castps512_ps256(acc[g / 2]);
+            const __m256 bv = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
+            _mm256_storeu_ps(out + col, _mm256_add_ps(a, bv));
+        }
+        if (done < left) { /* the odd last group */
+            __m256 one[4 * TILE];
+            const int64_t col = (g0 + done) * GROUP;
+            tail(x, k, nb, w + (g0 + done) * group_bytes, group_bytes, xsum, one);
+            const __m256 bv = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
+            _mm256_storeu_ps(out + col, _mm256_add_ps(one[0], bv));
+        }
+    }
+}
+
+static void (*Q4_WIDE[5])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *) = {
+    0, q4_wide_1, q4_wide_2, 0, q4_wide_4};
+static void (*Q8_WIDE[3])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *) = {
+    0, q8_wide_1, q8_wide_2};
+#endif
+
 void hearth_q4_1_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
                       const float *bias, float *out, int64_t ldo) {
+#ifdef __AVX512F__
+    if (t == 1) {
+        wide_gemv(x, k, w, n, 160, Q4_WIDE, Q4_WIDE_PAIRS, q4_tile_1_1, bias, out);
+        return;
+    }
+#endif
     quant_gemm(x, t, ldx, k, w, n, 160, Q4_TILES, t == 1 ? Q4_SINGLE_GROUPS : 2, bias, out, ldo);
 }
 
 void hearth_q8_0_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
                       const float *bias, float *out, int64_t ldo) {
+#ifdef __AVX512F__
+    if (t == 1) {
+        wide_gemv(x, k, w, n, 272, Q8_WIDE, Q8_WIDE_PAIRS, q8_tile_1_1, bias, out);
+        return;
+    }
+#endif
     quant_gemm(x, t, ldx, k, w, n, 272, Q8_TILES, 1, bias, out, ldo);
 }
 
@@ -480,8 +639,9 @@ ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
 }
 
 /* Tunables (-D for A/B builds; neither changes a result): query vectors scored per pass
- * over 4 keys (1..3; 3 = a SmolLM2 kv head's whole group, each key loaded once), and how
- * many blocks ahead the loops prefetch (0: none). */
+ * over 4 keys (1..3; 3 = a SmolLM2 kv head's whole group, each key loaded once), how
+ * many blocks ahead the loops prefetch (0: none) and into which cache level (T1 or T2
+ * and 2-4 blocks measured the same as T0 and 1 on Sapphire Rapids). */
 #ifndef ATT_SCORE_U
 #define ATT_SCORE_U 3
 #endif
@@ -490,6 +650,9 @@ ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
 #endif
 #ifndef ATT_PF_BLOCKS
 #define ATT_PF_BLOCKS 1
+#endif
+#ifndef ATT_PF_HINT
+#define ATT_PF_HINT _MM_HINT_T0
 #endif
 
 /* Prefetch `rows` rows of `elems` elements from element `first`, rows `stride` elements
@@ -500,7 +663,7 @@ ATT_INLINE void prefetch_rows(const void *base, const int kind, int64_t first, i
     const int64_t esz = kind == KV_F16 ? 2 : 4;
     const char *p = (const char *)base + first * esz;
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t x = 0; x < elems * esz; x += 64) _mm_prefetch(p + r * stride * esz + x, _MM_HINT_T0);
+        for (int64_t x = 0; x < elems * esz; x += 64) _mm_prefetch(p + r * stride * esz + x, ATT_PF_HINT);
 }
 
 /* The 8 lanes of each of a0..a3 summed in one fixed tree ((0+1)+(2+3)) + ((4+5)+(6+7)). */
@@ -511,7 +674,40 @@ ATT_INLINE __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 
 /* dst[u][0..3] = scale * <q_u, k_x> for U (1 to 3) vectors and 4 keys (rows kc + kp[x]).
  * Each (vector, key) is its own accumulator: how vectors are grouped into calls changes
- * how often a key is loaded, never a result. */
+ * how often a key is loaded, never a result. The AVX-512 builds run 16 lanes (half the
+ * loads, conversions and FMAs of 8, which is what a decode's attention is bound by when
+ * its keys are in cache) and fold them to 8 (lane i + lane i + 8) before the same tree:
+ * a fixed order in every AVX-512 build, another than the AVX2 build's. */
+#ifdef __AVX512F__
+ATT_INLINE __m512 kv_load16(const void *base, int64_t idx, const int kind) {
+    if (kind == KV_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
+    return _mm512_loadu_ps((const float *)base + idx);
+}
+
+ATT_INLINE __m256 fold16(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+}
+
+ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv, const void *kc,
+                             const int64_t *kp, int64_t hd, __m128 vscale, float *const *dst, int64_t at) {
+    __m512 acc[3][4];
+    for (int u = 0; u < U; u++)
+        for (int x = 0; x < 4; x++) acc[u][x] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < hd; c += 16) {
+        __m512 qc[3];
+        for (int u = 0; u < U; u++) qc[u] = _mm512_loadu_ps(qv[u] + c);
+        for (int x = 0; x < 4; x++) {
+            const __m512 kx = kv_load16(kc, kp[x] + c, kind);
+            for (int u = 0; u < U; u++) acc[u][x] = _mm512_fmadd_ps(qc[u], kx, acc[u][x]);
+        }
+    }
+    for (int u = 0; u < U; u++)
+        _mm_storeu_ps(dst[u] + at, _mm_mul_ps(reduce4(fold16(acc[u][0]), fold16(acc[u][1]), fold16(acc[u][2]),
+                                                      fold16(acc[u][3])),
+                                              vscale));
+}
+#else
 ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv, const void *kc,
                              const int64_t *kp, int64_t hd, __m128 vscale, float *const *dst, int64_t at) {
     __m256 acc[3][4];
@@ -528,6 +724,7 @@ ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv
     for (int u = 0; u < U; u++)
         _mm_storeu_ps(dst[u] + at, _mm_mul_ps(reduce4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]), vscale));
 }
+#endif
 
 /* Scores of nv vectors over keys b0 * block_size .. n-1, stored at their positions (rows may
  * get up to 3 more, overwritten or unused). k_cache + koff is the kv head's first element of
@@ -584,6 +781,68 @@ static float softmax_row(float *p, int64_t from, int64_t lo, int64_t n, int64_t 
     return 1.0f / sum;
 }
 
+#ifdef __AVX512F__
+/* o_u[d0 .. d0 + 16 * NC) = inv_u * sum_i p_u[i] v_i[off ..] for U (1..3) vectors and NC (2 or 4)
+ * chunks of 16 dimensions, keys in position order from block b0. Every output dimension is
+ * one accumulator over the keys, so the lane width changes nothing: bitwise the AVX2 sums. */
+ATT_INLINE void values_w(const int U, const int NC, const int kind, const float *const *p, const void *v_cache,
+                         const int32_t *table, int64_t b0, int64_t n, int64_t block_size, int64_t kv_stride,
+                         int64_t off, const float *inv, float *const *o, int64_t d0) {
+    __m512 a[3][4];
+    for (int u = 0; u < U; u++)
+        for (int c = 0; c < NC; c++) a[u][c] = _mm512_setzero_ps();
+    const int64_t nblk = (n + block_size - 1) / block_size;
+    int64_t i = b0 * block_size;
+    for (int64_t b = b0; b < nblk; b++) {
+        const int64_t vb = (int64_t)table[b] * block_size * kv_stride + off;
+        const int64_t m = (n - i) < block_size ? (n - i) : block_size;
+        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
+            const int64_t left = n - (i + ATT_PF_BLOCKS * block_size);
+            prefetch_rows(v_cache, kind, (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride + off,
+                          left < block_size ? left : block_size, kv_stride, 16 * NC);
+        }
+        for (int64_t j = 0; j < m; j++, i++) {
+            const int64_t v = vb + j * kv_stride;
+            __m512 x[4];
+            for (int c = 0; c < NC; c++) x[c] = kv_load16(v_cache, v + 16 * c, kind);
+            for (int u = 0; u < U; u++) {
+                const __m512 w = _mm512_set1_ps(p[u][i]);
+                for (int c = 0; c < NC; c++) a[u][c] = _mm512_fmadd_ps(w, x[c], a[u][c]);
+            }
+        }
+    }
+    for (int u = 0; u < U; u++) {
+        const __m512 vi = _mm512_set1_ps(inv[u]);
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(o[u] + d0 + 16 * c, _mm512_mul_ps(a[u][c], vi));
+    }
+}
+
+/* 64 dimensions at a time (each value row read once for a SmolLM2 head), 32 for the rest. */
+ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t nv, const void *v_cache,
+                                 const int32_t *table, int64_t b0, int64_t n, int64_t block_size,
+                                 int64_t kv_stride, int64_t off, int64_t hd, const float *inv, float *const *o) {
+    for (int64_t d0 = 0; d0 < hd;) {
+        const int nc = hd - d0 >= 64 ? 4 : 2;
+        int64_t u = 0;
+#define VALUES_W(U)                                                                                         \
+    do {                                                                                                    \
+        if (nc == 4)                                                                                        \
+            values_w(U, 4, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, \
+                     d0);                                                                                   \
+        else                                                                                                \
+            values_w(U, 2, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, \
+                     d0);                                                                                   \
+    } while (0)
+        for (; u + 3 <= nv; u += 3) VALUES_W(3);
+        if (nv - u == 2)
+            VALUES_W(2);
+        else if (nv - u == 1)
+            VALUES_W(1);
+#undef VALUES_W
+        d0 += 16 * nc;
+    }
+}
+#else
 /* o_u[0 .. 32) = inv_u * sum_i p_u[i] v_i[off ..] for U (1..3) vectors, keys in position order
  * from block b0. */
 ATT_INLINE void values_32(const int U, const int kind, const float *const *p, const void *v_cache,
@@ -634,6 +893,7 @@ ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t 
             values_32(1, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
     }
 }
+#endif
 
 /* The tiles of a call: tiles[i] .. tiles[i+1]-1 are tile i's tokens; returns their count
  * (tiles has t + 1 entries, NULL if it could not be allocated). */
