@@ -240,14 +240,14 @@ def build(variant: str, *, quiet: bool = False) -> Path:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=".objs-") as objs:
             obj_cpu, obj_q8 = Path(objs) / "cpu.o", Path(objs) / "q8.o"
             obj_bf16, obj_att = Path(objs) / "bf16.o", Path(objs) / "attention_bf16.o"
+            objects = [str(o) for o in (obj_cpu, obj_q8, obj_bf16, obj_att)]
             flags = [*_BASE_FLAGS, *_FLAGS[variant]]
             for cmd in (
                 [cc, *flags, "-c", str(SOURCE), "-o", str(obj_cpu)],
                 [cc, *flags, *_Q8_FLAGS, "-c", str(Q8_SOURCE), "-o", str(obj_q8)],
                 [cc, *flags, "-c", str(BF16_SOURCE), "-o", str(obj_bf16)],
                 [cc, *flags, "-c", str(ATTENTION_BF16_SOURCE), "-o", str(obj_att)],
-                [cc, *_LINK_FLAGS, str(obj_cpu), str(obj_q8), str(obj_bf16), str(obj_att)]
-                + ["-o", tmp, "-lm"],
+                [cc, *_LINK_FLAGS, *objects, "-o", tmp, "-lm"],
             ):
                 subprocess.run(cmd, check=True, capture_output=True, text=True)
         os.chmod(tmp, 0o755)
