@@ -326,27 +326,32 @@ static void vec_scores(att_item *it, const uint16_t *kt, int64_t hd) {
     }
 }
 
-/* obuf += P . V over key block b: 4 rows x 4 dim groups per register tile. */
-static void vec_values(att_item *it, const uint16_t *vt, int64_t hd) {
-    const int64_t groups = hd / 16;
+/* obuf += P . V over key block b for NG (2 or 4) dim groups from g0: 4 rows x NG groups per
+ * register tile, each a chain over the keys in order. */
+ATT_INLINE void vec_values_ng(const int NG, att_item *it, const uint16_t *vt, int64_t hd, int64_t g0) {
     const uint32_t *pp = (const uint32_t *)it->pbuf;
     for (int m0 = 0; m0 < it->rows; m0 += 4) {
-        for (int64_t g0 = 0; g0 < groups; g0 += 4) {
-            __m512 acc[4][4];
-            for (int i = 0; i < 4; i++)
-                for (int g = 0; g < 4; g++) acc[i][g] = _mm512_load_ps(it->obuf + (m0 + i) * hd + (g0 + g) * 16);
-            for (int r = 0; r < 16; r++) {
-                __m512bh b[4];
-                for (int g = 0; g < 4; g++) b[g] = (__m512bh)_mm512_load_si512(vt + (g0 + g) * TILE_ELEMS + r * 32);
-                for (int i = 0; i < 4; i++) {
-                    const __m512bh a = (__m512bh)_mm512_set1_epi32((int)pp[(m0 + i) * 16 + r]);
-                    for (int g = 0; g < 4; g++) acc[i][g] = _mm512_dpbf16_ps(acc[i][g], a, b[g]);
-                }
+        __m512 acc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int g = 0; g < NG; g++) acc[i][g] = _mm512_load_ps(it->obuf + (m0 + i) * hd + (g0 + g) * 16);
+        for (int r = 0; r < 16; r++) {
+            __m512bh b[4];
+            for (int g = 0; g < NG; g++) b[g] = (__m512bh)_mm512_load_si512(vt + (g0 + g) * TILE_ELEMS + r * 32);
+            for (int i = 0; i < 4; i++) {
+                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)pp[(m0 + i) * 16 + r]);
+                for (int g = 0; g < NG; g++) acc[i][g] = _mm512_dpbf16_ps(acc[i][g], a, b[g]);
             }
-            for (int i = 0; i < 4; i++)
-                for (int g = 0; g < 4; g++) _mm512_store_ps(it->obuf + (m0 + i) * hd + (g0 + g) * 16, acc[i][g]);
         }
+        for (int i = 0; i < 4; i++)
+            for (int g = 0; g < NG; g++) _mm512_store_ps(it->obuf + (m0 + i) * hd + (g0 + g) * 16, acc[i][g]);
     }
+}
+
+static void vec_values(att_item *it, const uint16_t *vt, int64_t hd) {
+    const int64_t groups = hd / 16; /* even: hd % 32 == 0 */
+    int64_t g0 = 0;
+    for (; g0 + 4 <= groups; g0 += 4) vec_values_ng(4, it, vt, hd, g0);
+    if (g0 < groups) vec_values_ng(2, it, vt, hd, g0);
 }
 
 /* ------------------------------------------------------------ AMX-BF16 tiles */
