@@ -142,7 +142,9 @@ def _long_rows(seqs, skip=DECODE_LIKE) -> torch.Tensor:
 def _check_bounds(got, step, query, keys, values, hd, window, rows) -> None:
     scale = 1 / math.sqrt(hd)
     # the rounded operands' attention: only the weights' rounding and float32 sums differ
-    ref, mag, _ = _reference(step, query.bfloat16().float(), _bf16(keys), _bf16(values), scale, window)
+    ref, mag, _ = _reference(
+        step, query.bfloat16().float(), _bf16(keys), _bf16(values), scale, window
+    )
     err = (got.double() - ref).abs()[rows]
     bound = (U + F32_SUMS) * mag[rows]
     assert bool((err <= bound).all()), float((err / bound).max())
@@ -165,7 +167,9 @@ SHAPES = pytest.mark.parametrize(
 @SHAPES
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
 def test_prefill_runs_are_within_the_bfloat16_bound(variant, bs, nh, nkv, hd, kv_dtype) -> None:
-    step, query, keys, values, kc, vc, tables, tseq, tctx = _inputs(MIXED, nh, nkv, hd, bs, kv_dtype)
+    step, query, keys, values, kc, vc, tables, tseq, tctx = _inputs(
+        MIXED, nh, nkv, hd, bs, kv_dtype
+    )
     got = _attend(variant, query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
     rows = _long_rows(MIXED)
     _check_bounds(got, step, query, keys, values, hd, 0, rows)
@@ -183,7 +187,9 @@ def test_sliding_window_is_honoured_and_blocks_before_it_are_not_read(
     """Each row sees its last `window` keys; whole cache blocks before every window of a
     sequence's rows hold NaN (freed blocks another sequence reused) and must not be read."""
     nh, nkv, hd, bs = 9, 3, 64, 4
-    step, query, keys, values, kc, vc, tables, tseq, tctx = _inputs(MIXED, nh, nkv, hd, bs, kv_dtype)
+    step, query, keys, values, kc, vc, tables, tseq, tctx = _inputs(
+        MIXED, nh, nkv, hd, bs, kv_dtype
+    )
     for table, (seq_len, q_len) in zip(step.block_tables, MIXED, strict=True):
         first_seen = seq_len - q_len - window + 1
         for i, block in enumerate(table):
