@@ -112,10 +112,9 @@ ATT_INLINE __m512 load16(const void *base, int64_t idx, const int f16) {
     return _mm512_loadu_ps((const float *)base + idx);
 }
 
-/* 2^x in float32 for x <= ~LAZY_LOG2 (Cephes exp2f: 2^n * p(f), |f| <= 1/2, rel err ~2e-7);
- * -inf (a masked score) gives exactly 0; NaN stays NaN. */
+/* 2^x in float32 for finite x <= ~LAZY_LOG2 (Cephes exp2f: 2^n * p(f), |f| <= 1/2, rel err
+ * ~2e-7; below -150 it is exactly 0). Masked lanes are zeroed by the caller, not here. */
 ATT_INLINE __m512 exp2_ps(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x); /* second operand on NaN: NaN goes through */
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
@@ -125,7 +124,7 @@ ATT_INLINE __m512 exp2_ps(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n); /* p * 2^-200 underflows to exactly 0 */
+    return _mm512_scalef_ps(p, n);
 }
 
 /* A run's view of the call: its rows, its sequence's block table, its repacked keys. */
@@ -219,65 +218,60 @@ static void load_q(att_item *it, const float *q, int64_t ldq, int64_t row0, int6
         }
 }
 
-/* The block's masked scores in log2 units (x = s * scale * log2 e, -inf where masked) of row m. */
-ATT_INLINE void row_scores(const att_item *it, int m, int64_t key0, int full, __m512 c2, __m512 *x0, __m512 *x1) {
-    const __m512 s0 = _mm512_load_ps(it->sbuf + m * KB), s1 = _mm512_load_ps(it->sbuf + m * KB + 16);
-    *x0 = _mm512_mul_ps(s0, c2);
-    *x1 = _mm512_mul_ps(s1, c2);
-    if (!full) {
-        const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int32_t)key0),
-                                              _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
-        const __m512i lo = _mm512_set1_epi32(it->lo[m]), hi = _mm512_set1_epi32(it->hi[m]);
-        const __m512i keys1 = _mm512_add_epi32(keys, _mm512_set1_epi32(16));
-        const __mmask16 k0 = _mm512_cmpge_epi32_mask(keys, lo) & _mm512_cmplt_epi32_mask(keys, hi);
-        const __mmask16 k1 = _mm512_cmpge_epi32_mask(keys1, lo) & _mm512_cmplt_epi32_mask(keys1, hi);
-        const __m512 ninf = _mm512_set1_ps(-INFINITY);
-        *x0 = _mm512_mask_blend_ps(k0, ninf, *x0);
-        *x1 = _mm512_mask_blend_ps(k1, ninf, *x1);
-    }
-}
-
 /*
- * The softmax of one block: masks, raises reference maxima where a row's block max passed
- * it by more than LAZY_LOG2 (rescaling that row's sums: `obuf`, which the AMX caller has
- * spilled its O tiles to when this returns 1 from `needs_rescale`), writes the bfloat16
- * weights to pbuf and adds them to the row sums.
+ * The softmax weights of one block: row m's scores in log2 units (x = s * scale * log2 e)
+ * outside its range [lo, hi) get weight exactly 0; p = 2^(x - ref) is rounded to bfloat16
+ * into pbuf (the P A tile) and added to the row's lane sums in float32. A row whose
+ * unmasked x passes ref + LAZY_LOG2 (a vector compare: no horizontal max on the common
+ * path) first raises ref to its block max; alpha[m] = 2^(old - new) is then the factor its
+ * sums so far need (lsum here, its O row by the caller: `rescale_o`). Returns whether any
+ * row was raised.
  */
-static int block_max(att_item *it, int64_t key0, int full, float scale_log2, float *bm) {
+static int block_weights(att_item *it, int64_t key0, int full, float scale_log2, float *alpha) {
     const __m512 c2 = _mm512_set1_ps(scale_log2);
-    int need = 0;
+    const __m512i keys0 = _mm512_add_epi32(_mm512_set1_epi32((int32_t)key0),
+                                           _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    const __m512i keys1 = _mm512_add_epi32(keys0, _mm512_set1_epi32(16));
+    int raised = 0;
     for (int m = 0; m < it->rows; m++) {
-        __m512 x0, x1;
-        row_scores(it, m, key0, full, c2, &x0, &x1);
-        bm[m] = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-        need |= bm[m] > it->mref[m] + LAZY_LOG2;
-    }
-    return need;
-}
-
-static void rescale_rows(att_item *it, const float *bm, int64_t hd) {
-    for (int m = 0; m < it->rows; m++) {
-        if (!(bm[m] > it->mref[m] + LAZY_LOG2)) continue;
-        const float alpha = it->mref[m] == -INFINITY ? 0.0f : exp2f(it->mref[m] - bm[m]);
-        const __m512 va = _mm512_set1_ps(alpha);
-        for (int64_t d = 0; d < hd; d += 16)
-            _mm512_store_ps(it->obuf + m * hd + d, _mm512_mul_ps(va, _mm512_load_ps(it->obuf + m * hd + d)));
-        _mm512_store_ps(it->lsum + m * 16, _mm512_mul_ps(va, _mm512_load_ps(it->lsum + m * 16)));
-        it->mref[m] = bm[m];
-    }
-}
-
-static void block_weights(att_item *it, int64_t key0, int full, float scale_log2) {
-    const __m512 c2 = _mm512_set1_ps(scale_log2);
-    for (int m = 0; m < it->rows; m++) {
-        __m512 x0, x1;
-        row_scores(it, m, key0, full, c2, &x0, &x1);
-        const __m512 mr = _mm512_set1_ps(it->mref[m] == -INFINITY ? 0.0f : it->mref[m]);
-        const __m512 p0 = exp2_ps(_mm512_sub_ps(x0, mr)), p1 = exp2_ps(_mm512_sub_ps(x1, mr));
+        const __m512 x0 = _mm512_mul_ps(_mm512_load_ps(it->sbuf + m * KB), c2);
+        const __m512 x1 = _mm512_mul_ps(_mm512_load_ps(it->sbuf + m * KB + 16), c2);
+        __mmask16 k0 = 0xFFFF, k1 = 0xFFFF;
+        if (!full) {
+            const __m512i lo = _mm512_set1_epi32(it->lo[m]), hi = _mm512_set1_epi32(it->hi[m]);
+            k0 = _mm512_cmpge_epi32_mask(keys0, lo) & _mm512_cmplt_epi32_mask(keys0, hi);
+            k1 = _mm512_cmpge_epi32_mask(keys1, lo) & _mm512_cmplt_epi32_mask(keys1, hi);
+        }
+        const __m512 thr = _mm512_set1_ps(it->mref[m] + LAZY_LOG2); /* -inf before the first key */
+        alpha[m] = 1.0f;
+        if (_mm512_mask_cmp_ps_mask(k0, x0, thr, _CMP_GT_OQ) | _mm512_mask_cmp_ps_mask(k1, x1, thr, _CMP_GT_OQ)) {
+            const __m512 ninf = _mm512_set1_ps(-INFINITY);
+            const float bm = _mm512_reduce_max_ps(
+                _mm512_max_ps(_mm512_mask_blend_ps(k0, ninf, x0), _mm512_mask_blend_ps(k1, ninf, x1)));
+            alpha[m] = it->mref[m] == -INFINITY ? 0.0f : exp2f(it->mref[m] - bm);
+            _mm512_store_ps(it->lsum + m * 16, _mm512_mul_ps(_mm512_set1_ps(alpha[m]), _mm512_load_ps(it->lsum + m * 16)));
+            it->mref[m] = bm;
+            raised = 1;
+        }
+        /* a row with no key seen yet has every lane masked: any finite reference will do */
+        const __m512 ref = _mm512_set1_ps(it->mref[m] == -INFINITY ? 0.0f : it->mref[m]);
+        const __m512 p0 = _mm512_maskz_mov_ps(k0, exp2_ps(_mm512_sub_ps(x0, ref)));
+        const __m512 p1 = _mm512_maskz_mov_ps(k1, exp2_ps(_mm512_sub_ps(x1, ref)));
         _mm512_store_ps(it->lsum + m * 16, _mm512_add_ps(_mm512_load_ps(it->lsum + m * 16), _mm512_add_ps(p0, p1)));
         _mm512_store_si512(it->pbuf + m * KB, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
     }
-    /* padding rows keep zero weights (set once per item) */
+    /* padding rows keep zero weights (set once per head) */
+    return raised;
+}
+
+/* O rows times their alpha (rows raised by this block's weights). */
+static void rescale_o(att_item *it, const float *alpha, int64_t hd) {
+    for (int m = 0; m < it->rows; m++) {
+        if (alpha[m] == 1.0f) continue;
+        const __m512 va = _mm512_set1_ps(alpha[m]);
+        for (int64_t d = 0; d < hd; d += 16)
+            _mm512_store_ps(it->obuf + m * hd + d, _mm512_mul_ps(va, _mm512_load_ps(it->obuf + m * hd + d)));
+    }
 }
 
 /* out rows of head h: obuf / row sum. */
@@ -362,7 +356,8 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed, aligned(64))) att_tile_config;
 
-/* tmm0-3: O (16 rows x 16 dims each), tmm4: S, tmm5 / tmm7: B (K or V), tmm6: A (Q or P). */
+/* tmm0-3: O (16 rows x 16 dims each), tmm4-5: S (two halves of 16 keys), tmm6: A (Q or P),
+ * tmm7: B (K or V). */
 static void amx_config(void) {
     att_tile_config c;
     memset(&c, 0, sizeof c);
@@ -389,37 +384,39 @@ static void amx_fill(att_item *it, int64_t hd) {
     if (hd > 48) _tile_loadd(3, o + 48, ld);
 }
 
-/* sbuf = Q.K^T over the block's two halves of 16 keys (tmm4, both dim chunks). */
+/* S = Q.K^T of a block into tmm4 (keys 0-15) and tmm5 (16-31), not yet stored: the caller
+ * issues the next block's scores before this block's softmax, so the tile unit computes
+ * them while the vector units run the exponentials, and stores them after (`amx_scores_store`). */
 static void amx_scores(att_item *it, const uint16_t *kt, int64_t hd) {
     const int64_t chunks = hd / 32;
-    for (int j = 0; j < 2; j++) {
-        _tile_zero(4);
-        for (int64_t c = 0; c < chunks; c++) {
-            _tile_loadd(6, it->qa + c * TILE_ELEMS, 64);
-            if (c & 1) {
-                _tile_loadd(7, kt + (j * chunks + c) * TILE_ELEMS, 64);
-                _tile_dpbf16ps(4, 6, 7);
-            } else {
-                _tile_loadd(5, kt + (j * chunks + c) * TILE_ELEMS, 64);
-                _tile_dpbf16ps(4, 6, 5);
-            }
-        }
-        _tile_stored(4, it->sbuf + 16 * j, KB * 4);
+    _tile_zero(4);
+    _tile_zero(5);
+    for (int64_t c = 0; c < chunks; c++) {
+        _tile_loadd(6, it->qa + c * TILE_ELEMS, 64);
+        _tile_loadd(7, kt + c * TILE_ELEMS, 64);
+        _tile_dpbf16ps(4, 6, 7);
+        _tile_loadd(7, kt + (chunks + c) * TILE_ELEMS, 64);
+        _tile_dpbf16ps(5, 6, 7);
     }
 }
 
-/* O tiles += P . V over the block (A = P in tmm6, B alternating tmm5 / tmm7). */
+static void amx_scores_store(att_item *it) {
+    _tile_stored(4, it->sbuf, KB * 4);
+    _tile_stored(5, it->sbuf + 16, KB * 4);
+}
+
+/* O tiles += P . V over the block (A = P in tmm6, B = V in tmm7). */
 static void amx_values(att_item *it, const uint16_t *vt, int64_t hd) {
     _tile_loadd(6, it->pbuf, 64);
-    _tile_loadd(5, vt, 64);
-    _tile_dpbf16ps(0, 6, 5);
+    _tile_loadd(7, vt, 64);
+    _tile_dpbf16ps(0, 6, 7);
     if (hd > 16) {
         _tile_loadd(7, vt + TILE_ELEMS, 64);
         _tile_dpbf16ps(1, 6, 7);
     }
     if (hd > 32) {
-        _tile_loadd(5, vt + 2 * TILE_ELEMS, 64);
-        _tile_dpbf16ps(2, 6, 5);
+        _tile_loadd(7, vt + 2 * TILE_ELEMS, 64);
+        _tile_dpbf16ps(2, 6, 7);
     }
     if (hd > 48) {
         _tile_loadd(7, vt + 3 * TILE_ELEMS, 64);
@@ -451,31 +448,37 @@ ATT_INLINE void item_head(const int amx, att_item *it, const att_run *run, int64
     int64_t kb_lo = lo_min / KB, kb_hi = (hi_max + KB - 1) / KB;
     if (kb_lo < run->kb0) kb_lo = run->kb0;
     const uint16_t *kbase = run->kv + kvh * 2 * run->per_head;
-    float bm[TM];
+    float alpha[TM];
+#ifdef __AMX_BF16__
+    if (amx) {
+        amx_scores(it, kbase + (kb_lo - run->kb0) * KB * hd, hd);
+        amx_scores_store(it);
+    }
+#endif
     for (int64_t kb = kb_lo; kb < kb_hi; kb++) {
         const uint16_t *kt = kbase + (kb - run->kb0) * KB * hd, *vt = kt + run->per_head;
         const int64_t key0 = kb * KB;
-        const int full = key0 >= lo_max && key0 + KB <= hi_min;
+        const int full = key0 >= lo_max && key0 + KB <= hi_min, next = kb + 1 < kb_hi;
 #ifdef __AMX_BF16__
-        if (amx)
-            amx_scores(it, kt, hd);
-        else
+        if (amx) {
+            if (next) amx_scores(it, kt + KB * hd, hd); /* the next block's K */
+        } else
 #endif
             vec_scores(it, kt, hd);
-        if (block_max(it, key0, full, scale_log2, bm)) {
+        if (block_weights(it, key0, full, scale_log2, alpha)) {
 #ifdef __AMX_BF16__
             if (amx) amx_spill(it, hd);
 #endif
-            rescale_rows(it, bm, hd);
+            rescale_o(it, alpha, hd);
 #ifdef __AMX_BF16__
             if (amx) amx_fill(it, hd);
 #endif
         }
-        block_weights(it, key0, full, scale_log2);
 #ifdef __AMX_BF16__
-        if (amx)
+        if (amx) {
             amx_values(it, vt, hd);
-        else
+            if (next) amx_scores_store(it);
+        } else
 #endif
             vec_values(it, vt, hd);
     }
