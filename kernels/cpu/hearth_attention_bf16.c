@@ -112,18 +112,18 @@ ATT_INLINE __m512 load16(const void *base, int64_t idx, const int f16) {
     return _mm512_loadu_ps((const float *)base + idx);
 }
 
-/* 2^x in float32 for finite x <= ~LAZY_LOG2 (Cephes exp2f: 2^n * p(f), |f| <= 1/2, rel err
- * ~2e-7; below -150 it is exactly 0). Masked lanes are zeroed by the caller, not here. */
+/* 2^x in float32 for finite x <= ~LAZY_LOG2: 2^n * p(f), n = round(x), |f| <= 1/2, p a degree-5
+ * fit of 2^f (relative error < 1.6e-7 on [-1/2, 1/2]); below -150 it is exactly 0. Masked
+ * lanes are zeroed by the caller, not here. */
 ATT_INLINE __m512 exp2_ps(__m512 x) {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(1.327483681961894e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.67552699148655e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550718307495117e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022120237350464e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469440460205e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
     return _mm512_scalef_ps(p, n);
 }
 
@@ -197,7 +197,9 @@ ATT_INLINE void repack_block(const int f16, const att_run *run, int64_t kvh, int
 typedef struct {
     int64_t rows;           /* valid rows (tokens) of the tile, <= TM */
     int32_t lo[TM], hi[TM]; /* row m sees keys lo[m] .. hi[m] - 1; empty for padding rows */
-    float mref[TM];         /* reference max (log2 units) */
+    float mref[TM];         /* reference max (log2 units; -inf before the row's first key) */
+    float thr[TM];          /* raw-score threshold of a raise: (mref + LAZY_LOG2) / (scale log2 e) */
+    float ref[TM];          /* mref, or 0 while it is -inf (every lane is masked then) */
     float sbuf[TM * KB] __attribute__((aligned(64)));     /* raw scores of a block */
     uint16_t pbuf[TM * KB] __attribute__((aligned(64)));  /* bfloat16 weights: the P A tile */
     float lsum[TM * 16] __attribute__((aligned(64)));     /* lane-wise row sums of the weights */
@@ -234,29 +236,29 @@ static int block_weights(att_item *it, int64_t key0, int full, float scale_log2,
     const __m512i keys1 = _mm512_add_epi32(keys0, _mm512_set1_epi32(16));
     int raised = 0;
     for (int m = 0; m < it->rows; m++) {
-        const __m512 x0 = _mm512_mul_ps(_mm512_load_ps(it->sbuf + m * KB), c2);
-        const __m512 x1 = _mm512_mul_ps(_mm512_load_ps(it->sbuf + m * KB + 16), c2);
+        const __m512 s0 = _mm512_load_ps(it->sbuf + m * KB), s1 = _mm512_load_ps(it->sbuf + m * KB + 16);
         __mmask16 k0 = 0xFFFF, k1 = 0xFFFF;
         if (!full) {
             const __m512i lo = _mm512_set1_epi32(it->lo[m]), hi = _mm512_set1_epi32(it->hi[m]);
             k0 = _mm512_cmpge_epi32_mask(keys0, lo) & _mm512_cmplt_epi32_mask(keys0, hi);
             k1 = _mm512_cmpge_epi32_mask(keys1, lo) & _mm512_cmplt_epi32_mask(keys1, hi);
         }
-        const __m512 thr = _mm512_set1_ps(it->mref[m] + LAZY_LOG2); /* -inf before the first key */
+        /* x > mref + LAZY_LOG2 as s > thr (c2 > 0) */
+        const __m512 thr = _mm512_set1_ps(it->thr[m]);
         alpha[m] = 1.0f;
-        if (_mm512_mask_cmp_ps_mask(k0, x0, thr, _CMP_GT_OQ) | _mm512_mask_cmp_ps_mask(k1, x1, thr, _CMP_GT_OQ)) {
+        if (_mm512_mask_cmp_ps_mask(k0, s0, thr, _CMP_GT_OQ) | _mm512_mask_cmp_ps_mask(k1, s1, thr, _CMP_GT_OQ)) {
             const __m512 ninf = _mm512_set1_ps(-INFINITY);
-            const float bm = _mm512_reduce_max_ps(
-                _mm512_max_ps(_mm512_mask_blend_ps(k0, ninf, x0), _mm512_mask_blend_ps(k1, ninf, x1)));
+            const float bm = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_blend_ps(k0, ninf, _mm512_mul_ps(s0, c2)),
+                                                                _mm512_mask_blend_ps(k1, ninf, _mm512_mul_ps(s1, c2))));
             alpha[m] = it->mref[m] == -INFINITY ? 0.0f : exp2f(it->mref[m] - bm);
             _mm512_store_ps(it->lsum + m * 16, _mm512_mul_ps(_mm512_set1_ps(alpha[m]), _mm512_load_ps(it->lsum + m * 16)));
-            it->mref[m] = bm;
+            it->mref[m] = it->ref[m] = bm;
+            it->thr[m] = (bm + LAZY_LOG2) / scale_log2;
             raised = 1;
         }
-        /* a row with no key seen yet has every lane masked: any finite reference will do */
-        const __m512 ref = _mm512_set1_ps(it->mref[m] == -INFINITY ? 0.0f : it->mref[m]);
-        const __m512 p0 = _mm512_maskz_mov_ps(k0, exp2_ps(_mm512_sub_ps(x0, ref)));
-        const __m512 p1 = _mm512_maskz_mov_ps(k1, exp2_ps(_mm512_sub_ps(x1, ref)));
+        const __m512 ref = _mm512_set1_ps(it->ref[m]);
+        const __m512 p0 = _mm512_maskz_mov_ps(k0, exp2_ps(_mm512_fmsub_ps(s0, c2, ref)));
+        const __m512 p1 = _mm512_maskz_mov_ps(k1, exp2_ps(_mm512_fmsub_ps(s1, c2, ref)));
         _mm512_store_ps(it->lsum + m * 16, _mm512_add_ps(_mm512_load_ps(it->lsum + m * 16), _mm512_add_ps(p0, p1)));
         _mm512_store_si512(it->pbuf + m * KB, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
     }
@@ -285,7 +287,7 @@ static void finish_rows(const att_item *it, float *out, int64_t ldo, int64_t row
 
 /* Start of head h's pass: state reset. */
 static void start_head(att_item *it, int64_t hd) {
-    for (int m = 0; m < TM; m++) it->mref[m] = -INFINITY;
+    for (int m = 0; m < TM; m++) it->mref[m] = it->thr[m] = -INFINITY, it->ref[m] = 0.0f;
     memset(it->lsum, 0, sizeof it->lsum);
     memset(it->obuf, 0, (size_t)(TM * hd) * sizeof(float));
     memset(it->pbuf, 0, sizeof it->pbuf);
