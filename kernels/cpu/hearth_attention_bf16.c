@@ -37,8 +37,8 @@
  *      K[..][32c+2r+1]): the B operand of Q (16 x 32 dims) . K^T (-> 16 x 16 keys);
  *   V: tile (b, dim group g) row r = for dim n of 16: (V[32b+2r][16g+n], V[32b+2r+1][16g+n]):
  *      the B operand of P (16 x 32 keys) . V (-> 16 x 16 dims).
- * Keys outside the cache's read range (blocks wholly before every window of the run, and
- * the padding past the last key) are zero, never read from the cache.
+ * Keys before the window of the run's first token (their cache blocks may be freed and
+ * reused) and the padding past its last key are zero, never read from the cache.
  */
 #include <math.h>
 #include <stdint.h>
@@ -91,6 +91,7 @@ int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int6
 #define MAX_HD 256     /* per-item stack buffers */
 #define AMX_MAX_HD 64  /* O (hd / 16 tiles) + S + A + B in the 8 tile registers */
 #define LAZY_LOG2 8.0f /* raise a row's reference max only past this (weights <= 256) */
+#define REPACK_CAP ((size_t)16 << 20) /* bfloat16 elements (32 MB) of repacked keys per group of runs */
 #define ATT_INLINE static inline __attribute__((always_inline))
 
 #ifdef __AMX_BF16__
@@ -133,7 +134,7 @@ typedef struct {
     const int32_t *table; /* the sequence's block table */
     int64_t kb0, nkb;     /* key blocks kb0 .. kb0 + nkb - 1 (absolute, 32 keys each) are repacked */
     int64_t read_lo, n;   /* cache keys read_lo .. n - 1 are read; the rest of the blocks is zero */
-    uint16_t *kv;         /* repacked K then V of kv head 0, 1, ...: kv_stride_bf16 each */
+    uint16_t *kv;         /* repacked K then V of kv head 0, 1, ...: 2 * per_head each */
     int64_t per_head;     /* bfloat16 elements of one kv head's K (and as many of V) */
 } att_run;
 
@@ -461,6 +462,7 @@ ATT_INLINE void item_head(const int amx, att_item *it, const att_run *run, int64
         const uint16_t *kt = kbase + (kb - run->kb0) * KB * hd, *vt = kt + run->per_head;
         const int64_t key0 = kb * KB;
         const int full = key0 >= lo_max && key0 + KB <= hi_min, next = kb + 1 < kb_hi;
+        (void)next; /* AMX only */
 #ifdef __AMX_BF16__
         if (amx) {
             if (next) amx_scores(it, kt + KB * hd, hd); /* the next block's K */
@@ -490,45 +492,18 @@ ATT_INLINE void item_head(const int amx, att_item *it, const att_run *run, int64
     finish_rows(it, out, ldo, row0, h, hd);
 }
 
-int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
-                          const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
-                          int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
-                          int64_t window, const int64_t *runs, int64_t num_runs) {
-    const int path = hearth_attention_bf16_path(hd);
-    if (path == 0 || hd % 32 || nkv <= 0 || nh % nkv) return 0;
-    const int amx = path == 2;
+/* The runs rs[0 .. num_runs): repack their keys into buf, then every (tile, kv head) item. */
+static void attend_runs(const int f16, const int amx, att_run *rs, int64_t num_runs, uint16_t *buf, att_item *states,
+                        int threads, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+                        const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *ctx,
+                        float scale, float *out, int64_t window) {
     const int64_t group = nh / nkv, kv_stride = nkv * hd;
-    att_run *rs = (att_run *)malloc((size_t)num_runs * sizeof(att_run));
-    if (!rs) return 0;
-    size_t total = 0;
     int64_t items = 0, blocks = 0;
-    for (int64_t i = 0; i < num_runs; i++) {
-        att_run *r = rs + i;
-        r->r0 = runs[2 * i];
-        r->len = runs[2 * i + 1] - r->r0;
-        r->table = block_tables + (int64_t)seq[r->r0] * max_blocks;
-        const int64_t c0 = ctx[r->r0];
-        r->n = ctx[r->r0 + r->len - 1];
-        const int64_t lo = window > 0 && c0 > window ? c0 - window : 0;
-        r->read_lo = lo; /* keys before every window are zero, never read (their block may be freed) */
-        r->kb0 = lo / KB;
-        r->nkb = (r->n + KB - 1) / KB - r->kb0;
-        r->per_head = r->nkb * KB * hd;
-        total += (size_t)(2 * nkv * r->per_head);
-        items += (r->len + TM - 1) / TM * nkv;
-        blocks += r->nkb * nkv;
-    }
-    const int threads = omp_get_max_threads();
-    uint16_t *buf = repack_space(total);
-    att_item *states = (att_item *)aligned_alloc(64, (size_t)threads * sizeof(att_item));
-    if (!buf || !states) {
-        free(rs);
-        free(states);
-        return 0;
-    }
     for (int64_t i = 0, at = 0; i < num_runs; i++) {
         rs[i].kv = buf + at;
         at += 2 * nkv * rs[i].per_head;
+        items += (rs[i].len + TM - 1) / TM * nkv;
+        blocks += rs[i].nkb * nkv;
     }
     const float scale_log2 = scale * 1.44269504088896341f;
 #pragma omp parallel num_threads(threads)
@@ -569,6 +544,52 @@ int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int6
 #ifdef __AMX_BF16__
         if (amx) _tile_release();
 #endif
+    }
+}
+
+int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+                          const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
+                          int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
+                          int64_t window, const int64_t *runs, int64_t num_runs) {
+    const int path = hearth_attention_bf16_path(hd);
+    if (path == 0 || hd % 32 || nkv <= 0 || nh % nkv) return 0;
+    att_run *rs = (att_run *)malloc((size_t)num_runs * sizeof(att_run));
+    if (!rs) return 0;
+    size_t largest = 0, total = 0;
+    for (int64_t i = 0; i < num_runs; i++) {
+        att_run *r = rs + i;
+        r->r0 = runs[2 * i];
+        r->len = runs[2 * i + 1] - r->r0;
+        r->table = block_tables + (int64_t)seq[r->r0] * max_blocks;
+        const int64_t c0 = ctx[r->r0];
+        r->n = ctx[r->r0 + r->len - 1];
+        const int64_t lo = window > 0 && c0 > window ? c0 - window : 0;
+        r->read_lo = lo;
+        r->kb0 = lo / KB;
+        r->nkb = (r->n + KB - 1) / KB - r->kb0;
+        r->per_head = r->nkb * KB * hd;
+        const size_t need = (size_t)(2 * nkv * r->per_head);
+        largest = need > largest ? need : largest;
+        total += need;
+    }
+    /* Runs go in groups of at most REPACK_CAP repacked elements (or one run): a step of many
+     * chunks over long contexts would otherwise hold every chunk's keys at once. */
+    const size_t cap = total < REPACK_CAP ? total : largest > REPACK_CAP ? largest : REPACK_CAP;
+    const int threads = omp_get_max_threads();
+    uint16_t *buf = repack_space(cap);
+    att_item *states = (att_item *)aligned_alloc(64, (size_t)threads * sizeof(att_item));
+    if (!buf || !states) {
+        free(rs);
+        free(states);
+        return 0;
+    }
+    for (int64_t i0 = 0; i0 < num_runs;) {
+        size_t used = (size_t)(2 * nkv * rs[i0].per_head);
+        int64_t i1 = i0 + 1;
+        while (i1 < num_runs && used + (size_t)(2 * nkv * rs[i1].per_head) <= cap) used += (size_t)(2 * nkv * rs[i1++].per_head);
+        attend_runs(f16, path == 2, rs + i0, i1 - i0, buf, states, threads, q, ldq, nh, nkv, hd, k_cache, v_cache,
+                    block_size, ctx, scale, out, window);
+        i0 = i1;
     }
     free(rs);
     free(states);

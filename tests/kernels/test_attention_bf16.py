@@ -258,3 +258,17 @@ def test_the_variant_is_named_per_build_and_head_dim() -> None:
             assert path == "avx512-bf16"
         else:
             assert path == "none"
+
+
+def test_a_step_of_many_long_contexts_is_cut_into_groups_with_the_same_rows(variant) -> None:
+    """Eleven 16-token chunks at context ~4096 repack more keys than one group holds
+    (REPACK_CAP, 16 Mi elements): the runs go in groups, and each row is the same as when
+    its chunk is the call's only run."""
+    nh, nkv, hd, bs = 9, 3, 64, 16
+    seqs = [(4096 - i, 16) for i in range(11)]
+    _, query, _, _, kc, vc, tables, tseq, tctx = _inputs(seqs, nh, nkv, hd, bs, torch.float16)
+    full = _attend(variant, query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
+    for i in (0, 5, 10):
+        rows = slice(16 * i, 16 * i + 16)
+        alone = _attend(variant, query[rows], nh, nkv, hd, kc, vc, tables, tseq[rows], tctx[rows])
+        assert torch.equal(alone, full[rows]), i
