@@ -18,7 +18,8 @@
   16+ tokens of a sequence attend on the same units (bfloat16 Q, K, V and softmax weights,
   float32 sums: ``kernels/cpu/hearth_attention_bf16.c``), decodes in float32. Within each side
   of the threshold a token's result does not depend on the batch; across it, it may (a
-  request decoding alone and inside a batch of 16 can differ in the last bits), so
+  request decoding alone and inside a batch of 16 can differ in the last bits; a prompt the
+  step budget cuts into a piece under 16 tokens attends that piece in float32), so
   ``gguf`` is the mode to ask for when batch invariance matters.
 - ``gguf-int8``: the same with int8-quantized activations (`GGUFInt8LinearMethod`: AMX
   tiles, AVX512-VNNI or AVX2, the same bits on each). Faster, but it misses the quality

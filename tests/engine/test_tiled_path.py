@@ -43,8 +43,15 @@ def tiled_core(model_smollm2_dir: str):
     if not bf16_ops.available():
         pytest.skip(f"no bfloat16 kernel here: {bf16_ops.tile_path()} ({host_isa().describe()})")
     # No prefix cache: a cached prefix would shrink a rerun's prefill below 16 tokens and
-    # move it to the other side of the threshold.
-    core = _core(model_smollm2_dir, quantization="gguf-bf16", enable_prefix_caching=False)
+    # move it to the other side of the threshold. A step budget that holds the load test's
+    # prompts in one step, for the same reason: the default 256 would cut one of them into
+    # a piece of a few tokens, whose attention runs in float32 (the threshold is per run).
+    core = _core(
+        model_smollm2_dir,
+        quantization="gguf-bf16",
+        enable_prefix_caching=False,
+        max_num_batched_tokens=1024,
+    )
     assert core.backends.quantization == "gguf-bf16"
     return core
 
@@ -90,9 +97,10 @@ def test_outputs_do_not_change_with_load_on_one_side_of_the_threshold(
     tiled_core,
     prompts,  # noqa: F811
 ) -> None:
-    """Every prompt here is 16 tokens or longer, so its prefill runs on the tiles alone or
-    batched; at most 8 sequences decode together, so every decode step stays on the
-    float32 blocks. Then alone and batched give the same tokens."""
+    """Every prompt here is 16 tokens or longer and all fit one step, so its prefill runs on
+    the tiles and its attention on the bfloat16 kernel, alone or batched; at most 8
+    sequences decode together, so every decode step stays on the float32 blocks and
+    attention. Then alone and batched give the same tokens."""
     long = [p for p in prompts if len(p) >= 16][:8]
     assert len(long) >= 4
     alone = _generate(tiled_core, long, "alone", at_once=False)
