@@ -14,9 +14,12 @@
 - ``gguf-bf16`` (the default for a GGUF on a CPU with AMX-BF16): the same blocks for
   calls under 16 tokens, and for calls from 16 tokens up (prefill, batched decode) the
   dequantized weights rounded once to bfloat16 in AMX tiles, bfloat16 activations and
-  float32 sums (`GGUFTiledLinearMethod`, ``kernels/cpu/hearth_bf16.c``). Within each side
+  float32 sums (`GGUFTiledLinearMethod`, ``kernels/cpu/hearth_bf16.c``); prefill runs of
+  16+ tokens of a sequence attend on the same units (bfloat16 Q, K, V and softmax weights,
+  float32 sums: ``kernels/cpu/hearth_attention_bf16.c``), decodes in float32. Within each side
   of the threshold a token's result does not depend on the batch; across it, it may (a
-  request decoding alone and inside a batch of 16 can differ in the last bits), so
+  request decoding alone and inside a batch of 16 can differ in the last bits; a prompt the
+  step budget cuts into a piece under 16 tokens attends that piece in float32), so
   ``gguf`` is the mode to ask for when batch invariance matters.
 - ``gguf-int8``: the same with int8-quantized activations (`GGUFInt8LinearMethod`: AMX
   tiles, AVX512-VNNI or AVX2, the same bits on each). Faster, but it misses the quality
@@ -146,13 +149,17 @@ def choose_backends(
         "gguf-int8": f"int8 activations ({q8_ops.integer_path()})",
     }[mode]
     kv_dtype = _fast_kv_dtype(config.kv_cache_dtype, mode)
+    min_run, attention = 0, ""
+    if mode == "gguf-bf16" and (path := bf16_ops.attention_path(model.head_dim)) != "none":
+        min_run = bf16_ops.ATTENTION_MIN_RUN
+        attention = f", prefill attention ({min_run}+ tokens) {path}"
     description = (
         f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) x {activations}, "
-        f"{str(kv_dtype).removeprefix('torch.')} KV cache, "
+        f"{str(kv_dtype).removeprefix('torch.')} KV cache{attention}, "
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
     say(f"fast CPU path: {description}")
-    return Backends(mode, description, CpuAttentionBackend(), kv_dtype)
+    return Backends(mode, description, CpuAttentionBackend(min_run), kv_dtype)
 
 
 def _fast_kv_dtype(asked: str, mode: str) -> torch.dtype:

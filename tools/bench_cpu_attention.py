@@ -1,7 +1,16 @@
-"""Benchmark the C decode attention with a float32 vs a float16 KV cache.
+"""Benchmark the C decode attention with a float32 vs a float16 KV cache, or (--prefill) the
+prefill attention of the float32 kernel against the bfloat16 ones.
 
 usage: python tools/bench_cpu_attention.py [--batch 1 16 64] [--ctx 128 512 2048]
                                            [--threads 1 2] [--repeat 7] [--cold-mb 256]
+       python tools/bench_cpu_attention.py --prefill [--ctx 512 1024 2048 4096] [--threads 2]
+
+--prefill: one call is one layer's attention of a prompt of `ctx` tokens in one chunk (every
+token a query over its causal prefix), float16 KV, the same shape; per (ctx, threads) the
+time per call (minimum and median over --repeat rounds, the kernels' rounds alternating) and
+GFLOP/s (4 * heads * head_dim * ctx (ctx + 1) / 2: the two products of the causal half) of
+the float32 kernel, the AVX512-BF16 kernel (the ``avx512_vnni`` build) and the AMX-BF16
+tiles (``amx``), each where this host runs it.
 
 One call is one layer of a decode step of SmolLM2-135M's shape (9 query heads on 3 kv
 heads of head_dim 64, block size 16): B sequences, each decoding one token over `ctx`
@@ -73,11 +82,85 @@ def _timer(batch: int, ctx: int, dtype: torch.dtype, args, gen: torch.Generator)
     return one_round
 
 
+def _prefill_kernels() -> list[tuple[str, str | None, int]]:
+    """(label, library variant, min_run) of each prefill kernel this host runs."""
+    from kernels.cpu import bf16_ops
+
+    kernels: list[tuple[str, str | None, int]] = [("fp32", None, 0)]
+    for variant in ("avx512_vnni", "amx"):
+        if variant in build.host_isa().supported:
+            path = bf16_ops.attention_path(HD, variant)
+            if path != "none" and path not in [k[0] for k in kernels]:
+                kernels.append((path, variant, bf16_ops.ATTENTION_MIN_RUN))
+    return kernels
+
+
+def _prefill_timer(ctx: int, variant: str | None, min_run: int, gen: torch.Generator):
+    blocks = -(-ctx // BS)
+    tables = torch.randperm(blocks, generator=gen).to(torch.int32).view(1, blocks)
+    kc = torch.randn(blocks, BS, NKV, HD, generator=gen).half()
+    vc = torch.randn(blocks, BS, NKV, HD, generator=gen).half()
+    q = torch.randn(ctx, NH * HD, generator=gen)
+    seq = torch.zeros(ctx, dtype=torch.int32)
+    tctx = torch.arange(1, ctx + 1, dtype=torch.int32)
+    scratch = ops.AttentionScratch()
+    out = torch.empty(ctx, NH * HD)
+    scale = 1 / math.sqrt(HD)
+
+    def call() -> float:
+        t0 = time.perf_counter()
+        ops.paged_attention(
+            q, NH, NKV, HD, kc, vc, tables, seq, tctx, ctx, scale, scratch, out,
+            min_run=min_run, variant=variant,
+        )  # fmt: skip
+        return time.perf_counter() - t0
+
+    call()  # warm-up: scratch, the repack buffer, page faults of the output
+    return call
+
+
+def prefill(args) -> int:
+    kernels = _prefill_kernels()
+    print(
+        f"shape: {NH} heads / {NKV} kv heads x {HD}, block {BS}, float16 KV; one call = one "
+        f"layer's attention of a ctx-token prompt in one chunk; {args.repeat} rounds"
+    )
+    print()
+    head = " | ".join(f"{k[0]} ms (min / med) | {k[0]} GFLOP/s" for k in kernels)
+    speedups = " | ".join(f"{k[0]} speed-up" for k in kernels[1:])
+    print(f"| ctx | thr | {head} | {speedups} |")
+    print("|---|---|" + "---|" * (2 * len(kernels) + len(kernels) - 1))
+    saved = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for ctx in args.ctx:
+                timers = [_prefill_timer(ctx, variant, mr, gen) for _, variant, mr in kernels]
+                times = [[fn() for fn in timers] for _ in range(args.repeat)]
+                flops = 4 * NH * HD * ctx * (ctx + 1) / 2
+                cells, mins = [], []
+                for i in range(len(kernels)):
+                    rounds = [row[i] for row in times]
+                    best = min(rounds)
+                    mins.append(best)
+                    cells.append(
+                        f"{best * 1e3:.2f} / {statistics.median(rounds) * 1e3:.2f} | "
+                        f"{flops / best / 1e9:.0f}"
+                    )
+                ups = " | ".join(f"{mins[0] / m:.2f}x" for m in mins[1:])
+                print(f"| {ctx} | {threads} | {' | '.join(cells)} | {ups} |", flush=True)
+    finally:
+        torch.set_num_threads(saved)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/bench_cpu_attention.py", description=__doc__)
+    parser.add_argument("--prefill", action="store_true", help="prefill attention (see above)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--ctx", type=int, nargs="+", default=[128, 512, 2048])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--ctx", type=int, nargs="+", default=None)
+    parser.add_argument("--threads", type=int, nargs="+", default=None)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--cold-mb", type=float, default=256.0)
     args = parser.parse_args(argv)
@@ -90,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         load = "?"
     print(f"host: {host.describe()}; load average {load}")
+    if args.prefill:
+        args.ctx = args.ctx or [512, 1024, 2048, 4096]
+        args.threads = args.threads or [2]
+        return prefill(args)
+    args.ctx = args.ctx or [128, 512, 2048]
+    args.threads = args.threads or [1, 2]
     print(
         f"shape: {NH} heads / {NKV} kv heads x {HD}, block {BS}; one call = one layer's decode "
         f"attention; KV copies >= {args.cold_mb:g} MB per round; {args.repeat} rounds"

@@ -5,6 +5,10 @@ take the same path), reading the paged cache in place, so its metadata carries t
 per-token fields. Every output depends only on the token's own sequence: results do not
 change with batch size, chunking or thread count.
 
+With a ``min_run`` (the gguf-bf16 mode), prefill runs of at least that many tokens of one
+sequence take the bfloat16 kernel instead (kernels/cpu/hearth_attention_bf16.c: bfloat16
+operands, float32 sums); decodes and shorter runs keep the float32 one, bitwise.
+
 Like the paged backend's CUDA graphs, this backend owns the replay of whole steps: when
 every op of the model's forward runs a C kernel, `capture_program` records that forward
 once (kernels/cpu/capture.py) and `run` replays it with one C call per step
@@ -34,9 +38,11 @@ class CpuAttentionBackend(AttentionBackend):
     name = "cpu"
     token_index = True
 
-    def __init__(self) -> None:
+    def __init__(self, min_run: int = 0) -> None:
         self.scratch = ops.AttentionScratch()
         self.program: StepProgram | None = None
+        self.min_run = min_run
+        """Runs of this many tokens of a sequence and more take the bfloat16 kernel (0: none)."""
 
     def capture_program(self, model: nn.Module, block_size: int) -> StepProgram | None:
         """Record `model`'s forward (bound to its caches) as a step program; None, with
@@ -134,5 +140,5 @@ class CpuAttentionBackend(AttentionBackend):
         return ops.paged_attention(
             rows, layer.num_heads, layer.num_kv_heads, layer.head_dim, k_cache, v_cache,
             meta.seq_block_tables, meta.token_seq, meta.token_ctx, meta.max_ctx, layer.scale,
-            self.scratch, sliding_window=layer.sliding_window,
+            self.scratch, sliding_window=layer.sliding_window, min_run=self.min_run,
         )  # fmt: skip

@@ -34,11 +34,16 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "hearth_bf16_gemm": ([_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64], ctypes.c_int),
     "hearth_bf16_isa": ([], ctypes.c_int),
     "hearth_bf16_status": ([], ctypes.c_int),
+    "hearth_attention_bf16_path": ([_i64], ctypes.c_int),
 }
 
 DEFAULT_MIN_T = 16
 """Calls of at least this many tokens use the tiles: one A tile is 16 tokens, so fewer pay
 for 16 while reading 4x the weight bytes of the 4-bit blocks."""
+ATTENTION_MIN_RUN = 16
+"""Under gguf-bf16, runs of at least this many consecutive positions of one sequence (prefill
+chunks) take the bfloat16 attention kernel (`ops.paged_attention`'s ``min_run``): one
+query tile is 16 tokens. Shorter runs (decodes) keep the float32 kernel."""
 _KINDS = {"q4_1": 0, "q8_0": 1}
 
 
@@ -65,6 +70,15 @@ def tile_path(variant: str | None = None) -> str:
         return "avx512-bf16"
     status = lib.hearth_bf16_status()
     return "amx-bf16" if status == 1 else f"avx512-bf16 (amx refused: errno {-status})"
+
+
+def attention_path(head_dim: int, variant: str | None = None) -> str:
+    """What computes the prefill attention products (``min_run`` runs, see
+    `ATTENTION_MIN_RUN`) in `variant` for `head_dim`: ``amx-bf16``, ``avx512-bf16`` (also
+    where AMX is refused, or head_dim > 64, which the tiles' registers do not hold) or
+    ``none`` (the float32 kernel runs)."""
+    path = library(variant).hearth_attention_bf16_path(head_dim)
+    return {2: "amx-bf16", 1: "avx512-bf16"}.get(path, "none")
 
 
 def available(variant: str | None = None) -> bool:

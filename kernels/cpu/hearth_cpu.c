@@ -895,23 +895,52 @@ ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t 
 }
 #endif
 
-/* The tiles of a call: tiles[i] .. tiles[i+1]-1 are tile i's tokens; returns their count
- * (tiles has t + 1 entries, NULL if it could not be allocated). */
+/* The tiles of a call: tiles[2i] .. tiles[2i+1]-1 are tile i's tokens; returns their count
+ * (tiles has 2t entries, NULL if it could not be allocated). The rows of the `num_skip`
+ * [start, end) ranges in `skip` (sorted; computed elsewhere) get no tile. */
 static int64_t attention_tiles(const int32_t *seq, const int32_t *ctx, int64_t t, int64_t tile_tokens,
-                               int64_t **tiles_out) {
-    int64_t *tiles = (int64_t *)malloc((size_t)(t + 1) * sizeof(int64_t));
-    int64_t num_tiles = 0;
+                               const int64_t *skip, int64_t num_skip, int64_t **tiles_out) {
+    int64_t *tiles = (int64_t *)malloc((size_t)(2 * t + 1) * sizeof(int64_t));
+    int64_t num_tiles = 0, next = 0;
     *tiles_out = tiles;
     if (!tiles) return 0;
     for (int64_t r = 0; r < t;) {
+        if (next < num_skip && r == skip[2 * next]) {
+            r = skip[2 * next + 1];
+            next++;
+            continue;
+        }
+        const int64_t stop = next < num_skip ? skip[2 * next] : t;
         int64_t e = r + 1;
-        while (e < t && e - r < tile_tokens && seq[e] == seq[r] && ctx[e] == ctx[e - 1] + 1) e++;
-        tiles[num_tiles++] = r;
+        while (e < stop && e - r < tile_tokens && seq[e] == seq[r] && ctx[e] == ctx[e - 1] + 1) e++;
+        tiles[2 * num_tiles] = r;
+        tiles[2 * num_tiles + 1] = e;
+        num_tiles++;
         r = e;
     }
-    tiles[num_tiles] = t;
     return num_tiles;
 }
+
+/* The maximal runs of consecutive positions of one sequence of at least min_run tokens, as
+ * [start, end) pairs in *runs_out (NULL, 0 runs, if it could not be allocated). */
+static int64_t long_runs(const int32_t *seq, const int32_t *ctx, int64_t t, int64_t min_run, int64_t **runs_out) {
+    int64_t *runs = (int64_t *)malloc((size_t)(2 * (t / min_run + 1)) * sizeof(int64_t));
+    int64_t num = 0;
+    *runs_out = runs;
+    if (!runs) return 0;
+    for (int64_t r = 0; r < t;) {
+        int64_t e = r + 1;
+        while (e < t && seq[e] == seq[r] && ctx[e] == ctx[e - 1] + 1) e++;
+        if (e - r >= min_run) runs[2 * num] = r, runs[2 * num + 1] = e, num++;
+        r = e;
+    }
+    return num;
+}
+
+int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+                          const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
+                          int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
+                          int64_t window, const int64_t *runs, int64_t num_runs);
 
 /* One work item: tile `it`'s query vectors of the heads that share kv head kvh. */
 ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const int64_t *tiles, const float *q,
@@ -920,7 +949,7 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
                                const int32_t *block_tables, int64_t max_blocks, const int32_t *seq,
                                const int32_t *ctx, float scale, int64_t window, float *out, float *rows,
                                int64_t row) {
-    const int64_t r0 = tiles[it], num_vecs = (tiles[it + 1] - r0) * group;
+    const int64_t r0 = tiles[2 * it], num_vecs = (tiles[2 * it + 1] - r0) * group;
     const int32_t *table = block_tables + (int64_t)seq[r0] * max_blocks;
     for (int64_t v0 = 0; v0 < num_vecs; v0 += ATT_MAXV) {
         const int64_t nv = (num_vecs - v0) < ATT_MAXV ? (num_vecs - v0) : ATT_MAXV;
@@ -948,18 +977,28 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
 
 /* The two entry points differ only in the cache's element type (the kind is a constant in
  * each, so each gets its own inlined loops). k_cache / v_cache: float32 or float16 (as
- * uint16 bits) [blocks*bs, nkv, hd]; q, out and the arithmetic are float32 in both. */
+ * uint16 bits) [blocks*bs, nkv, hd]; q, out and the arithmetic are float32 in both.
+ * min_run > 0 (gguf-bf16): runs of at least min_run consecutive positions of one sequence
+ * (prefill chunks) go to the bfloat16 kernel (hearth_attention_bf16.c) where this build has
+ * one; everything else, and every row when min_run is 0, takes the float32 loops below. */
 #define PAGED_ATTENTION_FN(NAME, KIND, ELEM)                                                                  \
     void NAME(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,                \
               const ELEM *k_cache, const ELEM *v_cache, int64_t block_size, const int32_t *block_tables,  \
               int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,        \
-              float *scratch, int64_t scratch_per_thread, int64_t window) {                               \
+              float *scratch, int64_t scratch_per_thread, int64_t window, int64_t min_run) {              \
         const int64_t group = nh / nkv;                                                                   \
         const int64_t kv_stride = nkv * hd; /* elements between consecutive slots */                     \
         const int64_t tile_tokens = group >= ATT_MAXV ? 1 : ATT_MAXV / group;                             \
         const int64_t row = scratch_per_thread / ATT_MAXV; /* floats per score row */                    \
+        int64_t *runs = NULL, num_runs = 0;                                                               \
+        if (min_run > 0) num_runs = long_runs(seq, ctx, t, min_run, &runs);                               \
+        if (num_runs > 0 &&                                                                               \
+            !hearth_attention_bf16(KIND, q, ldq, nh, nkv, hd, k_cache, v_cache, block_size, block_tables, \
+                                   max_blocks, seq, ctx, scale, out, window, runs, num_runs))             \
+            num_runs = 0;                                                                                 \
         int64_t *tiles;                                                                                   \
-        const int64_t num_tiles = attention_tiles(seq, ctx, t, tile_tokens, &tiles);                      \
+        const int64_t num_tiles = attention_tiles(seq, ctx, t, tile_tokens, runs, num_runs, &tiles);      \
+        free(runs);                                                                                       \
         /* A tile's kv heads in a row on one thread (once there are tiles enough for every          \
          * thread): their rows share each slot's memory, so the later ones find it in cache      \
          * (~1.2x at 16-64 decodes on a cold cache). Which thread runs an item changes nothing. */ \
@@ -1091,16 +1130,18 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
             else
                 hearth_kv_write(a, op->ld[0], b, op->ld[1], t, op->i[0], c, d, st->slots);
             break;
-        case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..3 = nh, nkv, hd, window */
-            if (op->kind == 1)
+        case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..3 = nh, nkv, hd, window;
+                            * kind bit 0: fp16 KV, kind >> 1: the bfloat16 kernel's min run (0: never) */
+            if (op->kind & 1)
                 hearth_paged_attention_f16(a, t, op->ld[0], op->i[0], op->i[1], op->i[2],
                                            (const uint16_t *)b, (const uint16_t *)c, st->block_size,
                                            st->tables, st->max_blocks, st->seq, st->ctx, op->f[1], d,
-                                           st->att_scratch, st->att_per_thread, op->i[3]);
+                                           st->att_scratch, st->att_per_thread, op->i[3], op->kind >> 1);
             else
                 hearth_paged_attention(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], b, c,
                                        st->block_size, st->tables, st->max_blocks, st->seq, st->ctx,
-                                       op->f[1], d, st->att_scratch, st->att_per_thread, op->i[3]);
+                                       op->f[1], d, st->att_scratch, st->att_per_thread, op->i[3],
+                                       op->kind >> 1);
             break;
         case OP_SILU_MUL: /* gate_up = a, out = c; i0 = inter */
             hearth_silu_mul(a, c, t, op->i[0]);

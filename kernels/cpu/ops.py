@@ -33,7 +33,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_kv_write": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_paged_attention": [
         *[_ptr, _i64, _i64, _i64, _i64, _i64],
-        *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64, _i64],
+        *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64, _i64, _i64],
     ],
     "hearth_num_threads": [],
     "hearth_embedding": [_ptr, _i64, _ptr, _i64, _ptr],
@@ -406,10 +406,19 @@ def paged_attention(
     scratch: AttentionScratch,
     out: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    min_run: int = 0,
+    variant: str | None = None,
 ) -> torch.Tensor:
     """Causal attention of each query token over its own sequence's paged keys (with a
     ``sliding_window`` W: only the last W of them, its own included; blocks wholly before
     the window of every token of a tile are not read).
+
+    ``min_run`` > 0: runs of at least that many consecutive positions of one sequence
+    (prefill chunks) take the bfloat16 kernel (``hearth_attention_bf16.c``: bfloat16
+    Q, K, V and softmax weights, float32 sums) where the build has one
+    (`kernels.cpu.bf16_ops.attention_path`); every other token, and every token at 0, is
+    the float32 kernel's, bitwise. ``variant``: the library of that kernel build (default:
+    the host's), so tests and benchmarks can compare builds in one process.
 
     ``q``: ``[T, >= nh*hd]`` rows (unit column stride; the fused qkv works as is);
     ``block_tables [S, max_blocks]`` int32; ``token_seq [T]`` (row of block_tables) and
@@ -435,18 +444,20 @@ def paged_attention(
         f16 = _kv_cache_dtype(k_cache, v_cache) == torch.float16
         rec.emit(
             capture.OP_ATTENTION, [q, k_cache, v_cache, out],
-            (num_heads, num_kv_heads, head_dim, window), (0.0, scale), kind=int(f16),
+            (num_heads, num_kv_heads, head_dim, window), (0.0, scale),
+            kind=int(f16) | max(int(min_run), 0) << 1,
         )  # fmt: skip
         return out
     if out is None:
         out = torch.empty((t, num_heads * head_dim), dtype=torch.float32)
     buf = scratch.get(max_ctx)
+    lib = library(variant)
     if _kv_cache_dtype(k_cache, v_cache) == torch.float16:
         return _paged_attention_f16(
             q, num_heads, num_kv_heads, head_dim, k_cache, v_cache, block_tables, token_seq,
-            token_ctx, scale, scratch, buf, out, window,
+            token_ctx, scale, scratch, buf, out, window, min_run, lib,
         )  # fmt: skip
-    library().hearth_paged_attention(
+    lib.hearth_paged_attention(
         _p(q),
         t,
         q.stride(0),
@@ -465,6 +476,7 @@ def paged_attention(
         _p(buf),
         scratch.per_thread,
         window,
+        max(int(min_run), 0),
     )
     return out
 
@@ -502,10 +514,13 @@ def _paged_attention_f16(
     buf: torch.Tensor,
     out: torch.Tensor,
     window: int = 0,
+    min_run: int = 0,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    _kv16_fn("hearth_paged_attention_f16", library())(
+    _kv16_fn("hearth_paged_attention_f16", lib or library())(
         _p(q), q.shape[0], q.stride(0), num_heads, num_kv_heads, head_dim,
         _p(k_cache), _p(v_cache), k_cache.shape[1], _p(block_tables), block_tables.shape[1],
         _p(token_seq), _p(token_ctx), scale, _p(out), _p(buf), scratch.per_thread, window,
+        max(int(min_run), 0),
     )  # fmt: skip
     return out

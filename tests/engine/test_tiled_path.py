@@ -2,10 +2,12 @@
 
 Its contract (engine/backends.py, docs/performance.md "Precision modes"): linear calls of
 fewer than 16 tokens run the float32 block kernel, calls of 16 and more the bfloat16
-tiles; each side is independent of the batch, the threshold is not. Checked here: the
-choice by host and flag, that greedy output agrees with transformers as often as the
-float32 mode's allowance says, and that a request's tokens do not change with load as
-long as every step stays on one side of the threshold.
+tiles; each side is independent of the batch, the threshold is not. Prefill runs of 16+
+tokens of a sequence also attend on the bfloat16 units. Checked here: the choice by host
+and flag, that greedy output agrees with transformers as often as the float32 mode's
+allowance says, that a long prompt's logprobs agree with the float32 mode's, and that a
+request's tokens do not change with load as long as every step stays on one side of the
+threshold.
 """
 
 from __future__ import annotations
@@ -41,8 +43,15 @@ def tiled_core(model_smollm2_dir: str):
     if not bf16_ops.available():
         pytest.skip(f"no bfloat16 kernel here: {bf16_ops.tile_path()} ({host_isa().describe()})")
     # No prefix cache: a cached prefix would shrink a rerun's prefill below 16 tokens and
-    # move it to the other side of the threshold.
-    core = _core(model_smollm2_dir, quantization="gguf-bf16", enable_prefix_caching=False)
+    # move it to the other side of the threshold. A step budget that holds the load test's
+    # prompts in one step, for the same reason: the default 256 would cut one of them into
+    # a piece of a few tokens, whose attention runs in float32 (the threshold is per run).
+    core = _core(
+        model_smollm2_dir,
+        quantization="gguf-bf16",
+        enable_prefix_caching=False,
+        max_num_batched_tokens=1024,
+    )
     assert core.backends.quantization == "gguf-bf16"
     return core
 
@@ -88,9 +97,10 @@ def test_outputs_do_not_change_with_load_on_one_side_of_the_threshold(
     tiled_core,
     prompts,  # noqa: F811
 ) -> None:
-    """Every prompt here is 16 tokens or longer, so its prefill runs on the tiles alone or
-    batched; at most 8 sequences decode together, so every decode step stays on the
-    float32 blocks. Then alone and batched give the same tokens."""
+    """Every prompt here is 16 tokens or longer and all fit one step, so its prefill runs on
+    the tiles and its attention on the bfloat16 kernel, alone or batched; at most 8
+    sequences decode together, so every decode step stays on the float32 blocks and
+    attention. Then alone and batched give the same tokens."""
     long = [p for p in prompts if len(p) >= 16][:8]
     assert len(long) >= 4
     alone = _generate(tiled_core, long, "alone", at_once=False)
@@ -115,3 +125,43 @@ def test_the_tiles_keep_a_float16_kv_cache_by_default_and_gguf_float32(
             model_smollm2_dir, quantization=quantization, kv_cache_dtype=kv, num_kv_blocks=8
         )
         assert core.backends.kv_dtype == expected, core.backends.description
+
+
+def test_a_long_prompt_attends_on_bfloat16_and_agrees_with_the_float32_mode(
+    tiled_core,
+    model_smollm2_dir: str,
+    prompts,  # noqa: F811
+) -> None:
+    """A 300-token prompt (the chats back to back) is prefilled with its attention on the
+    bfloat16 kernel (every chunk is a run of 16+ tokens). Its prompt logprobs against the
+    float32 `gguf` mode's: bfloat16 operands in the linears and in attention, and the
+    float16 KV cache, move a logprob by ~1e-2 nat on average here (measured 0.013, of
+    which attention alone ~0.015: scores carry the rounding of |q|.|k|); the bound is 4x
+    that, far below what a wrong kernel gives (a mask or a rescale off by one block moves
+    many positions by whole nats), and the top-1 token is the same at 97 % of positions."""
+    import torch
+
+    from tests.engine.test_prompt_logprobs import score
+
+    attention = tiled_core.runner.attention
+    path = bf16_ops.attention_path(tiled_core.model.head_dim)
+    if path == "none":
+        pytest.skip(f"no bfloat16 attention kernel here ({host_isa().describe()})")
+    assert attention.min_run == bf16_ops.ATTENTION_MIN_RUN
+    assert (
+        f"prefill attention ({attention.min_run}+ tokens) {path}" in tiled_core.backends.description
+    )
+    ids = [t for p in prompts for t in p][:300]
+    assert len(ids) == 300
+    exact = _core(model_smollm2_dir, quantization="gguf", enable_prefix_caching=False)
+    assert exact.runner.attention.min_run == 0  # the batch-invariant mode never takes it
+    got, want = (
+        score(core, [ids], tag)[f"{tag}-0"] for core, tag in ((tiled_core, "bf16"), (exact, "f32"))
+    )
+    assert got.prompt_logprobs is not None and want.prompt_logprobs is not None
+    lp = torch.tensor([e.logprob for e in got.prompt_logprobs[1:]])
+    ref = torch.tensor([e.logprob for e in want.prompt_logprobs[1:]])
+    assert float((lp - ref).abs().mean()) <= 0.05, float((lp - ref).abs().mean())
+    top = [e.top[0][0] for e in got.prompt_logprobs[1:]]
+    ref_top = [e.top[0][0] for e in want.prompt_logprobs[1:]]
+    assert sum(a == b for a, b in zip(top, ref_top, strict=True)) >= 0.97 * len(top)
