@@ -13,7 +13,7 @@ import torch
 
 from kernels.metadata import AttentionMetadata, SeqSpan
 
-__all__ = ["PagedStep", "make_step", "naive_attention", "scatter_dense_kv"]
+__all__ = ["PagedStep", "cpu_attention_tables", "make_step", "naive_attention", "scatter_dense_kv"]
 
 
 @dataclass
@@ -108,6 +108,19 @@ def scatter_dense_kv(
         blocks = torch.tensor(table, dtype=torch.int64)[pos // block_size]
         k_cache[blocks.to(k_cache.device), (pos % block_size).to(k_cache.device)] = k
         v_cache[blocks.to(v_cache.device), (pos % block_size).to(v_cache.device)] = v
+
+
+def cpu_attention_tables(step: PagedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The C attention kernel's view of a step: block tables as one zero-padded int32
+    matrix, and per query token its sequence's row and its context length (position + 1)."""
+    width = max(len(t) for t in step.block_tables)
+    tables = torch.zeros(len(step.block_tables), width, dtype=torch.int32)
+    for i, t in enumerate(step.block_tables):
+        tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    token_seq = torch.tensor(
+        [i for i, q in enumerate(step.query_lens) for _ in range(q)], dtype=torch.int32
+    )
+    return tables, token_seq, (step.positions + 1).to(torch.int32)
 
 
 def naive_attention(

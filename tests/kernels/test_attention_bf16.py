@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from tests.kernels.cases import make_step, scatter_dense_kv
+from tests.kernels.cases import cpu_attention_tables, make_step, scatter_dense_kv
 
 ops = pytest.importorskip("kernels.cpu.ops")
 if not ops.available():
@@ -83,14 +83,7 @@ def _inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
     keys = [k.to(kv_dtype).float() for k in keys]  # what the cache holds
     values = [v.to(kv_dtype).float() for v in values]
     query = torch.randn(sum(q for _, q in seqs), nh, hd, generator=gen)
-    width = max(len(t) for t in step.block_tables)
-    tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-    for i, t in enumerate(step.block_tables):
-        tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    token_seq = torch.tensor(
-        [i for i, (_, q) in enumerate(seqs) for _ in range(q)], dtype=torch.int32
-    )
-    token_ctx = (step.positions + 1).to(torch.int32)
+    tables, token_seq, token_ctx = cpu_attention_tables(step)
     return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx
 
 

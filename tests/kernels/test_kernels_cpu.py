@@ -21,7 +21,7 @@ import torch
 
 from kernels import reference
 from kernels.cpu import ops
-from tests.kernels.cases import make_step, naive_attention, scatter_dense_kv
+from tests.kernels.cases import cpu_attention_tables, make_step, naive_attention, scatter_dense_kv
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="host has no AVX2 (torch path only)")
 
@@ -179,14 +179,7 @@ def _attention_inputs(seqs: list[tuple[int, int]], nh: int, nkv: int, hd: int, b
     values = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
     scatter_dense_kv(step, keys, values, k_cache, v_cache)
     query = torch.randn(sum(q for _, q in seqs), nh, hd, generator=gen)
-    width = max(len(t) for t in step.block_tables)
-    tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-    for i, t in enumerate(step.block_tables):
-        tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    token_seq = torch.tensor(
-        [i for i, (_, q) in enumerate(seqs) for _ in range(q)], dtype=torch.int32
-    )
-    token_ctx = (step.positions + 1).to(torch.int32)
+    tables, token_seq, token_ctx = cpu_attention_tables(step)
     return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx
 
 
