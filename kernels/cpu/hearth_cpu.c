@@ -204,6 +204,12 @@ static const tile_fn Q4_TILES[4][TILE + 1] = {
 static const tile_fn Q8_TILES[1][TILE + 1] = {
     {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}};
 
+/* The sum of a block's 32 inputs (Q4_1's min term), in one fixed order. */
+static inline float block_sum(const float *xb) {
+    return hsum(_mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                              _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24))));
+}
+
 static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, const uint8_t *w,
                        int64_t n, int64_t block_bytes, const tile_fn (*tiles)[TILE + 1],
                        int64_t groups_per_tile, const float *bias, float *out, int64_t ldo) {
@@ -216,12 +222,7 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
     float *xsum = (float *)malloc((size_t)(t_count * nb + 1) * sizeof(float));
     if (!xsum) return;
 #pragma omp parallel for schedule(static) if (t_count * nb > 4096)
-    for (int64_t i = 0; i < t_count * nb; i++) {
-        const float *xb = x + (i / nb) * ldx + (i % nb) * Q4_BLOCK;
-        __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
-                                 _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
-        xsum[i] = hsum(v);
-    }
+    for (int64_t i = 0; i < t_count * nb; i++) xsum[i] = block_sum(x + (i / nb) * ldx + (i % nb) * Q4_BLOCK);
     /* One work item = (pair of groups, token tile). Dynamic chunks of ~1/8 of a thread's
      * share: on a two-core host the API workers preempt engine threads all the time, and
      * a static split would leave the other thread waiting for the preempted half. */
@@ -352,11 +353,7 @@ static void wide_gemv(const float *x, int64_t k, const uint8_t *w, int64_t n, in
                       int pairs, tile_fn tail, const float *bias, float *out) {
     const int64_t nb = k / Q4_BLOCK, groups = n / GROUP, group_bytes = nb * block_bytes;
     float xsum[nb > 0 ? nb : 1];
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + b * Q4_BLOCK;
-        xsum[b] = hsum(_mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
-                                     _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24))));
-    }
+    for (int64_t b = 0; b < nb; b++) xsum[b] = block_sum(x + b * Q4_BLOCK);
     const int64_t per_item = 2 * pairs, items = (groups + per_item - 1) / per_item;
     int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
     if (chunk < 1) chunk = 1;
@@ -368,9 +365,8 @@ static void wide_gemv(const float *x, int64_t k, const uint8_t *w, int64_t n, in
         if (left == per_item) {
             wide[pairs](x, nb, w + g0 * group_bytes, group_bytes, xsum, acc);
             done = left;
-        } else if (left >= 2) {
-            wide[1](x, nb, w + g0 * group_bytes, group_bytes, xsum, acc); /* one pair at a time */
-            for (int64_t p = 1; p < left / 2; p++)
+        } else { /* the short last item: one pair at a time */
+            for (int64_t p = 0; p < left / 2; p++)
                 wide[1](x, nb, w + (g0 + 2 * p) * group_bytes, group_bytes, xsum, acc + p);
             done = left / 2 * 2;
         }
