@@ -431,6 +431,7 @@ def paged_attention(
         raise ValueError("the CPU attention kernel needs head_dim % 32 == 0")
     t = q.shape[0]
     window = int(sliding_window or 0)
+    min_run = max(int(min_run), 0)
     rec = capture.active()
     if rec is not None:
         rec.rows(t)
@@ -445,7 +446,7 @@ def paged_attention(
         rec.emit(
             capture.OP_ATTENTION, [q, k_cache, v_cache, out],
             (num_heads, num_kv_heads, head_dim, window), (0.0, scale),
-            kind=int(f16) | max(int(min_run), 0) << 1,
+            kind=int(f16) | min_run << 1,
         )  # fmt: skip
         return out
     if out is None:
@@ -476,7 +477,7 @@ def paged_attention(
         _p(buf),
         scratch.per_thread,
         window,
-        max(int(min_run), 0),
+        min_run,
     )
     return out
 
@@ -513,14 +514,14 @@ def _paged_attention_f16(
     scratch: AttentionScratch,
     buf: torch.Tensor,
     out: torch.Tensor,
-    window: int = 0,
-    min_run: int = 0,
-    lib: ctypes.CDLL | None = None,
+    window: int,
+    min_run: int,
+    lib: ctypes.CDLL,
 ) -> torch.Tensor:
-    _kv16_fn("hearth_paged_attention_f16", lib or library())(
+    _kv16_fn("hearth_paged_attention_f16", lib)(
         _p(q), q.shape[0], q.stride(0), num_heads, num_kv_heads, head_dim,
         _p(k_cache), _p(v_cache), k_cache.shape[1], _p(block_tables), block_tables.shape[1],
         _p(token_seq), _p(token_ctx), scale, _p(out), _p(buf), scratch.per_thread, window,
-        max(int(min_run), 0),
+        min_run,
     )  # fmt: skip
     return out
