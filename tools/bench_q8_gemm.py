@@ -8,6 +8,8 @@ call (median of repeats) and GOP/s (2 T K N / time) of:
   fp32        the existing fp32-accumulating kernel (`ops.linear`, this host's variant)
   q8:<v>      `linear_q8act` in each variant the host supports (amx-vnni: the amx build
               kept on its VNNI kernels; amx: AMX tiles at every T)
+  bf16-tiles  `bf16_ops.linear_tiles` (gguf-bf16's kernel: AMX tiles, or AVX512-BF16) at
+              every T, where this host has one
   torch-bf16  `F.linear` on bf16 weights and inputs (oneDNN, AMX where the host has it): the
               ceiling reference, not batch invariant.
 At T = 1 the weight stream is the bound: GB/s of packed weight bytes is printed too. Each
@@ -31,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels.cpu import build, ops, q8_ops
+from kernels.cpu import bf16_ops, build, ops, q8_ops
 
 SHAPES = [  # (name, kind, K, N)
     ("qkv", "q4_1", 576, 960),
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             modes.append((f"q8:{v}", v, q8_ops.AMX_NEVER))
     if "amx" in isa.supported:
         print(f"amx variant integer path: {q8_ops.integer_path('amx')}")
-    cols = ["fp32", *(m[0] for m in modes), *([] if args.no_torch else ["torch-bf16"])]
+    tiles = ["bf16-tiles"] if bf16_ops.available() else []
+    cols = ["fp32", *(m[0] for m in modes), *tiles, *([] if args.no_torch else ["torch-bf16"])]
     header = f"| shape | T | {' | '.join(cols)} | best q8 vs fp32 |"
     print(f"\ntime per call in us ({args.stat} of repeats; GOP/s = 2 T K N / time)\n")
     print(header)
@@ -143,7 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         copies = max(1, int(np.ceil(args.cold_mb * 1e6 / q8_w.nbytes)))
         fp32_ws = Cycle([ops.pack(kind, raw) for _ in range(copies)])
         q8_ws = Cycle([q8_w] + [q8_ops.pack_q8act(kind, raw) for _ in range(copies - 1)])
-        bf16 = dequantize(kind, raw).to(torch.bfloat16)
+        dense = dequantize(kind, raw)
+        tile_ws = Cycle(
+            [bf16_ops.pack_tiles(dense, ops.pack(kind, raw), min_t=1) for _ in range(copies)]
+            if tiles
+            else []
+        )
+        bf16 = dense.to(torch.bfloat16)
         bf16_ws = Cycle([bf16] + [bf16.clone() for _ in range(0 if args.no_torch else copies - 1)])
         for t in args.tokens:
             x = torch.randn(t, k)
@@ -155,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             for label, v, amx_min_t in modes:
                 fns[label] = lambda v=v, a=amx_min_t, x=x, out=out, ws=q8_ws: q8_ops.linear_q8act(
                     x, ws.next(), out=out, variant=v, amx_min_t=a
+                )
+            if tiles:
+                fns["bf16-tiles"] = lambda x=x, out=out, ws=tile_ws: bf16_ops.linear_tiles(
+                    x, ws.next(), out=out
                 )
             if not args.no_torch:
                 fns["torch-bf16"] = lambda xb=xb, ws=bf16_ws: torch.nn.functional.linear(

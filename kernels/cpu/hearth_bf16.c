@@ -38,6 +38,22 @@
 
 static inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+/* A per-thread scratch buffer that only grows: the activation tiles of every call. A fresh
+ * aligned_alloc per call of a few MB is an mmap whose pages the kernel zeroes on first touch
+ * and unmaps after: that cost about as much as the conversion itself (prefill, 2026-12-02). */
+static _Thread_local uint8_t *scratch_buf;
+static _Thread_local size_t scratch_cap;
+
+static uint8_t *scratch_of(size_t bytes) {
+    if (bytes > scratch_cap) {
+        const size_t step = (size_t)2 << 20, cap = (bytes + step - 1) / step * step;
+        free(scratch_buf);
+        scratch_buf = (uint8_t *)aligned_alloc(step, cap);
+        scratch_cap = scratch_buf ? cap : 0;
+    }
+    return scratch_buf;
+}
+
 int64_t hearth_bf16_packed_bytes(int64_t n, int64_t k) { return round_up(n, BN) * round_up(k, BK) * 2; }
 
 static inline uint16_t bf16_round(float f) {
@@ -143,7 +159,7 @@ static void rows_bf16(const float *x, int64_t t, int64_t ldx, int64_t k, int64_t
 static int vec_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
                          const float *bias, float *out, int64_t ldo) {
     const int64_t kp = round_up(k, BK), chunks = kp / BK, groups = round_up(n, BN) / BN;
-    uint16_t *a = (uint16_t *)aligned_alloc(64, (size_t)(t * kp * 2 + 64));
+    uint16_t *a = (uint16_t *)scratch_of((size_t)(t * kp * 2 + 64));
     if (!a) return 0;
     rows_bf16(x, t, ldx, k, kp, a);
     const int64_t tiles_t = (t + VT - 1) / VT, tiles_g = (groups + VG - 1) / VG;
@@ -165,7 +181,6 @@ static int vec_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
                 _mm512_mask_storeu_ps(out + (t0 + r) * ldo + col, mask, _mm512_add_ps(acc[r * VG + g], bv));
             }
     }
-    free(a);
     return 1;
 }
 #endif
@@ -212,23 +227,46 @@ static inline void store_tile(const float *buf, float *out, int64_t ldo, int64_t
         _mm512_mask_storeu_ps(out + r * ldo + col, mask, _mm512_add_ps(_mm512_load_ps(buf + 16 * r), bv));
 }
 
-/* The four (or fewer) C tiles of one item, accumulated over every K chunk. */
-#define ITEM_BODY(TWO_T, TWO_G)                                                   \
+/* Chunks ahead whose B tiles are prefetched into L1: the weights are the operand that comes
+ * from L3 or memory (each is read once per step); 4 measured best of 0/2/4/8/16 (T0 and T1). */
+#define B_PREFETCH 4
+
+/* Chunk c's B tiles of an item's one or two output groups into L1 (past the end of the
+ * weight a prefetch is a no-op: it never faults). */
+static inline __attribute__((always_inline)) void prefetch_b(const uint16_t *b0, int64_t chunks, int64_t c,
+                                                              int two_g) {
+    const char *p0 = (const char *)(b0 + c * (BK * BN)), *p1 = (const char *)(b0 + (chunks + c) * (BK * BN));
+    for (int line = 0; line < BK * BN * 2; line += 64) {
+        _mm_prefetch(p0 + line, _MM_HINT_T0);
+        if (two_g) _mm_prefetch(p1 + line, _MM_HINT_T0);
+    }
+}
+
+/* The four (or fewer) C tiles of one item (tmm0-3), accumulated over every K chunk in
+ * order; the loads sit between the products so each waits only for the products before it. */
+#define ITEM_BODY_TILES(TWO_T, TWO_G)                                             \
     do {                                                                          \
         _tile_zero(0);                                                            \
         if (TWO_G) _tile_zero(1);                                                 \
         if (TWO_T) _tile_zero(2);                                                 \
         if (TWO_T && TWO_G) _tile_zero(3);                                        \
         for (int64_t c = 0; c < chunks; c++) {                                    \
+            prefetch_b(b0, chunks, c + B_PREFETCH, TWO_G);                        \
             _tile_loadd(4, a0 + c * (BM * BK), 64);                               \
             _tile_loadd(6, b0 + c * (BK * BN), 64);                               \
-            if (TWO_T) _tile_loadd(5, a0 + chunks * (BM * BK) + c * (BM * BK), 64); \
-            if (TWO_G) _tile_loadd(7, b0 + chunks * (BK * BN) + c * (BK * BN), 64); \
             _tile_dpbf16ps(0, 4, 6);                                              \
+            if (TWO_G) _tile_loadd(7, b0 + chunks * (BK * BN) + c * (BK * BN), 64); \
             if (TWO_G) _tile_dpbf16ps(1, 4, 7);                                   \
+            if (TWO_T) _tile_loadd(5, a0 + chunks * (BM * BK) + c * (BM * BK), 64); \
             if (TWO_T) _tile_dpbf16ps(2, 5, 6);                                   \
             if (TWO_T && TWO_G) _tile_dpbf16ps(3, 5, 7);                          \
         }                                                                         \
+    } while (0)
+
+/* ITEM_BODY_TILES, then its C tiles to `cbuf` (16 x 16 floats each, in order). */
+#define ITEM_BODY(TWO_T, TWO_G)                                                   \
+    do {                                                                          \
+        ITEM_BODY_TILES(TWO_T, TWO_G);                                            \
         _tile_stored(0, cbuf, 64);                                                \
         if (TWO_G) _tile_stored(1, cbuf + 256, 64);                               \
         if (TWO_T) _tile_stored(2, cbuf + 512, 64);                               \
@@ -246,6 +284,26 @@ static void amx_item(int two_t, int two_g, const uint16_t *a0, const uint16_t *b
         ITEM_BODY(0, 0);
 }
 
+/* A whole item (32 tokens x 32 outputs) stored straight from the C tiles into `out` (rows ldo
+ * floats apart), bias added in place after: the same sums as amx_item + store_tile without
+ * the copy through a buffer, which cost ~20 % of the kernel at 64-2048 tokens. */
+static void amx_item_direct(const uint16_t *a0, const uint16_t *b0, int64_t chunks, float *o, int64_t ldo,
+                            const float *bias) {
+    ITEM_BODY_TILES(1, 1);
+    const int64_t stride = ldo * (int64_t)sizeof(float);
+    _tile_stored(0, o, stride);
+    _tile_stored(1, o + BN, stride);
+    _tile_stored(2, o + BM * ldo, stride);
+    _tile_stored(3, o + BM * ldo + BN, stride);
+    if (!bias) return;
+    const __m512 b0v = _mm512_loadu_ps(bias), b1v = _mm512_loadu_ps(bias + BN);
+    for (int r = 0; r < 2 * BM; r++) {
+        float *row = o + r * ldo;
+        _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), b0v));
+        _mm512_storeu_ps(row + BN, _mm512_add_ps(_mm512_loadu_ps(row + BN), b1v));
+    }
+}
+
 /* Returns 0 (nothing computed) if its buffers cannot be allocated. */
 static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
                          const float *bias, float *out, int64_t ldo) {
@@ -255,17 +313,15 @@ static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
     const int64_t panels = (pairs_g + BLOCK_PAIRS - 1) / BLOCK_PAIRS;
     const int64_t bands = (pairs_t + BLOCK_PAIRS - 1) / BLOCK_PAIRS;
     const int threads = omp_get_max_threads();
-    uint16_t *a = (uint16_t *)aligned_alloc(64, (size_t)(tiles_t * BM * kp * 2));
-    float *cbufs = (float *)aligned_alloc(64, (size_t)threads * 1024 * sizeof(float));
-    if (!a || !cbufs) {
-        free(a);
-        free(cbufs);
-        return 0;
-    }
+    const size_t a_bytes = (size_t)(tiles_t * BM * kp * 2);
+    uint8_t *scratch = scratch_of(a_bytes + (size_t)threads * 1024 * sizeof(float));
+    if (!scratch) return 0;
+    uint16_t *a = (uint16_t *)scratch;
+    float *cbufs = (float *)(scratch + a_bytes);
     activations_bf16(x, t, ldx, k, chunks, tiles_t * BM, a);
     /* Blocks of 256 tokens x 256 outputs (~300 KB of activations and of weights: both stay
-     * in L2 while the block runs); inside a block, token pair by token pair (its tiles stay
-     * in L1) over the block's output pairs. */
+     * in L2 while the block runs); inside a block, output pair by output pair (its weight
+     * tiles, the operand that comes from memory, stay in L1) over the block's token pairs. */
     const int64_t per_block = BLOCK_PAIRS * BLOCK_PAIRS, items = bands * panels * per_block;
 #pragma omp parallel num_threads(threads)
     {
@@ -274,11 +330,16 @@ static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
 #pragma omp for schedule(dynamic, 2)
         for (int64_t i = 0; i < items; i++) {
             const int64_t block = i / per_block, in = i % per_block;
-            const int64_t tp = (block / panels) * BLOCK_PAIRS + in / BLOCK_PAIRS;
-            const int64_t gp = (block % panels) * BLOCK_PAIRS + in % BLOCK_PAIRS;
+            const int64_t tp = (block / panels) * BLOCK_PAIRS + in % BLOCK_PAIRS;
+            const int64_t gp = (block % panels) * BLOCK_PAIRS + in / BLOCK_PAIRS;
             if (tp >= pairs_t || gp >= pairs_g) continue;
             const int64_t t0 = tp * 2 * BM, g0 = gp * 2;
             const int two_t = t0 + BM < t, two_g = g0 + 1 < groups;
+            if (t0 + 2 * BM <= t && (g0 + 2) * BN <= n) {
+                amx_item_direct(a + (t0 / BM) * chunks * (BM * BK), w + g0 * chunks * (BK * BN), chunks,
+                                out + t0 * ldo + g0 * BN, ldo, bias ? bias + g0 * BN : NULL);
+                continue;
+            }
             amx_item(two_t, two_g, a + (t0 / BM) * chunks * (BM * BK), w + g0 * chunks * (BK * BN), chunks, cbuf);
             for (int ti = 0; ti <= two_t; ti++) {
                 const int64_t r0 = t0 + ti * BM, rows = t - r0 < BM ? t - r0 : BM;
@@ -290,8 +351,6 @@ static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
         }
         _tile_release();
     }
-    free(a);
-    free(cbufs);
     return 1;
 }
 #endif
