@@ -253,7 +253,7 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
 
     def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
         return bf16_ops.pack_tiles(
-            layer.weight.float(), ops.pack(kind, rows, layer.bias), self.min_t
+            layer.weight.float(), ops.pack(kind, rows, layer.bias), self.min_t, raw=rows
         )
 
     @staticmethod

@@ -20,6 +20,7 @@ import functools
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kernels.cpu import capture, ops
@@ -32,6 +33,16 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "hearth_bf16_packed_bytes": ([_i64, _i64], _i64),
     "hearth_pack_bf16": ([_ptr, _i64, _i64, _ptr], None),
     "hearth_bf16_gemm": ([_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64], ctypes.c_int),
+    "hearth_bf16_linear": (
+        [ctypes.c_int32, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64],
+        ctypes.c_int,
+    ),
+    "hearth_qtiles_bytes": ([ctypes.c_int32, _i64, _i64], _i64),
+    "hearth_pack_qtiles": ([ctypes.c_int32, _ptr, _i64, _i64, _ptr], None),
+    "hearth_qtiles_gemm": (
+        [ctypes.c_int32, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
+        ctypes.c_int,
+    ),
     "hearth_bf16_isa": ([], ctypes.c_int),
     "hearth_bf16_status": ([], ctypes.c_int),
     "hearth_attention_bf16_path": ([_i64], ctypes.c_int),
@@ -40,6 +51,14 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
 DEFAULT_MIN_T = 16
 """Calls of at least this many tokens use the tiles: one A tile is 16 tokens, so fewer pay
 for 16 while reading 4x the weight bytes of the 4-bit blocks."""
+QTILES_MIN_T = 32
+"""Calls of at least this many tokens build their bfloat16 B tiles on the fly from the 4- or
+8-bit blocks (Q-tiles, `hearth_pack_qtiles`) instead of reading the stored bfloat16 tiles: a
+step of 32-256 tokens waits on the weights' bytes, which the blocks cut 3.2x (Q4_1) or 1.9x
+(Q8_0), and the building overlaps the tile products. Below 32 the building is not amortized
+(16 tokens: 0.8-1.0x of the stored tiles). Same bits either way (tests/kernels/test_kernels_bf16.py).
+Measured per shape, AMX host, 2026-12-02: gate_up 576->3072 at 64 tokens 175 -> 138 us, the LM
+head 576->49152 at 64 tokens 3.74 -> 2.75 ms."""
 ATTENTION_MIN_RUN = 16
 """Under gguf-bf16, runs of at least this many consecutive positions of one sequence (prefill
 chunks) take the bfloat16 attention kernel (`ops.paged_attention`'s ``min_run``): one
@@ -86,18 +105,27 @@ def available(variant: str | None = None) -> bool:
     return library(variant).hearth_bf16_isa() > 0
 
 
+def qtiles_path(variant: str | None = None) -> bool:
+    """Whether `variant`'s build builds tiles from the blocks here (AMX tiles granted)."""
+    return tile_path(variant) == "amx-bf16"
+
+
 @dataclass(frozen=True, slots=True)
 class TiledWeight:
-    """An [n, k] weight as bfloat16 AMX tiles plus its float32-kernel blocks."""
+    """An [n, k] weight as bfloat16 AMX tiles (and, where AMX runs, its Q-tiles after them)
+    plus its float32-kernel blocks."""
 
     n: int
     k: int
     data: torch.Tensor
-    """int16 storage of the bfloat16 tiles (hearth_bf16.c's layout)."""
+    """int16 storage of the bfloat16 tiles (hearth_bf16.c's layout), followed by the Q-tiles
+    when `q_min_t` > 0."""
     blocks: ops.PackedWeight
     """The same weight for the float32 kernels (calls below `min_t`)."""
     min_t: int
     bias: torch.Tensor | None = None
+    q_min_t: int = 0
+    """Calls of at least this many tokens read the Q-tiles (0: `data` holds none)."""
 
     @property
     def nbytes(self) -> int:
@@ -109,18 +137,33 @@ class TiledWeight:
 
 
 def pack_tiles(
-    dense: torch.Tensor, blocks: ops.PackedWeight, min_t: int = DEFAULT_MIN_T
+    dense: torch.Tensor,
+    blocks: ops.PackedWeight,
+    min_t: int = DEFAULT_MIN_T,
+    raw: np.ndarray | None = None,
+    q_min_t: int = QTILES_MIN_T,
 ) -> TiledWeight:
-    """`dense` (``[n, k]`` float32, the dequantized weight `blocks` holds) as tiles."""
+    """`dense` (``[n, k]`` float32, the dequantized weight `blocks` holds) as tiles; with
+    `raw` (the GGUF rows `blocks` was packed from) and AMX here, its Q-tiles too, read from
+    `q_min_t` tokens up (0: none)."""
     if dense.dtype != torch.float32 or dense.dim() != 2:
         raise ValueError(f"dense must be a 2-D float32 weight, got {dense.dtype} {dense.dim()}-D")
     n, k = dense.shape
     if (n, k) != (blocks.n, blocks.k):
         raise ValueError(f"dense [{n}, {k}] does not match blocks [{blocks.n}, {blocks.k}]")
     lib = library()
-    data = torch.empty(lib.hearth_bf16_packed_bytes(n, k) // 2, dtype=torch.int16)
+    tile_bytes = lib.hearth_bf16_packed_bytes(n, k)
+    kind = _KINDS[blocks.kind]
+    with_q = raw is not None and q_min_t > 0 and k % 32 == 0 and qtiles_path()
+    q_bytes = lib.hearth_qtiles_bytes(kind, n, k) if with_q else 0
+    data = torch.empty((tile_bytes + q_bytes + 1) // 2, dtype=torch.int16)
     lib.hearth_pack_bf16(dense.contiguous().data_ptr(), n, k, data.data_ptr())
-    return TiledWeight(n, k, data, blocks, max(int(min_t), 1), blocks.bias)
+    if with_q:
+        rows = np.ascontiguousarray(raw, dtype=np.uint8)
+        lib.hearth_pack_qtiles(kind, rows.ctypes.data, n, k, data.data_ptr() + tile_bytes)
+    return TiledWeight(
+        n, k, data, blocks, max(int(min_t), 1), blocks.bias, int(q_min_t) if with_q else 0
+    )
 
 
 def linear_tiles(
@@ -134,12 +177,14 @@ def linear_tiles(
         out = rec.new(weight.n) if out is None else out
         rec.emit(
             capture.OP_LINEAR_BF16, [x, weight.data, out, weight.bias],
-            (weight.k, weight.n, weight.min_t), kind=_KINDS[weight.blocks.kind],
+            (weight.k, weight.n, weight.min_t, weight.q_min_t), kind=_KINDS[weight.blocks.kind],
             aux=weight.blocks.data,
         )  # fmt: skip
         return out
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
-    if t >= weight.min_t and library().hearth_bf16_gemm(*ops.gemm_args(x, weight, out)):
+    if t >= weight.min_t and library().hearth_bf16_linear(
+        _KINDS[weight.blocks.kind], *ops.gemm_args(x, weight, out), weight.q_min_t
+    ):
         return out
     return ops.linear(x, weight.blocks, out)

@@ -81,6 +81,64 @@ void hearth_pack_bf16(const float *w, int64_t n, int64_t k, uint16_t *dst) {
     }
 }
 
+/*
+ * Q-tiles: a GGUF Q4_1 / Q8_0 weight re-laid so that a B tile (the layout above) is built from
+ * it on the fly, in L1, with a few vector instructions per tile row: the bytes a step streams
+ * are the 4- or 8-bit blocks, not bfloat16 (3.2x / 1.9x fewer), which is what bounds a step of
+ * 16-128 tokens (the tiles are idle waiting for weights there). Group g (16 outputs), chunk c
+ * (32 inputs: one GGUF block of each output) is one record of:
+ *   16 fp16 scales d_j, then (Q4_1) 16 fp16 mins m_j, then the quants by tile row: row p
+ *   (0..15) holds the row's 32 elements e = 2j + s (output 16g + j, input 32c + 2p + s):
+ *   Q4_1: 16 bytes, element e in the low nibble of byte e (e < 16) or the high nibble of
+ *   byte e - 16; Q8_0: 32 int8, element e in byte e.
+ * The value is d*q + m (Q4_1) or d*q (Q8_0) in float32, as gguf-py dequantizes (the
+ * product of an fp16 scale and a 4- or 8-bit quant is exact, so a fused multiply-add rounds
+ * the same), then rounded once to bfloat16: bit for bit the tile hearth_pack_bf16 makes
+ * from the dequantized weight. Rows past n are zero (d = m = 0).
+ */
+#define Q4_RECORD 320 /* 32 + 32 + 16 * 16 */
+#define Q8_RECORD 544 /* 32 + 16 * 32 */
+
+static inline int64_t q_record(int32_t kind) { return kind == 0 ? Q4_RECORD : Q8_RECORD; }
+
+int64_t hearth_qtiles_bytes(int32_t kind, int64_t n, int64_t k) {
+    return round_up(n, BN) / BN * (k / BK) * q_record(kind);
+}
+
+/* raw: GGUF rows, [n, k / 32 * (20 | 34)] bytes (Q4_1: fp16 d, fp16 m, 16 bytes of nibbles,
+ * quant i in the low nibble of byte i for i < 16, else the high nibble of byte i - 16;
+ * Q8_0: fp16 d, 32 int8). k must be a multiple of 32. */
+void hearth_pack_qtiles(int32_t kind, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
+    const int64_t groups = round_up(n, BN) / BN, chunks = k / BK, rec = q_record(kind);
+    const int64_t block = kind == 0 ? 20 : 34, row_bytes = chunks * block;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            uint8_t *r = dst + (g * chunks + c) * rec;
+            memset(r, 0, (size_t)rec);
+            for (int j = 0; j < BN; j++) {
+                const int64_t row = g * BN + j;
+                if (row >= n) continue;
+                const uint8_t *b = raw + row * row_bytes + c * block;
+                memcpy(r + 2 * j, b, 2); /* d */
+                if (kind == 0) {
+                    memcpy(r + 32 + 2 * j, b + 2, 2); /* m */
+                    for (int p = 0; p < BK / 2; p++)
+                        for (int s = 0; s < 2; s++) {
+                            const int i = 2 * p + s, e = 2 * j + s;
+                            const uint8_t q = i < 16 ? (b[4 + i] & 15) : (b[4 + i - 16] >> 4);
+                            uint8_t *byte = r + 64 + p * 16 + (e & 15);
+                            *byte |= e < 16 ? q : (uint8_t)(q << 4);
+                        }
+                } else {
+                    for (int p = 0; p < BK / 2; p++)
+                        for (int s = 0; s < 2; s++) r[32 + p * 32 + 2 * j + s] = b[2 + 2 * p + s];
+                }
+            }
+        }
+    }
+}
+
 /* Which bfloat16 path this build has: 2 = AMX-BF16 tiles (AVX512-BF16 where the kernel refuses
  * the tile state), 1 = AVX512-BF16 (VDPBF16PS), 0 = none (callers use the float32 kernels). */
 int hearth_bf16_isa(void) {
@@ -243,15 +301,16 @@ static inline __attribute__((always_inline)) void prefetch_b(const uint16_t *b0,
 }
 
 /* The four (or fewer) C tiles of one item (tmm0-3), accumulated over every K chunk in
- * order; the loads sit between the products so each waits only for the products before it. */
-#define ITEM_BODY_TILES(TWO_T, TWO_G)                                             \
+ * order; the loads sit between the products so each waits only for the products before it.
+ * HOOK runs once per chunk, among the products (a prefetch, or building the next B tiles). */
+#define ITEM_LOOP(TWO_T, TWO_G, HOOK)                                             \
     do {                                                                          \
         _tile_zero(0);                                                            \
         if (TWO_G) _tile_zero(1);                                                 \
         if (TWO_T) _tile_zero(2);                                                 \
         if (TWO_T && TWO_G) _tile_zero(3);                                        \
         for (int64_t c = 0; c < chunks; c++) {                                    \
-            prefetch_b(b0, chunks, c + B_PREFETCH, TWO_G);                        \
+            HOOK;                                                                 \
             _tile_loadd(4, a0 + c * (BM * BK), 64);                               \
             _tile_loadd(6, b0 + c * (BK * BN), 64);                               \
             _tile_dpbf16ps(0, 4, 6);                                              \
@@ -262,6 +321,8 @@ static inline __attribute__((always_inline)) void prefetch_b(const uint16_t *b0,
             if (TWO_T && TWO_G) _tile_dpbf16ps(3, 5, 7);                          \
         }                                                                         \
     } while (0)
+
+#define ITEM_BODY_TILES(TWO_T, TWO_G) ITEM_LOOP(TWO_T, TWO_G, prefetch_b(b0, chunks, c + B_PREFETCH, TWO_G))
 
 /* ITEM_BODY_TILES, then its C tiles to `cbuf` (16 x 16 floats each, in order). */
 #define ITEM_BODY(TWO_T, TWO_G)                                                   \
@@ -287,9 +348,9 @@ static void amx_item(int two_t, int two_g, const uint16_t *a0, const uint16_t *b
 /* A whole item (32 tokens x 32 outputs) stored straight from the C tiles into `out` (rows ldo
  * floats apart), bias added in place after: the same sums as amx_item + store_tile without
  * the copy through a buffer, which cost ~20 % of the kernel at 64-2048 tokens. */
-static void amx_item_direct(const uint16_t *a0, const uint16_t *b0, int64_t chunks, float *o, int64_t ldo,
-                            const float *bias) {
-    ITEM_BODY_TILES(1, 1);
+/* The four C tiles of a whole item (32 tokens x 32 outputs) straight into `out` (rows ldo
+ * floats apart), bias added in place after. */
+static inline void store_direct(float *o, int64_t ldo, const float *bias) {
     const int64_t stride = ldo * (int64_t)sizeof(float);
     _tile_stored(0, o, stride);
     _tile_stored(1, o + BN, stride);
@@ -304,14 +365,18 @@ static void amx_item_direct(const uint16_t *a0, const uint16_t *b0, int64_t chun
     }
 }
 
+static void amx_item_direct(const uint16_t *a0, const uint16_t *b0, int64_t chunks, float *o, int64_t ldo,
+                            const float *bias) {
+    ITEM_BODY_TILES(1, 1);
+    store_direct(o, ldo, bias);
+}
+
 /* Returns 0 (nothing computed) if its buffers cannot be allocated. */
 static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
                          const float *bias, float *out, int64_t ldo) {
     const int64_t kp = round_up(k, BK), chunks = kp / BK;
     const int64_t tiles_t = round_up(t, BM) / BM, pairs_t = (tiles_t + 1) / 2;
     const int64_t groups = round_up(n, BN) / BN, pairs_g = (groups + 1) / 2;
-    const int64_t panels = (pairs_g + BLOCK_PAIRS - 1) / BLOCK_PAIRS;
-    const int64_t bands = (pairs_t + BLOCK_PAIRS - 1) / BLOCK_PAIRS;
     const int threads = omp_get_max_threads();
     const size_t a_bytes = (size_t)(tiles_t * BM * kp * 2);
     uint8_t *scratch = scratch_of(a_bytes + (size_t)threads * 1024 * sizeof(float));
@@ -319,20 +384,25 @@ static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
     uint16_t *a = (uint16_t *)scratch;
     float *cbufs = (float *)(scratch + a_bytes);
     activations_bf16(x, t, ldx, k, chunks, tiles_t * BM, a);
-    /* Blocks of 256 tokens x 256 outputs (~300 KB of activations and of weights: both stay
-     * in L2 while the block runs); inside a block, output pair by output pair (its weight
-     * tiles, the operand that comes from memory, stay in L1) over the block's token pairs. */
-    const int64_t per_block = BLOCK_PAIRS * BLOCK_PAIRS, items = bands * panels * per_block;
+    /* Bands of 256 tokens (their activation tiles, <= 300 KB at K = 576, stay in L2); inside a
+     * band, output pair by output pair (its weight tiles, the operand that comes from memory,
+     * are read once and stay in L1 while every token pair of the band runs over them). Items
+     * are numbered densely and handed out a few output pairs at a time: at 64 tokens a slot
+     * per (token pair, output pair) of a 256 x 256 block left 3/4 of the dispatches empty, and
+     * each dispatch is an atomic both cores contend for (~40 us of a 230 us call). */
+    const int64_t band_pairs = BLOCK_PAIRS, items = pairs_t * pairs_g;
+    const int64_t per_band = band_pairs * pairs_g;
 #pragma omp parallel num_threads(threads)
     {
         bf16_config();
         float *cbuf = cbufs + 1024 * omp_get_thread_num();
-#pragma omp for schedule(dynamic, 2)
+        const int64_t in_band0 = pairs_t < band_pairs ? pairs_t : band_pairs;
+#pragma omp for schedule(dynamic, 4 * in_band0)
         for (int64_t i = 0; i < items; i++) {
-            const int64_t block = i / per_block, in = i % per_block;
-            const int64_t tp = (block / panels) * BLOCK_PAIRS + in % BLOCK_PAIRS;
-            const int64_t gp = (block % panels) * BLOCK_PAIRS + in / BLOCK_PAIRS;
-            if (tp >= pairs_t || gp >= pairs_g) continue;
+            const int64_t band = i / per_band, r = i % per_band;
+            const int64_t first = band * band_pairs;
+            const int64_t in_band = pairs_t - first < band_pairs ? pairs_t - first : band_pairs;
+            const int64_t gp = r / in_band, tp = first + r % in_band;
             const int64_t t0 = tp * 2 * BM, g0 = gp * 2;
             const int two_t = t0 + BM < t, two_g = g0 + 1 < groups;
             if (t0 + 2 * BM <= t && (g0 + 2) * BN <= n) {
@@ -348,6 +418,129 @@ static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
                     store_tile(cbuf + 256 * (2 * ti + gi), out + r0 * ldo, ldo, rows, col, cols, bias);
                 }
             }
+        }
+        _tile_release();
+    }
+    return 1;
+}
+
+/* One Q-tile record -> the B tile it stands for (512 bfloat16, 64-byte aligned). */
+static inline void unpack_qtile(int32_t kind, const uint8_t *rec, uint16_t *tile) {
+    const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+    const __m512 d_lo = _mm512_permutexvar_ps(lo_idx, d), d_hi = _mm512_permutexvar_ps(hi_idx, d);
+    if (kind == 0) {
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));
+        const __m512 m_lo = _mm512_permutexvar_ps(lo_idx, m), m_hi = _mm512_permutexvar_ps(hi_idx, m);
+        const __m512i nib = _mm512_set1_epi32(15);
+        const uint8_t *q = rec + 64;
+        for (int p = 0; p < BK / 2; p++) {
+            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * p)));
+            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), d_lo, m_lo);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d_hi, m_hi);
+            _mm512_store_si512(tile + 32 * p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    } else {
+        const int8_t *q = (const int8_t *)(rec + 32);
+        for (int p = 0; p < BK / 2; p++) {
+            const __m512 lo = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * p)))), d_lo);
+            const __m512 hi = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * p + 16)))), d_hi);
+            _mm512_store_si512(tile + 32 * p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+/* Building the next output pair's B tiles (`total` records from `src` into `dst`), a few
+ * per chunk of the current item so the vector units build while the tile unit multiplies. */
+typedef struct {
+    int32_t kind;
+    int64_t rec, done, total, per_chunk;
+    const uint8_t *src;
+    uint16_t *dst;
+} unpack_job;
+
+static inline __attribute__((always_inline)) void unpack_some(unpack_job *job, int64_t count) {
+    for (int64_t s = 0; s < count && job->done < job->total; s++, job->done++)
+        unpack_qtile(job->kind, job->src + job->done * job->rec, job->dst + job->done * (BK * BN));
+}
+
+static void amx_item_direct_building(const uint16_t *a0, const uint16_t *b0, int64_t chunks, float *o,
+                                     int64_t ldo, const float *bias, unpack_job *job) {
+    const int64_t per_chunk = job->per_chunk;
+    ITEM_LOOP(1, 1, unpack_some(job, per_chunk));
+    store_direct(o, ldo, bias);
+}
+
+/* The AMX GEMM over Q-tiles. Per band of 256 tokens, each output pair's B tiles are built into
+ * one of two per-thread panels (2 groups x chunks KB, in L1/L2) and every token pair of the
+ * band runs over it while the next output pair's tiles are built into the other, so a record
+ * is unpacked once per 256 tokens and the building overlaps the products. Each thread takes
+ * a contiguous run of (band, output pair) items, so its next panel is known. Same items and
+ * sums as amx_bf16_gemm on the tiles hearth_pack_bf16 makes of the dequantized weight. */
+static int amx_q_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
+                      int64_t n, const float *bias, float *out, int64_t ldo) {
+    const int64_t chunks = k / BK, rec = q_record(kind);
+    const int64_t tiles_t = round_up(t, BM) / BM, pairs_t = (tiles_t + 1) / 2;
+    const int64_t groups = round_up(n, BN) / BN, pairs_g = (groups + 1) / 2;
+    const int64_t bands = (pairs_t + BLOCK_PAIRS - 1) / BLOCK_PAIRS, items = bands * pairs_g;
+    const int threads = omp_get_max_threads();
+    const size_t a_bytes = (size_t)(tiles_t * BM * k * 2), panel = (size_t)(2 * chunks * BK * BN);
+    uint8_t *scratch = scratch_of(a_bytes + (size_t)threads * (1024 * sizeof(float) + 2 * panel * 2));
+    if (!scratch) return 0;
+    uint16_t *a = (uint16_t *)scratch;
+    float *cbufs = (float *)(scratch + a_bytes);
+    uint16_t *panels = (uint16_t *)(scratch + a_bytes + (size_t)threads * 1024 * sizeof(float));
+    activations_bf16(x, t, ldx, k, chunks, tiles_t * BM, a);
+#pragma omp parallel num_threads(threads)
+    {
+        bf16_config();
+        const int me = omp_get_thread_num(), nth = omp_get_num_threads();
+        float *cbuf = cbufs + 1024 * me;
+        uint16_t *pan[2] = {panels + (size_t)me * 2 * panel, panels + (size_t)me * 2 * panel + panel};
+        const int64_t per = (items + nth - 1) / nth, lo = me * per, hi = lo + per < items ? lo + per : items;
+        int cur = 0;
+        if (lo < hi) {
+            const int64_t g0 = (lo % pairs_g) * 2;
+            unpack_job first = {kind, rec, 0, (g0 + 1 < groups ? 2 : 1) * chunks, 0, w + g0 * chunks * rec, pan[0]};
+            unpack_some(&first, first.total);
+        }
+        for (int64_t i = lo; i < hi; i++) {
+            const int64_t band = i / pairs_g, gp = i % pairs_g, g0 = gp * 2;
+            const int two_g = g0 + 1 < groups;
+            const int64_t tp_begin = band * BLOCK_PAIRS;
+            const int64_t tp_end = tp_begin + BLOCK_PAIRS < pairs_t ? tp_begin + BLOCK_PAIRS : pairs_t;
+            unpack_job job = {kind, rec, 0, 0, 0, w, pan[cur ^ 1]};
+            if (i + 1 < hi) {
+                const int64_t gn = ((i + 1) % pairs_g) * 2;
+                job.total = (gn + 1 < groups ? 2 : 1) * chunks;
+                job.src = w + gn * chunks * rec;
+                const int64_t steps = (tp_end - tp_begin) * chunks;
+                job.per_chunk = (job.total + steps - 1) / steps;
+            }
+            const uint16_t *b0 = pan[cur];
+            for (int64_t tp = tp_begin; tp < tp_end; tp++) {
+                const int64_t t0 = tp * 2 * BM;
+                const int two_t = t0 + BM < t;
+                const uint16_t *a0 = a + (t0 / BM) * chunks * (BM * BK);
+                if (t0 + 2 * BM <= t && (g0 + 2) * BN <= n) {
+                    amx_item_direct_building(a0, b0, chunks, out + t0 * ldo + g0 * BN, ldo,
+                                             bias ? bias + g0 * BN : NULL, &job);
+                    continue;
+                }
+                amx_item(two_t, two_g, a0, b0, chunks, cbuf);
+                for (int ti = 0; ti <= two_t; ti++) {
+                    const int64_t r0 = t0 + ti * BM, rows = t - r0 < BM ? t - r0 : BM;
+                    for (int gi = 0; gi <= two_g; gi++) {
+                        const int64_t col = (g0 + gi) * BN, cols = n - col < BN ? n - col : BN;
+                        store_tile(cbuf + 256 * (2 * ti + gi), out + r0 * ldo, ldo, rows, col, cols, bias);
+                    }
+                }
+            }
+            unpack_some(&job, job.total);
+            cur ^= 1;
         }
         _tile_release();
     }
@@ -382,4 +575,37 @@ int hearth_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const ui
     (void)x, (void)ldx, (void)k, (void)w, (void)n, (void)bias, (void)out, (void)ldo;
     return 0;
 #endif
+}
+
+/*
+ * hearth_bf16_gemm over Q-tiles (hearth_pack_qtiles; kind 0 = Q4_1, 1 = Q8_0): the same
+ * result bit for bit as hearth_bf16_gemm on hearth_pack_bf16 of the dequantized weight,
+ * reading the 4- or 8-bit records instead. AMX tiles only: returns 0 (nothing computed)
+ * where this build or host has none, or memory ran out; k must be a multiple of 32.
+ */
+int hearth_qtiles_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
+                       int64_t n, const float *bias, float *out, int64_t ldo) {
+    if (t <= 0) return 1;
+#ifdef __AMX_BF16__
+    if (k % BK == 0 && hearth_q8a_amx_status() == 1 && amx_q_gemm(kind, x, t, ldx, k, w, n, bias, out, ldo))
+        return 1;
+#endif
+    (void)kind, (void)x, (void)ldx, (void)k, (void)w, (void)n, (void)bias, (void)out, (void)ldo;
+    return 0;
+}
+
+/*
+ * The gguf-bf16 linear: `w` holds the bfloat16 tiles (hearth_pack_bf16) and, when q_min_t > 0,
+ * right after them the same weight's Q-tiles (hearth_pack_qtiles of its `kind`). Calls of
+ * q_min_t tokens or more read the Q-tiles, fewer the bfloat16 tiles; the two give the same
+ * bits, so which one ran never shows in a result. Returns 0 when neither could run (the caller
+ * runs its float32 kernel).
+ */
+int hearth_bf16_linear(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w,
+                       int64_t n, const float *bias, float *out, int64_t ldo, int64_t q_min_t) {
+    if (q_min_t > 0 && t >= q_min_t &&
+        hearth_qtiles_gemm(kind, x, t, ldx, k, (const uint8_t *)w + hearth_bf16_packed_bytes(n, k), n, bias, out,
+                           ldo))
+        return 1;
+    return hearth_bf16_gemm(x, t, ldx, k, w, n, bias, out, ldo);
 }

@@ -1071,8 +1071,8 @@ void hearth_q8a_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64
                      int64_t n, const float *bias, float *out, int64_t ldo, uint8_t *scratch,
                      int64_t amx_min_t);
 
-int hearth_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
-                     const float *bias, float *out, int64_t ldo);
+int hearth_bf16_linear(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w,
+                       int64_t n, const float *bias, float *out, int64_t ldo, int64_t q_min_t);
 
 static inline void linear_f32(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
                               int64_t n, const float *bias, float *out, int64_t ldo) {
@@ -1106,9 +1106,10 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
         case OP_LINEAR_F32: /* x = a, w = b, bias = d, out = c; i0 = k, i1 = n */
             linear_f32(op->kind, a, t, op->ld[0], op->i[0], (const uint8_t *)b, op->i[1], d, c, op->ld[2]);
             break;
-        case OP_LINEAR_BF16: /* tiles = b, blocks = aux; i2 = min_t (fewer tokens: the blocks) */
-            if (t < op->i[2] ||
-                !hearth_bf16_gemm(a, t, op->ld[0], op->i[0], (const uint16_t *)b, op->i[1], d, c, op->ld[2]))
+        case OP_LINEAR_BF16: /* tiles = b, blocks = aux; i2 = min_t (fewer tokens: the blocks),
+                              * i3 = the Q-tiles' min_t (0: b holds none) */
+            if (t < op->i[2] || !hearth_bf16_linear(op->kind, a, t, op->ld[0], op->i[0], (const uint16_t *)b,
+                                                    op->i[1], d, c, op->ld[2], op->i[3]))
                 linear_f32(op->kind, a, t, op->ld[0], op->i[0], (const uint8_t *)op->aux, op->i[1], d, c,
                            op->ld[2]);
             break;

@@ -172,3 +172,62 @@ def test_the_amx_and_avx512_paths_agree_to_float32_rounding() -> None:
     vec = _gemm(x, tiles, n, variant="avx512_vnni").double()
     _, scale = _reference(x, w)
     assert bool(((amx - vec).abs() <= 2 * scale * k * 2.0**-24).all())
+
+
+def _gguf_weight(kind: str, n: int, k: int, bias: torch.Tensor | None = None):
+    """Random GGUF rows of `kind` (gguf-py's quantizer): the rows, their packed blocks and
+    their dequantized float32 values."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    qtype = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}[kind]
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    raw = quantize(torch.randn(n, k, generator=gen).numpy(), qtype)
+    deq = torch.from_numpy(dequantize(raw, qtype).astype(np.float32))
+    return raw, ops.pack(kind, raw, bias), deq
+
+
+needs_qtiles = pytest.mark.skipif(
+    not bf16_ops.qtiles_path(),
+    reason=f"tiles are built from the blocks only where AMX tiles run ({bf16_ops.tile_path()})",
+)
+
+
+@needs_qtiles
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_tiles_built_from_the_blocks_are_the_stored_tiles_bit_for_bit(kind, with_bias) -> None:
+    """The Q-tiles path (calls of QTILES_MIN_T tokens up) gives exactly the bits of the
+    stored bfloat16 tiles: n not a multiple of 16 (a padded group), strided rows, a
+    partial last token pair, one token pair, and 300 tokens (two 256-token bands)."""
+    n, k = 200, 576
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(3)) if with_bias else None
+    raw, blocks, dense = _gguf_weight(kind, n, k, bias)
+    stored = bf16_ops.pack_tiles(dense, blocks, min_t=16)
+    built = bf16_ops.pack_tiles(dense, blocks, min_t=16, raw=raw)
+    assert (stored.q_min_t, built.q_min_t) == (0, bf16_ops.QTILES_MIN_T)
+    x = torch.randn(300, k + 5, generator=torch.Generator().manual_seed(4))[:, :k]
+    for t in (16, 31, 32, 33, 64, 97, 300):
+        assert torch.equal(
+            bf16_ops.linear_tiles(x[:t], built), bf16_ops.linear_tiles(x[:t], stored)
+        ), t
+
+
+@needs_qtiles
+def test_calls_from_qtiles_min_t_up_read_the_qtiles() -> None:
+    """With the Q-tiles zeroed (every weight they stand for is 0), calls of QTILES_MIN_T
+    tokens and more give zeros and shorter ones still the stored tiles' result: the
+    dispatch really reads the records it packed."""
+    n, k = 64, 576
+    raw, blocks, dense = _gguf_weight("q4_1", n, k)
+    stored = bf16_ops.pack_tiles(dense, blocks, min_t=16)
+    built = bf16_ops.pack_tiles(dense, blocks, min_t=16, raw=raw)
+    tile_halfwords = bf16_ops.library().hearth_bf16_packed_bytes(n, k) // 2
+    built.data[tile_halfwords:] = 0
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(5))
+    short = bf16_ops.QTILES_MIN_T - 1
+    assert torch.equal(
+        bf16_ops.linear_tiles(x[:short], built), bf16_ops.linear_tiles(x[:short], stored)
+    )
+    assert torch.equal(bf16_ops.linear_tiles(x, built), torch.zeros(64, n))
