@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     watch_parent(stop)
 
-    from engine.core import EngineCore  # torch import happens here, after the lock
+    from engine.core import EngineCore, freeze_startup_objects  # torch import: after the lock
     from engine.core_loop import run_engine_loop
 
     start = time.monotonic()
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     core.structured.start()  # the grammar compile children load during warm-up
     transport = ZmqEngineTransport(runtime_dir)
     warm = core.warm_up()
+    freeze_startup_objects()
     heartbeat = Heartbeat(runtime_dir)
     write_ready(runtime_dir, core.model_info)
     logger.info(

@@ -17,7 +17,7 @@ import time
 import torch
 
 from engine.config import QUANTIZATIONS, EngineConfig
-from engine.core import EngineCore
+from engine.core import EngineCore, freeze_startup_objects
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
 
@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     core = EngineCore(config, progress=print)
     core.warm_up()
+    freeze_startup_objects()  # as the engine process does once it is ready
     print(f"mode: {core.backends.description}")
     print("batch  prefill(s)  decode step(ms)  step CPU(ms)  decode tok/s")
     for i, batch in enumerate(args.batch):
