@@ -14,7 +14,8 @@
 - ``gguf-bf16`` (the default for a GGUF on a CPU with AMX-BF16): the same blocks for
   calls under 16 tokens, and for calls from 16 tokens up (prefill, batched decode) the
   dequantized weights rounded once to bfloat16 in AMX tiles, bfloat16 activations and
-  float32 sums (`GGUFTiledLinearMethod`, ``kernels/cpu/hearth_bf16.c``); prefill runs of
+  float32 sums (`GGUFTiledLinearMethod`, ``kernels/cpu/hearth_bf16.c``; from 32 tokens up on
+  AMX the same tiles are built on the fly from the blocks, bit for bit); prefill runs of
   16+ tokens of a sequence attend on the same units (bfloat16 Q, K, V and softmax weights,
   float32 sums: ``kernels/cpu/hearth_attention_bf16.c``), decodes in float32. Within each side
   of the threshold a token's result does not depend on the batch; across it, it may (a
@@ -145,7 +146,12 @@ def choose_backends(
     activations = {
         "gguf": "float32 activations",
         "gguf-bf16": f"float32 activations under {bf16_ops.DEFAULT_MIN_T} tokens, bfloat16 "
-        f"({bf16_ops.tile_path()}) from {bf16_ops.DEFAULT_MIN_T} up",
+        f"({bf16_ops.tile_path()}) from {bf16_ops.DEFAULT_MIN_T} up"
+        + (
+            f" (tiles built from the blocks from {bf16_ops.QTILES_MIN_T} up)"
+            if bf16_ops.qtiles_path()
+            else ""
+        ),
         "gguf-int8": f"int8 activations ({q8_ops.integer_path()})",
     }[mode]
     kv_dtype = _fast_kv_dtype(config.kv_cache_dtype, mode)

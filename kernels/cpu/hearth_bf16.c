@@ -433,12 +433,15 @@ static inline void unpack_qtile(int32_t kind, const uint8_t *rec, uint16_t *tile
     if (kind == 0) {
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));
         const __m512 m_lo = _mm512_permutexvar_ps(lo_idx, m), m_hi = _mm512_permutexvar_ps(hi_idx, m);
-        const __m512i nib = _mm512_set1_epi32(15);
+        /* A quant's float value by a permute of 0..15 (its index bits 3:0 are the low nibble;
+         * shifted, the high one): the permute port, where the conversion would share the
+         * multiply-add's. Exact, as the conversion is. */
+        const __m512 values = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
         const uint8_t *q = rec + 64;
         for (int p = 0; p < BK / 2; p++) {
             const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * p)));
-            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), d_lo, m_lo);
-            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d_hi, m_hi);
+            const __m512 lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, values), d_lo, m_lo);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), values), d_hi, m_hi);
             _mm512_store_si512(tile + 32 * p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
     } else {
