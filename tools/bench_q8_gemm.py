@@ -148,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         q8_ws = Cycle([q8_w] + [q8_ops.pack_q8act(kind, raw) for _ in range(copies - 1)])
         dense = dequantize(kind, raw)
         tile_ws = Cycle(
-            [bf16_ops.pack_tiles(dense, ops.pack(kind, raw), min_t=1) for _ in range(copies)]
+            [
+                bf16_ops.pack_tiles(dense, ops.pack(kind, raw), min_t=1, raw=raw)
+                for _ in range(copies)
+            ]
             if tiles
             else []
         )
