@@ -39,10 +39,6 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     ),
     "hearth_qtiles_bytes": ([ctypes.c_int32, _i64, _i64], _i64),
     "hearth_pack_qtiles": ([ctypes.c_int32, _ptr, _i64, _i64, _ptr], None),
-    "hearth_qtiles_gemm": (
-        [ctypes.c_int32, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
-        ctypes.c_int,
-    ),
     "hearth_bf16_isa": ([], ctypes.c_int),
     "hearth_bf16_status": ([], ctypes.c_int),
     "hearth_attention_bf16_path": ([_i64], ctypes.c_int),
@@ -57,8 +53,8 @@ QTILES_MIN_T = 32
 step of 32-256 tokens waits on the weights' bytes, which the blocks cut 3.2x (Q4_1) or 1.9x
 (Q8_0), and the building overlaps the tile products. Below 32 the building is not amortized
 (16 tokens: 0.8-1.0x of the stored tiles). Same bits either way (tests/kernels/test_kernels_bf16.py).
-Measured per shape, AMX host, 2026-12-02: gate_up 576->3072 at 64 tokens 175 -> 138 us, the LM
-head 576->49152 at 64 tokens 3.74 -> 2.75 ms."""
+Measured per shape, AMX host, 2026-12-02 (`tools/bench_q8_gemm.py`, weights from memory):
+gate_up 576->3072 at 64 tokens 263 -> 141 us, the LM head 576->49152 at 64 tokens 3.82 -> 2.43 ms."""
 ATTENTION_MIN_RUN = 16
 """Under gguf-bf16, runs of at least this many consecutive positions of one sequence (prefill
 chunks) take the bfloat16 attention kernel (`ops.paged_attention`'s ``min_run``): one

@@ -345,11 +345,9 @@ static void amx_item(int two_t, int two_g, const uint16_t *a0, const uint16_t *b
         ITEM_BODY(0, 0);
 }
 
-/* A whole item (32 tokens x 32 outputs) stored straight from the C tiles into `out` (rows ldo
- * floats apart), bias added in place after: the same sums as amx_item + store_tile without
- * the copy through a buffer, which cost ~20 % of the kernel at 64-2048 tokens. */
 /* The four C tiles of a whole item (32 tokens x 32 outputs) straight into `out` (rows ldo
- * floats apart), bias added in place after. */
+ * floats apart), bias added in place after: the same sums as amx_item + store_edge without
+ * the copy through a buffer, which cost ~20 % of the kernel at 64-2048 tokens. */
 static inline void store_direct(float *o, int64_t ldo, const float *bias) {
     const int64_t stride = ldo * (int64_t)sizeof(float);
     _tile_stored(0, o, stride);
@@ -371,6 +369,22 @@ static void amx_item_direct(const uint16_t *a0, const uint16_t *b0, int64_t chun
     store_direct(o, ldo, bias);
 }
 
+/* An item at the edge of the output (a last token tile or output group of its own, or rows or
+ * outputs past t or n): its C tiles through `cbuf`, then only the rows and outputs that exist. */
+static void amx_item_edge(const uint16_t *a0, const uint16_t *b0, int64_t chunks, float *cbuf, int64_t t,
+                          int64_t t0, int64_t n, int64_t g0, int64_t groups, const float *bias, float *out,
+                          int64_t ldo) {
+    const int two_t = t0 + BM < t, two_g = g0 + 1 < groups;
+    amx_item(two_t, two_g, a0, b0, chunks, cbuf);
+    for (int ti = 0; ti <= two_t; ti++) {
+        const int64_t r0 = t0 + ti * BM, rows = t - r0 < BM ? t - r0 : BM;
+        for (int gi = 0; gi <= two_g; gi++) {
+            const int64_t col = (g0 + gi) * BN, cols = n - col < BN ? n - col : BN;
+            store_tile(cbuf + 256 * (2 * ti + gi), out + r0 * ldo, ldo, rows, col, cols, bias);
+        }
+    }
+}
+
 /* Returns 0 (nothing computed) if its buffers cannot be allocated. */
 static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint16_t *w, int64_t n,
                          const float *bias, float *out, int64_t ldo) {
@@ -390,34 +404,26 @@ static int amx_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
      * are numbered densely and handed out a few output pairs at a time: at 64 tokens a slot
      * per (token pair, output pair) of a 256 x 256 block left 3/4 of the dispatches empty, and
      * each dispatch is an atomic both cores contend for (~40 us of a 230 us call). */
-    const int64_t band_pairs = BLOCK_PAIRS, items = pairs_t * pairs_g;
-    const int64_t per_band = band_pairs * pairs_g;
+    const int64_t items = pairs_t * pairs_g, per_band = BLOCK_PAIRS * pairs_g;
 #pragma omp parallel num_threads(threads)
     {
         bf16_config();
         float *cbuf = cbufs + 1024 * omp_get_thread_num();
-        const int64_t in_band0 = pairs_t < band_pairs ? pairs_t : band_pairs;
+        const int64_t in_band0 = pairs_t < BLOCK_PAIRS ? pairs_t : BLOCK_PAIRS;
 #pragma omp for schedule(dynamic, 4 * in_band0)
         for (int64_t i = 0; i < items; i++) {
             const int64_t band = i / per_band, r = i % per_band;
-            const int64_t first = band * band_pairs;
-            const int64_t in_band = pairs_t - first < band_pairs ? pairs_t - first : band_pairs;
+            const int64_t first = band * BLOCK_PAIRS;
+            const int64_t in_band = pairs_t - first < BLOCK_PAIRS ? pairs_t - first : BLOCK_PAIRS;
             const int64_t gp = r / in_band, tp = first + r % in_band;
             const int64_t t0 = tp * 2 * BM, g0 = gp * 2;
-            const int two_t = t0 + BM < t, two_g = g0 + 1 < groups;
             if (t0 + 2 * BM <= t && (g0 + 2) * BN <= n) {
                 amx_item_direct(a + (t0 / BM) * chunks * (BM * BK), w + g0 * chunks * (BK * BN), chunks,
                                 out + t0 * ldo + g0 * BN, ldo, bias ? bias + g0 * BN : NULL);
                 continue;
             }
-            amx_item(two_t, two_g, a + (t0 / BM) * chunks * (BM * BK), w + g0 * chunks * (BK * BN), chunks, cbuf);
-            for (int ti = 0; ti <= two_t; ti++) {
-                const int64_t r0 = t0 + ti * BM, rows = t - r0 < BM ? t - r0 : BM;
-                for (int gi = 0; gi <= two_g; gi++) {
-                    const int64_t col = (g0 + gi) * BN, cols = n - col < BN ? n - col : BN;
-                    store_tile(cbuf + 256 * (2 * ti + gi), out + r0 * ldo, ldo, rows, col, cols, bias);
-                }
-            }
+            amx_item_edge(a + (t0 / BM) * chunks * (BM * BK), w + g0 * chunks * (BK * BN), chunks, cbuf, t, t0, n,
+                          g0, groups, bias, out, ldo);
         }
         _tile_release();
     }
@@ -512,7 +518,6 @@ static int amx_q_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int6
         }
         for (int64_t i = lo; i < hi; i++) {
             const int64_t band = i / pairs_g, gp = i % pairs_g, g0 = gp * 2;
-            const int two_g = g0 + 1 < groups;
             const int64_t tp_begin = band * BLOCK_PAIRS;
             const int64_t tp_end = tp_begin + BLOCK_PAIRS < pairs_t ? tp_begin + BLOCK_PAIRS : pairs_t;
             unpack_job job = {kind, rec, 0, 0, 0, w, pan[cur ^ 1]};
@@ -526,21 +531,13 @@ static int amx_q_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int6
             const uint16_t *b0 = pan[cur];
             for (int64_t tp = tp_begin; tp < tp_end; tp++) {
                 const int64_t t0 = tp * 2 * BM;
-                const int two_t = t0 + BM < t;
                 const uint16_t *a0 = a + (t0 / BM) * chunks * (BM * BK);
                 if (t0 + 2 * BM <= t && (g0 + 2) * BN <= n) {
                     amx_item_direct_building(a0, b0, chunks, out + t0 * ldo + g0 * BN, ldo,
                                              bias ? bias + g0 * BN : NULL, &job);
                     continue;
                 }
-                amx_item(two_t, two_g, a0, b0, chunks, cbuf);
-                for (int ti = 0; ti <= two_t; ti++) {
-                    const int64_t r0 = t0 + ti * BM, rows = t - r0 < BM ? t - r0 : BM;
-                    for (int gi = 0; gi <= two_g; gi++) {
-                        const int64_t col = (g0 + gi) * BN, cols = n - col < BN ? n - col : BN;
-                        store_tile(cbuf + 256 * (2 * ti + gi), out + r0 * ldo, ldo, rows, col, cols, bias);
-                    }
-                }
+                amx_item_edge(a0, b0, chunks, cbuf, t, t0, n, g0, groups, bias, out, ldo);
             }
             unpack_some(&job, job.total);
             cur ^= 1;
