@@ -26,6 +26,7 @@ from engine.request import Request
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import ScheduledRequest
 from kernels.metadata import SeqSpan
+from kernels.reference import kv_head_elems
 
 
 @dataclass(slots=True)
@@ -42,7 +43,8 @@ class StepResult:
 
 def kv_cache_bytes_per_block(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
+    row = kv_head_elems(model.head_dim, dtype)
+    return 2 * model.num_layers * block_size * model.num_kv_heads * row * elem
 
 
 def zeros_on_touch(
@@ -80,9 +82,10 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.eos_token_ids = eos_token_ids
-        # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim (+ 4 for int8)]
+        row = kv_head_elems(model.head_dim, kv_dtype)
         self._kv = zeros_on_touch(
-            (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim),
+            (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, row),
             kv_dtype,
             device,
         )

@@ -349,6 +349,36 @@ def write_kv_cache(
     v_flat.index_copy_(0, slots, value.to(v_cache.dtype))
 
 
+KV_INT8_SCALE_BYTES = 4
+"""An int8 KV cache row's float32 scale, stored after its head_dim int8 values."""
+
+
+def kv_head_elems(head_dim: int, dtype: torch.dtype) -> int:
+    """Elements of one (slot, kv head) row of a KV cache of ``dtype``: the caches' last
+    dimension (head_dim, plus the scale's 4 bytes for int8)."""
+    return head_dim + KV_INT8_SCALE_BYTES if dtype == torch.int8 else head_dim
+
+
+def quantize_kv_int8(x: torch.Tensor) -> torch.Tensor:
+    """int8 cache rows of float32 ``x [..., head_dim]``: ``[..., head_dim + 4]`` int8, each row
+    q = round(x * 127 / amax) (nearest-even; amax = max |x| of the row after clamping to
+    +-65504, the float16 path's range) followed by the float32 bytes of amax / 127. Why per
+    row: a token's error stays its own (batch invariance), and one outlier row cannot
+    coarsen the others. The C kernels (`kernels.cpu.ops.write_kv_cache`) store the same."""
+    x = x.float().clamp(-65504.0, 65504.0)
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(x * inv).clamp(-127, 127).to(torch.int8)
+    scale = (amax / 127.0).contiguous().view(torch.int8)  # [..., 4]: the float32's bytes
+    return torch.cat([q, scale], dim=-1)
+
+
+def dequantize_kv_int8(rows: torch.Tensor) -> torch.Tensor:
+    """The float32 values int8 cache rows stand for: q * scale."""
+    q, scale = rows[..., :-KV_INT8_SCALE_BYTES], rows[..., -KV_INT8_SCALE_BYTES:]
+    return q.float() * scale.contiguous().view(torch.float32)
+
+
 # ----------------------------------------------------------------------------- attention
 
 

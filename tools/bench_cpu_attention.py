@@ -1,4 +1,4 @@
-"""Benchmark the C decode attention with a float32 vs a float16 KV cache, or (--prefill) the
+"""Benchmark the C decode attention with a float32, a float16 and an int8 KV cache, or (--prefill) the
 prefill attention of the float32 kernel against the bfloat16 ones.
 
 usage: python tools/bench_cpu_attention.py [--batch 1 16 64] [--ctx 128 512 2048]
@@ -17,7 +17,8 @@ heads of head_dim 64, block size 16): B sequences, each decoding one token over 
 keys, block tables drawn from a shuffled pool as after the engine has run a while. Prints
 per (B, ctx, threads) the time per call of each cache dtype (minimum and median over
 --repeat rounds, the dtypes' rounds alternating; quote minimums on a shared host), the effective GB/s of KV read
-(B * ctx * 2 * nkv * hd * element bytes / time) and the float16 speed-up. Each round calls
+(B * ctx * 2 * nkv * row bytes / time; an int8 row carries its 4-byte scale) and the
+float16 and int8 speed-ups over float32. Each round calls
 every one of several cache copies totalling >= --cold-mb of KV once, so the cache is read
 from memory as in a real step (whose 30 layers' KV and weights do not stay in cache);
 --cold-mb 0 measures a cache-hot single copy.
@@ -36,10 +37,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kernels import reference
 from kernels.cpu import build, ops
 
 NH, NKV, HD, BS = 9, 3, 64, 16
-DTYPES = (torch.float32, torch.float16)
+DTYPES = (torch.float32, torch.float16, torch.int8)
+
+
+def _cache_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return reference.quantize_kv_int8(x) if dtype == torch.int8 else x.to(dtype)
+
+
+def _row_bytes(dtype: torch.dtype) -> int:
+    return reference.kv_head_elems(HD, dtype) * torch.empty((), dtype=dtype).element_size()
 
 
 def _case(batch: int, ctx: int, dtype: torch.dtype, copies: int, gen: torch.Generator):
@@ -48,8 +58,9 @@ def _case(batch: int, ctx: int, dtype: torch.dtype, copies: int, gen: torch.Gene
     tables = torch.randperm(num_blocks, generator=gen).to(torch.int32).view(batch, blocks_per_seq)
     caches = []
     for _ in range(copies):
-        kc = torch.randn(num_blocks, BS, NKV, HD, generator=gen).to(dtype)
-        vc = torch.randn(num_blocks, BS, NKV, HD, generator=gen).to(dtype)
+        kc, vc = (
+            _cache_of(torch.randn(num_blocks, BS, NKV, HD, generator=gen), dtype) for _ in "kv"
+        )
         caches.append((kc, vc))
     q = torch.randn(batch, NH * HD, generator=gen)
     seq = torch.arange(batch, dtype=torch.int32)
@@ -59,8 +70,7 @@ def _case(batch: int, ctx: int, dtype: torch.dtype, copies: int, gen: torch.Gene
 
 def _timer(batch: int, ctx: int, dtype: torch.dtype, args, gen: torch.Generator):
     """A function that times one round of calls (seconds per call) of this case."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    per_copy = batch * ctx * 2 * NKV * HD * elem
+    per_copy = batch * ctx * 2 * NKV * _row_bytes(dtype)
     copies = max(1, math.ceil(args.cold_mb * 1e6 / per_copy)) if args.cold_mb > 0 else 1
     q, caches, tables, seq, tctx = _case(batch, ctx, dtype, copies, gen)
     scratch = ops.AttentionScratch()
@@ -185,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(
-        "| B | ctx | thr | KV MB f32 | f32 us (min / med) | f32 GB/s | f16 us (min / med) | f16 GB/s | f16 speed-up |"
+        "| B | ctx | thr | KV MB f32 | f32 us (min / med) | f32 GB/s | f16 us (min / med) | f16 GB/s "
+        "| i8 us (min / med) | i8 GB/s | f16 speed-up | i8 speed-up |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     saved = torch.get_num_threads()
     gen = torch.Generator().manual_seed(0)
     try:
@@ -197,12 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                 for ctx in args.ctx:
                     cells, mins = [], []
                     timers = [_timer(batch, ctx, dtype, args, gen) for dtype in DTYPES]
-                    # Rounds of the two dtypes alternate, so host load drifts hit both alike.
+                    # Rounds of the dtypes alternate, so host load drifts hit both alike.
                     times = [[fn() for fn in timers] for _ in range(args.repeat)]
                     for i, dtype in enumerate(DTYPES):
                         rounds = [row[i] for row in times]
-                        elem = torch.empty((), dtype=dtype).element_size()
-                        nbytes = batch * ctx * 2 * NKV * HD * elem
+                        nbytes = batch * ctx * 2 * NKV * _row_bytes(dtype)
                         best = min(rounds)
                         mins.append(best)
                         cells.append(
@@ -211,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     mb32 = batch * ctx * 2 * NKV * HD * 4 / 1e6
                     print(
-                        f"| {batch} | {ctx} | {threads} | {mb32:.1f} | {cells[0]} | {cells[1]} | "
-                        f"{mins[0] / mins[1]:.2f}x |",
+                        f"| {batch} | {ctx} | {threads} | {mb32:.1f} | {' | '.join(cells)} | "
+                        f"{mins[0] / mins[1]:.2f}x | {mins[0] / mins[2]:.2f}x |",
                         flush=True,
                     )
     finally:

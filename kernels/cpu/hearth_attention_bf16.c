@@ -17,7 +17,8 @@
  * keys. Both variants read the same repacked blocks.
  *
  * Precision contract (docs/performance.md, "Precision modes"): each query element, each
- * key and value element (as the cache holds it, float32 or float16) and each softmax
+ * key and value element (as the cache holds it: float32, float16, or int8 times its row's
+ * scale in float32) and each softmax
  * weight p = 2^(s - m) is rounded once to bfloat16 (nearest-even); products are exact,
  * scores, the max, the exponentials, the row sums and the output sums are float32.
  * Causal and sliding-window masks give weight exactly 0. The reference m of a row is
@@ -57,11 +58,11 @@ int hearth_attention_bf16_path(int64_t hd);
 /*
  * Attention of the tokens in `runs` (num_runs [start, end) row ranges, each a run of
  * consecutive positions of one sequence) over their sequences' paged caches; the other
- * rows of the call are not touched. Arguments as hearth_paged_attention's (f16: the
- * caches hold float16). Returns 1 when computed, 0 when this build cannot (no bfloat16
+ * rows of the call are not touched. Arguments as hearth_paged_attention's (kind: what the
+ * caches hold, 0 float32, 1 float16, 2 int8 rows with their scales). Returns 1 when computed, 0 when this build cannot (no bfloat16
  * unit, an unsupported head_dim, no memory): the caller then runs the float32 kernel.
  */
-int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
                           const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
                           int64_t window, const int64_t *runs, int64_t num_runs);
@@ -73,11 +74,11 @@ int hearth_attention_bf16_path(int64_t hd) {
     return 0;
 }
 
-int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
                           const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
                           int64_t window, const int64_t *runs, int64_t num_runs) {
-    (void)f16, (void)q, (void)ldq, (void)nh, (void)nkv, (void)hd, (void)k_cache, (void)v_cache;
+    (void)kind, (void)q, (void)ldq, (void)nh, (void)nkv, (void)hd, (void)k_cache, (void)v_cache;
     (void)block_size, (void)block_tables, (void)max_blocks, (void)seq, (void)ctx, (void)scale;
     (void)out, (void)window, (void)runs, (void)num_runs;
     return 0;
@@ -107,9 +108,28 @@ int hearth_attention_bf16_path(int64_t hd) {
 
 /* -------------------------------------------------------------------- helpers */
 
-/* 16 cache elements (float32 or float16) from element `idx` as float32. */
-ATT_INLINE __m512 load16(const void *base, int64_t idx, const int f16) {
-    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
+/* The cache kinds (hearth_cpu.c's KV_F32 / KV_F16 / KV_I8): an int8 cache's (slot, kv head)
+ * row is hd int8 values and their float32 scale, hd + 4 bytes. */
+#define KIND_F16 1
+#define KIND_I8 2
+#define I8_SCALE_BYTES 4
+
+ATT_INLINE int64_t head_pitch(const int kind, int64_t hd) { return kind == KIND_I8 ? hd + I8_SCALE_BYTES : hd; }
+
+/* The scale of the row whose values start at element `row` (1 for the float kinds). */
+ATT_INLINE float row_scale(const void *base, int64_t row, int64_t hd, const int kind) {
+    float s = 1.0f;
+    if (kind == KIND_I8) memcpy(&s, (const int8_t *)base + row + hd, sizeof s);
+    return s;
+}
+
+/* 16 cache elements (float32, float16 or int8 times the row's scale `s`) from element `idx`
+ * as float32. */
+ATT_INLINE __m512 load16(const void *base, int64_t idx, const int kind, float s) {
+    if (kind == KIND_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
+    if (kind == KIND_I8)
+        return _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                    _mm_loadu_si128((const __m128i *)((const int8_t *)base + idx)))));
     return _mm512_loadu_ps((const float *)base + idx);
 }
 
@@ -154,7 +174,7 @@ static uint16_t *repack_space(size_t elems) {
 }
 
 /* Key block kb (absolute) of kv head kvh of run `run`, K and V, into its repacked tiles. */
-ATT_INLINE void repack_block(const int f16, const att_run *run, int64_t kvh, int64_t kb, const void *k_cache,
+ATT_INLINE void repack_block(const int kind, const att_run *run, int64_t kvh, int64_t kb, const void *k_cache,
                              const void *v_cache, int64_t block_size, int64_t kv_stride, int64_t hd) {
     const int64_t chunks = hd / 32, groups = hd / 16, b = kb - run->kb0;
     uint16_t *kt = run->kv + kvh * 2 * run->per_head + b * KB * hd;
@@ -163,7 +183,8 @@ ATT_INLINE void repack_block(const int f16, const att_run *run, int64_t kvh, int
     for (int n = 0; n < KB; n++) {
         const int64_t key = kb * KB + n;
         src[n] = key >= run->read_lo && key < run->n
-                     ? ((int64_t)run->table[key / block_size] * block_size + key % block_size) * kv_stride + kvh * hd
+                     ? ((int64_t)run->table[key / block_size] * block_size + key % block_size) * kv_stride +
+                           kvh * head_pitch(kind, hd)
                      : -1;
     }
     const __m512i kidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -173,7 +194,9 @@ ATT_INLINE void repack_block(const int f16, const att_run *run, int64_t kvh, int
         for (int64_t c = 0; c < chunks; c++) {
             __m512i row = _mm512_setzero_si512();
             if (src[n] >= 0) {
-                const __m512 lo = load16(k_cache, src[n] + 32 * c, f16), hi = load16(k_cache, src[n] + 32 * c + 16, f16);
+                const float ks = row_scale(k_cache, src[n], hd, kind);
+                const __m512 lo = load16(k_cache, src[n] + 32 * c, kind, ks);
+                const __m512 hi = load16(k_cache, src[n] + 32 * c + 16, kind, ks);
                 row = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
             }
             /* dim pair r of this key -> row r, column n of the tile */
@@ -185,9 +208,11 @@ ATT_INLINE void repack_block(const int f16, const att_run *run, int64_t kvh, int
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int r = 0; r < KB / 2; r++) {
         const int64_t s0 = src[2 * r], s1 = src[2 * r + 1];
+        const float vs0 = s0 >= 0 ? row_scale(v_cache, s0, hd, kind) : 0.0f;
+        const float vs1 = s1 >= 0 ? row_scale(v_cache, s1, hd, kind) : 0.0f;
         for (int64_t g = 0; g < groups; g++) {
-            const __m512 a = s0 >= 0 ? load16(v_cache, s0 + 16 * g, f16) : _mm512_setzero_ps();
-            const __m512 b1 = s1 >= 0 ? load16(v_cache, s1 + 16 * g, f16) : _mm512_setzero_ps();
+            const __m512 a = s0 >= 0 ? load16(v_cache, s0 + 16 * g, kind, vs0) : _mm512_setzero_ps();
+            const __m512 b1 = s1 >= 0 ? load16(v_cache, s1 + 16 * g, kind, vs1) : _mm512_setzero_ps();
             const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b1, a);
             _mm512_store_si512(vt + g * TILE_ELEMS + r * 32, _mm512_permutexvar_epi16(pairs, both));
         }
@@ -493,11 +518,11 @@ ATT_INLINE void item_head(const int amx, att_item *it, const att_run *run, int64
 }
 
 /* The runs rs[0 .. num_runs): repack their keys into buf, then every (tile, kv head) item. */
-static void attend_runs(const int f16, const int amx, att_run *rs, int64_t num_runs, uint16_t *buf, att_item *states,
+static void attend_runs(const int kind, const int amx, att_run *rs, int64_t num_runs, uint16_t *buf, att_item *states,
                         int threads, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
                         const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *ctx,
                         float scale, float *out, int64_t window) {
-    const int64_t group = nh / nkv, kv_stride = nkv * hd;
+    const int64_t group = nh / nkv, kv_stride = nkv * head_pitch(kind, hd);
     int64_t items = 0, blocks = 0;
     for (int64_t i = 0, at = 0; i < num_runs; i++) {
         rs[i].kv = buf + at;
@@ -512,7 +537,7 @@ static void attend_runs(const int f16, const int amx, att_run *rs, int64_t num_r
         for (int64_t i = 0; i < blocks; i++) {
             int64_t rest = i, r = 0;
             while (rest >= rs[r].nkb * nkv) rest -= rs[r++].nkb * nkv;
-            repack_block(f16, rs + r, rest / rs[r].nkb, rs[r].kb0 + rest % rs[r].nkb, k_cache, v_cache, block_size,
+            repack_block(kind, rs + r, rest / rs[r].nkb, rs[r].kb0 + rest % rs[r].nkb, k_cache, v_cache, block_size,
                          kv_stride, hd);
         }
 #ifdef __AMX_BF16__
@@ -547,7 +572,7 @@ static void attend_runs(const int f16, const int amx, att_run *rs, int64_t num_r
     }
 }
 
-int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
                           const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
                           int64_t window, const int64_t *runs, int64_t num_runs) {
@@ -587,7 +612,7 @@ int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int6
         size_t used = (size_t)(2 * nkv * rs[i0].per_head);
         int64_t i1 = i0 + 1;
         while (i1 < num_runs && used + (size_t)(2 * nkv * rs[i1].per_head) <= cap) used += (size_t)(2 * nkv * rs[i1++].per_head);
-        attend_runs(f16, path == 2, rs + i0, i1 - i0, buf, states, threads, q, ldq, nh, nkv, hd, k_cache, v_cache,
+        attend_runs(kind, path == 2, rs + i0, i1 - i0, buf, states, threads, q, ldq, nh, nkv, hd, k_cache, v_cache,
                     block_size, ctx, scale, out, window);
         i0 = i1;
     }

@@ -589,6 +589,55 @@ void hearth_kv_write_f16(const float *k, int64_t ldk, const float *v, int64_t ld
     }
 }
 
+/*
+ * The same into int8 caches: each (slot, kv head) row of hd values is stored as hd int8
+ * q = round(x * 127 / amax) (nearest-even; amax = the row's largest |x|, after the same
+ * +-65504 clamp as the float16 path) followed by the float32 scale amax / 127 (4 bytes,
+ * unaligned), so a row is x ~= q * scale and a slot is nkv * (hd + 4) bytes: 0.27x the
+ * float32 cache's bytes, 0.53x the float16's, which is what decode attention is bound by.
+ * A zero row has scale 0. Per-row scales keep every token's error its own (batch
+ * invariance holds: a row's bytes depend only on the row). hd % 8 == 0.
+ */
+#define KV_I8_SCALE_BYTES 4
+
+static inline void i8_row(const float *src, int8_t *dst, int64_t hd) {
+    const __m256 hi = _mm256_set1_ps(F16_MAX), lo = _mm256_set1_ps(-F16_MAX);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t i = 0; i < hd; i += 8) {
+        const __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(src + i)));
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float a = _mm_cvtss_f32(m4);
+    const float scale = a / 127.0f;
+    const __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+    const __m256i qmax = _mm256_set1_epi32(127), qmin = _mm256_set1_epi32(-127);
+    for (int64_t i = 0; i < hd; i += 8) {
+        const __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(src + i)));
+        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, inv)); /* MXCSR: nearest-even */
+        q = _mm256_max_epi32(qmin, _mm256_min_epi32(qmax, q));
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        _mm_storel_epi64((__m128i *)(dst + i), _mm_packs_epi16(w, w));
+    }
+    memcpy(dst + hd, &scale, sizeof scale);
+}
+
+void hearth_kv_write_i8(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t t, int64_t nkv,
+                        int64_t hd, int8_t *k_cache, int8_t *v_cache, const int64_t *slots) {
+    const int64_t hp = hd + KV_I8_SCALE_BYTES;
+    for (int64_t r = 0; r < t; r++) {
+        const int64_t slot = slots[r];
+        if (slot < 0) continue;
+        for (int64_t h = 0; h < nkv; h++) {
+            i8_row(k + r * ldk + h * hd, k_cache + (slot * nkv + h) * hp, hd);
+            i8_row(v + r * ldv + h * hd, v_cache + (slot * nkv + h) * hp, hd);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ paged attention */
 /*
  * Token r belongs to sequence seq[r] (a row of block_tables) and attends to that
@@ -618,19 +667,34 @@ int64_t hearth_attention_scratch_floats(int64_t max_ctx) {
 }
 
 /*
- * The cache holds float32 (KV_F32) or float16 (KV_F16) elements; every helper below takes
- * the kind as a compile-time constant and only its loads differ: a float16 row is widened
- * to float32 by F16C on load (exact), and the scores, softmax and value sums are the same
- * float32 arithmetic in the same order for both kinds. So the float16 path on a cache of
- * float16 values gives bitwise what the float32 path gives on the same values in float32.
+ * The cache holds float32 (KV_F32), float16 (KV_F16) or int8 (KV_I8) elements; every
+ * helper below takes the kind as a compile-time constant and only its loads differ: a
+ * float16 row is widened to float32 by F16C on load (exact), and the scores, softmax and
+ * value sums are the same float32 arithmetic in the same order for both float kinds. So
+ * the float16 path on a cache of float16 values gives bitwise what the float32 path gives
+ * on the same values in float32. An int8 row is widened exactly too; its scale multiplies
+ * the key's score after the dot product and each softmax weight before the value sums.
  * Positions into a cache are element indices (`base` + index), whatever the kind.
  */
 #define KV_F32 0
 #define KV_F16 1
+#define KV_I8 2 /* int8 rows, each followed by its float32 scale (hearth_kv_write_i8) */
+
+/* Elements of one (slot, kv head) row of a cache of this kind. */
+ATT_INLINE int64_t kv_head_pitch(const int kind, int64_t hd) { return kind == KV_I8 ? hd + KV_I8_SCALE_BYTES : hd; }
+
+/* The scale of the int8 row whose values start at element `row` (1 for the float kinds). */
+ATT_INLINE float kv_row_scale(const void *base, int64_t row, int64_t hd, const int kind) {
+    float s = 1.0f;
+    if (kind == KV_I8) memcpy(&s, (const int8_t *)base + row + hd, sizeof s);
+    return s;
+}
 
 ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
     if (kind == KV_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx)));
+    if (kind == KV_I8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + idx))));
     return _mm256_loadu_ps((const float *)base + idx);
 }
 
@@ -656,10 +720,16 @@ ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
  * the next one coming; asking for it a block ahead keeps the loads from waiting on DRAM. */
 ATT_INLINE void prefetch_rows(const void *base, const int kind, int64_t first, int64_t rows, int64_t stride,
                               int64_t elems) {
-    const int64_t esz = kind == KV_F16 ? 2 : 4;
+    const int64_t esz = kind == KV_F16 ? 2 : kind == KV_I8 ? 1 : 4;
     const char *p = (const char *)base + first * esz;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t x = 0; x < elems * esz; x += 64) _mm_prefetch(p + r * stride * esz + x, ATT_PF_HINT);
+}
+
+/* The 4 keys' row scales (int8 caches): a score is scale * (q . the int8 row). */
+ATT_INLINE __m128 key_scales(const void *kc, const int64_t *kp, int64_t hd, const int kind) {
+    return _mm_set_ps(kv_row_scale(kc, kp[3], hd, kind), kv_row_scale(kc, kp[2], hd, kind),
+                      kv_row_scale(kc, kp[1], hd, kind), kv_row_scale(kc, kp[0], hd, kind));
 }
 
 /* The 8 lanes of each of a0..a3 summed in one fixed tree ((0+1)+(2+3)) + ((4+5)+(6+7)). */
@@ -678,6 +748,8 @@ ATT_INLINE __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 ATT_INLINE __m512 kv_load16(const void *base, int64_t idx, const int kind) {
     if (kind == KV_F16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
+    if (kind == KV_I8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + idx))));
     return _mm512_loadu_ps((const float *)base + idx);
 }
 
@@ -698,6 +770,7 @@ ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv
             for (int u = 0; u < U; u++) acc[u][x] = _mm512_fmadd_ps(qc[u], kx, acc[u][x]);
         }
     }
+    if (kind == KV_I8) vscale = _mm_mul_ps(vscale, key_scales(kc, kp, hd, kind));
     for (int u = 0; u < U; u++)
         _mm_storeu_ps(dst[u] + at, _mm_mul_ps(reduce4(fold16(acc[u][0]), fold16(acc[u][1]), fold16(acc[u][2]),
                                                       fold16(acc[u][3])),
@@ -717,6 +790,7 @@ ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv
             for (int u = 0; u < U; u++) acc[u][x] = _mm256_fmadd_ps(qc[u], kx, acc[u][x]);
         }
     }
+    if (kind == KV_I8) vscale = _mm_mul_ps(vscale, key_scales(kc, kp, hd, kind));
     for (int u = 0; u < U; u++)
         _mm_storeu_ps(dst[u] + at, _mm_mul_ps(reduce4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]), vscale));
 }
@@ -737,7 +811,7 @@ ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t
         if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
             const int64_t left = n - (i0 + ATT_PF_BLOCKS * block_size);
             prefetch_rows(k_cache, kind, koff + (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride,
-                          left < block_size ? left : block_size, kv_stride, hd);
+                          left < block_size ? left : block_size, kv_stride, kv_head_pitch(kind, hd));
         }
         for (int64_t j = 0; j < m; j += 4) {
             int64_t kp[4];
@@ -792,7 +866,7 @@ static float softmax_row(float *p, int64_t from, int64_t lo, int64_t n, int64_t 
  * one accumulator over the keys, so the lane width changes nothing: bitwise the AVX2 sums. */
 ATT_INLINE void values_w(const int U, const int NC, const int kind, const float *const *p, const void *v_cache,
                          const int32_t *table, int64_t b0, int64_t n, int64_t block_size, int64_t kv_stride,
-                         int64_t off, const float *inv, float *const *o, int64_t d0) {
+                         int64_t off, int64_t soff, const float *inv, float *const *o, int64_t d0) {
     __m512 a[3][4];
     for (int u = 0; u < U; u++)
         for (int c = 0; c < NC; c++) a[u][c] = _mm512_setzero_ps();
@@ -810,8 +884,9 @@ ATT_INLINE void values_w(const int U, const int NC, const int kind, const float 
             const int64_t v = vb + j * kv_stride;
             __m512 x[4];
             for (int c = 0; c < NC; c++) x[c] = kv_load16(v_cache, v + 16 * c, kind);
+            const float sv = kv_row_scale(v_cache, v + soff, 0, kind); /* int8: the row's scale */
             for (int u = 0; u < U; u++) {
-                const __m512 w = _mm512_set1_ps(p[u][i]);
+                const __m512 w = _mm512_set1_ps(kind == KV_I8 ? p[u][i] * sv : p[u][i]);
                 for (int c = 0; c < NC; c++) a[u][c] = _mm512_fmadd_ps(w, x[c], a[u][c]);
             }
         }
@@ -832,11 +907,11 @@ ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t 
 #define VALUES_W(U)                                                                                         \
     do {                                                                                                    \
         if (nc == 4)                                                                                        \
-            values_w(U, 4, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, \
-                     d0);                                                                                   \
+            values_w(U, 4, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, hd - d0,   \
+                     inv + u, o + u, d0);                                                                   \
         else                                                                                                \
-            values_w(U, 2, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, \
-                     d0);                                                                                   \
+            values_w(U, 2, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, hd - d0,   \
+                     inv + u, o + u, d0);                                                                   \
     } while (0)
         for (; u + 3 <= nv; u += 3) VALUES_W(3);
         if (nv - u == 2)
@@ -852,7 +927,7 @@ ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t 
  * from block b0. */
 ATT_INLINE void values_32(const int U, const int kind, const float *const *p, const void *v_cache,
                           const int32_t *table, int64_t b0, int64_t n, int64_t block_size, int64_t kv_stride,
-                          int64_t off, const float *inv, float *const *o, int64_t d0) {
+                          int64_t off, int64_t soff, const float *inv, float *const *o, int64_t d0) {
     __m256 a[3][4];
     for (int u = 0; u < U; u++)
         for (int c = 0; c < 4; c++) a[u][c] = _mm256_setzero_ps();
@@ -870,8 +945,9 @@ ATT_INLINE void values_32(const int U, const int kind, const float *const *p, co
             const int64_t v = vb + j * kv_stride;
             const __m256 x0 = kv_load8(v_cache, v, kind), x1 = kv_load8(v_cache, v + 8, kind);
             const __m256 x2 = kv_load8(v_cache, v + 16, kind), x3 = kv_load8(v_cache, v + 24, kind);
+            const float sv = kv_row_scale(v_cache, v + soff, 0, kind); /* int8: the row's scale */
             for (int u = 0; u < U; u++) {
-                const __m256 w = _mm256_broadcast_ss(p[u] + i);
+                const __m256 w = _mm256_set1_ps(kind == KV_I8 ? p[u][i] * sv : p[u][i]);
                 a[u][0] = _mm256_fmadd_ps(w, x0, a[u][0]);
                 a[u][1] = _mm256_fmadd_ps(w, x1, a[u][1]);
                 a[u][2] = _mm256_fmadd_ps(w, x2, a[u][2]);
@@ -890,12 +966,13 @@ ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t 
                                  int64_t kv_stride, int64_t off, int64_t hd, const float *inv, float *const *o) {
     for (int64_t d0 = 0; d0 < hd; d0 += 32) {
         int64_t u = 0;
+        const int64_t so = hd - d0;
         for (; u + 3 <= nv; u += 3)
-            values_32(3, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(3, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, so, inv + u, o + u, d0);
         if (nv - u == 2)
-            values_32(2, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(2, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, so, inv + u, o + u, d0);
         else if (nv - u == 1)
-            values_32(1, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, inv + u, o + u, d0);
+            values_32(1, kind, p + u, v_cache, table, b0, n, block_size, kv_stride, off + d0, so, inv + u, o + u, d0);
     }
 }
 #endif
@@ -942,7 +1019,7 @@ static int64_t long_runs(const int32_t *seq, const int32_t *ctx, int64_t t, int6
     return num;
 }
 
-int hearth_attention_bf16(int f16, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
                           const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
                           int64_t window, const int64_t *runs, int64_t num_runs);
@@ -973,10 +1050,11 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
             first = lo[u] < first ? lo[u] : first;
         }
         const int64_t b0 = first / block_size; /* blocks before it are outside every window */
-        attention_scores(kind, qv, nv, k_cache, kvh * hd, table, b0, n, block_size, kv_stride, hd, scale, pv);
+        const int64_t hoff = kvh * kv_head_pitch(kind, hd); /* the kv head's row in a slot */
+        attention_scores(kind, qv, nv, k_cache, hoff, table, b0, n, block_size, kv_stride, hd, scale, pv);
         for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], b0 * block_size, lo[u], len[u], n);
         attention_values(kind, (const float *const *)pv, nv, v_cache, table, b0, n, block_size, kv_stride,
-                         kvh * hd, hd, inv, ov);
+                         hoff, hd, inv, ov);
     }
 }
 
@@ -992,7 +1070,7 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
               int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,        \
               float *scratch, int64_t scratch_per_thread, int64_t window, int64_t min_run) {              \
         const int64_t group = nh / nkv;                                                                   \
-        const int64_t kv_stride = nkv * hd; /* elements between consecutive slots */                     \
+        const int64_t kv_stride = nkv * kv_head_pitch(KIND, hd); /* elements between consecutive slots */\
         const int64_t tile_tokens = group >= ATT_MAXV ? 1 : ATT_MAXV / group;                             \
         const int64_t row = scratch_per_thread / ATT_MAXV; /* floats per score row */                    \
         int64_t *runs = NULL, num_runs = 0;                                                               \
@@ -1019,6 +1097,7 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
 
 PAGED_ATTENTION_FN(hearth_paged_attention, KV_F32, float)
 PAGED_ATTENTION_FN(hearth_paged_attention_f16, KV_F16, uint16_t)
+PAGED_ATTENTION_FN(hearth_paged_attention_i8, KV_I8, int8_t)
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }
 
@@ -1129,25 +1208,35 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
         case OP_ROPE: /* x = a; i0 = heads, i1 = head_dim; cos_sin = b */
             hearth_rope(a, t, op->ld[0], op->i[0], op->i[1], st->positions, b);
             break;
-        case OP_KV_WRITE: /* k = a, v = b, k_cache = c, v_cache = d; i0 = width; kind 1: fp16 */
-            if (op->kind == 1)
+        case OP_KV_WRITE: /* k = a, v = b, k_cache = c, v_cache = d; i0 = width, i1 = head_dim;
+                           * kind 1: fp16, 2: int8 */
+            if (op->kind == KV_I8)
+                hearth_kv_write_i8(a, op->ld[0], b, op->ld[1], t, op->i[0] / op->i[1], op->i[1], (int8_t *)c,
+                                   (int8_t *)d, st->slots);
+            else if (op->kind == 1)
                 hearth_kv_write_f16(a, op->ld[0], b, op->ld[1], t, op->i[0], (uint16_t *)c,
                                     (uint16_t *)d, st->slots);
             else
                 hearth_kv_write(a, op->ld[0], b, op->ld[1], t, op->i[0], c, d, st->slots);
             break;
         case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..3 = nh, nkv, hd, window;
-                            * kind bit 0: fp16 KV, kind >> 1: the bfloat16 kernel's min run (0: never) */
-            if (op->kind & 1)
+                            * kind & 3: the KV kind (KV_F32, KV_F16, KV_I8), kind >> 2: the bfloat16
+                            * kernel's min run (0: never) */
+            if ((op->kind & 3) == KV_I8)
+                hearth_paged_attention_i8(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], (const int8_t *)b,
+                                          (const int8_t *)c, st->block_size, st->tables, st->max_blocks, st->seq,
+                                          st->ctx, op->f[1], d, st->att_scratch, st->att_per_thread, op->i[3],
+                                          op->kind >> 2);
+            else if ((op->kind & 3) == KV_F16)
                 hearth_paged_attention_f16(a, t, op->ld[0], op->i[0], op->i[1], op->i[2],
                                            (const uint16_t *)b, (const uint16_t *)c, st->block_size,
                                            st->tables, st->max_blocks, st->seq, st->ctx, op->f[1], d,
-                                           st->att_scratch, st->att_per_thread, op->i[3], op->kind >> 1);
+                                           st->att_scratch, st->att_per_thread, op->i[3], op->kind >> 2);
             else
                 hearth_paged_attention(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], b, c,
                                        st->block_size, st->tables, st->max_blocks, st->seq, st->ctx,
                                        op->f[1], d, st->att_scratch, st->att_per_thread, op->i[3],
-                                       op->kind >> 1);
+                                       op->kind >> 2);
             break;
         case OP_SILU_MUL: /* gate_up = a, out = c; i0 = inter */
             hearth_silu_mul(a, c, t, op->i[0]);

@@ -16,6 +16,7 @@ import torch
 
 from kernels.cpu import capture
 from kernels.cpu.build import build, host_isa
+from kernels.reference import kv_head_elems
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -289,33 +290,52 @@ def rotary_embedding(
     return query, key
 
 
-_KV_DTYPES = (torch.float32, torch.float16)
-"""Element types of the paged KV cache the C kernels read: float32, or float16 (half the
-bytes per step; scores, softmax and value sums are float32 either way)."""
+_KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}
+"""Element types of the paged KV cache the C kernels read (the kernels' KV_F32 / KV_F16 /
+KV_I8): float32; float16 (half the bytes per step); int8 rows, each (slot, kv head) row of
+``head_dim`` values followed by its float32 scale (0.53x float16's bytes). Scores, softmax
+and value sums are float32 for every kind."""
 
-_KV16_SIGNATURES: dict[str, list[type]] = {
+_KV_FN_NAMES = (
+    ("hearth_kv_write", "hearth_paged_attention"),
+    ("hearth_kv_write_f16", "hearth_paged_attention_f16"),
+    ("hearth_kv_write_i8", "hearth_paged_attention_i8"),
+)
+_KV_SIGNATURES: dict[str, list[type]] = {
     "hearth_kv_write_f16": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
+    "hearth_kv_write_i8": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_paged_attention_f16": _SIGNATURES["hearth_paged_attention"],
+    "hearth_paged_attention_i8": _SIGNATURES["hearth_paged_attention"],
 }
 
 
 @functools.cache
-def _kv16_fn(name: str, lib: ctypes.CDLL) -> ctypes._CFuncPtr:
+def _kv_fn(name: str, lib: ctypes.CDLL) -> ctypes._CFuncPtr:
+    if name not in _KV_SIGNATURES:
+        return getattr(lib, name)  # typed with the library
     fn = getattr(lib, name)
-    fn.argtypes = _KV16_SIGNATURES[name]
+    fn.argtypes = _KV_SIGNATURES[name]
     fn.restype = None
     return fn
 
 
-def _kv_cache_dtype(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.dtype:
-    if k_cache.dtype not in _KV_DTYPES or v_cache.dtype != k_cache.dtype:
+def _kv_kind(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> int:
+    """The kernels' code of the caches' element type, checked (both the same, CPU, rows of
+    `kv_head_elems`)."""
+    if k_cache.dtype not in _KV_KINDS or v_cache.dtype != k_cache.dtype:
         raise ValueError(
-            f"the KV caches must both be float32 or both float16, got {k_cache.dtype} and "
-            f"{v_cache.dtype}"
+            "the KV caches must both be float32, both float16 or both int8, got "
+            f"{k_cache.dtype} and {v_cache.dtype}"
         )
     if k_cache.device.type != "cpu" or v_cache.device.type != "cpu":
         raise ValueError("the KV caches must be CPU tensors")
-    return k_cache.dtype
+    row = kv_head_elems(head_dim, k_cache.dtype)
+    if k_cache.shape[-1] != row or v_cache.shape[-1] != row:
+        raise ValueError(
+            f"{k_cache.dtype} KV caches need rows of {row} elements for head_dim {head_dim}, "
+            f"got {k_cache.shape[-1]} and {v_cache.shape[-1]}"
+        )
+    return _KV_KINDS[k_cache.dtype]
 
 
 def write_kv_cache(
@@ -328,45 +348,33 @@ def write_kv_cache(
     """`kernels.reference.write_kv_cache` for float32 rows of packed heads (strided rows,
     e.g. views of the fused qkv, are read in place); slots < 0 are skipped.
 
-    The caches are float32 (copied as is) or float16: then each value is stored as
-    ``value.half()`` stores it, except that values beyond float16's range (and +-inf)
-    saturate to +-65504 instead of becoming inf; NaN stays NaN."""
+    The caches are float32 (copied as is), float16 (each value stored as ``value.half()``
+    stores it, except that values beyond float16's range, and +-inf, saturate to +-65504
+    instead of becoming inf; NaN stays NaN) or int8 (`kernels.reference.quantize_kv_int8`:
+    per (slot, kv head) row q = round(x * 127 / amax), nearest-even, then the float32 scale
+    amax / 127; values clamped to +-65504 first)."""
     _check(key, "key")
     _check(value, "value")
     t, nkv, hd = key.shape
     if key.stride(2) != 1 or value.stride(2) != 1 or (nkv > 1 and key.stride(1) != hd):
         raise ValueError("write_kv_cache needs [T, kv_heads, head_dim] rows with packed heads")
-    if slot_mapping.dtype != torch.int64 or not k_cache.is_contiguous():
+    if (
+        slot_mapping.dtype != torch.int64
+        or not k_cache.is_contiguous()
+        or not v_cache.is_contiguous()
+    ):
         raise ValueError("slots must be int64 and the caches contiguous")
-    f16 = _kv_cache_dtype(k_cache, v_cache) == torch.float16
+    kind = _kv_kind(k_cache, v_cache, hd)
     rec = capture.active()
     if rec is not None:
         rec.rows(t)
         rec.step_input("slot_mapping", slot_mapping)
-        rec.emit(capture.OP_KV_WRITE, [key, value, k_cache, v_cache], (nkv * hd,), kind=int(f16))
+        rec.emit(capture.OP_KV_WRITE, [key, value, k_cache, v_cache], (nkv * hd, hd), kind=kind)
         return
-    if f16:
-        _write_kv_cache_f16(key, value, k_cache, v_cache, slot_mapping)
-        return
-    library().hearth_kv_write(
-        _p(key), key.stride(0), _p(value), value.stride(0), t, nkv * hd,
-        _p(k_cache), _p(v_cache), _p(slot_mapping),
-    )  # fmt: skip
-
-
-def _write_kv_cache_f16(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    # checked by write_kv_cache, but for v_cache's layout
-    if not v_cache.is_contiguous():
-        raise ValueError("slots must be int64 and the caches contiguous")
-    t, nkv, hd = key.shape
-    _kv16_fn("hearth_kv_write_f16", library())(
-        _p(key), key.stride(0), _p(value), value.stride(0), t, nkv * hd,
+    fn = _kv_fn(_KV_FN_NAMES[kind][0], library())
+    width = (nkv, hd) if kind == 2 else (nkv * hd,)
+    fn(
+        _p(key), key.stride(0), _p(value), value.stride(0), t, *width,
         _p(k_cache), _p(v_cache), _p(slot_mapping),
     )  # fmt: skip
 
@@ -423,7 +431,7 @@ def paged_attention(
     ``q``: ``[T, >= nh*hd]`` rows (unit column stride; the fused qkv works as is);
     ``block_tables [S, max_blocks]`` int32; ``token_seq [T]`` (row of block_tables) and
     ``token_ctx [T]`` (keys seen = position + 1) int32. Returns ``[T, nh*hd]``.
-    The caches are float32 or float16 (both the same); the result is float32 either way,
+    The caches are float32, float16 or int8 (both the same); the result is float32 either way,
     computed in float32 from the cache's values.
     """
     _check(q, "q")
@@ -442,23 +450,17 @@ def paged_attention(
         ):
             rec.step_input(name, tensor)
         out = rec.new(num_heads * head_dim) if out is None else out
-        f16 = _kv_cache_dtype(k_cache, v_cache) == torch.float16
         rec.emit(
             capture.OP_ATTENTION, [q, k_cache, v_cache, out],
             (num_heads, num_kv_heads, head_dim, window), (0.0, scale),
-            kind=int(f16) | min_run << 1,
+            kind=_kv_kind(k_cache, v_cache, head_dim) | min_run << 2,
         )  # fmt: skip
         return out
     if out is None:
         out = torch.empty((t, num_heads * head_dim), dtype=torch.float32)
     buf = scratch.get(max_ctx)
     lib = library(variant)
-    if _kv_cache_dtype(k_cache, v_cache) == torch.float16:
-        return _paged_attention_f16(
-            q, num_heads, num_kv_heads, head_dim, k_cache, v_cache, block_tables, token_seq,
-            token_ctx, scale, scratch, buf, out, window, min_run, lib,
-        )  # fmt: skip
-    lib.hearth_paged_attention(
+    _kv_fn(_KV_FN_NAMES[_kv_kind(k_cache, v_cache, head_dim)][1], lib)(
         _p(q),
         t,
         q.stride(0),
@@ -497,31 +499,4 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return out
     out = torch.empty((t, h), dtype=torch.float32)
     library().hearth_embedding(_p(input_ids), t, _p(weight), h, _p(out))
-    return out
-
-
-def _paged_attention_f16(
-    q: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    token_seq: torch.Tensor,
-    token_ctx: torch.Tensor,
-    scale: float,
-    scratch: AttentionScratch,
-    buf: torch.Tensor,
-    out: torch.Tensor,
-    window: int,
-    min_run: int,
-    lib: ctypes.CDLL,
-) -> torch.Tensor:
-    _kv16_fn("hearth_paged_attention_f16", lib)(
-        _p(q), q.shape[0], q.stride(0), num_heads, num_kv_heads, head_dim,
-        _p(k_cache), _p(v_cache), k_cache.shape[1], _p(block_tables), block_tables.shape[1],
-        _p(token_seq), _p(token_ctx), scale, _p(out), _p(buf), scratch.per_thread, window,
-        min_run,
-    )  # fmt: skip
     return out

@@ -227,16 +227,20 @@ def threads():
 
 
 def _as_kv_dtype(kc: torch.Tensor, vc: torch.Tensor, dtype: torch.dtype):
+    if dtype == torch.int8:
+        return reference.quantize_kv_int8(kc), reference.quantize_kv_int8(vc)
     return kc.to(dtype), vc.to(dtype)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize(
+    "kv_dtype", [torch.float32, torch.float16, torch.int8], ids=["f32", "f16", "i8"]
+)
 @pytest.mark.parametrize(("nh", "nkv"), [(4, 2), (9, 3)], ids=["gqa2", "smollm2"])
 def test_paged_attention_is_batch_invariant(
     kv_dtype: torch.dtype, nh: int, nkv: int, threads
 ) -> None:
     """A sequence's tokens get bitwise the same output alone and inside a larger step, in
-    any tile, with one thread or two; for float32 and float16 caches."""
+    any tile, with one thread or two; for float32, float16 and int8 caches."""
     hd = 64
     seqs = [(30, 1), (25, 10), (50, 1)]
     _, query, _, _, kc, vc, tables, tseq, tctx = _attention_inputs(seqs, nh, nkv, hd, 16)
@@ -452,17 +456,102 @@ def test_kv_write_then_f16_attention_matches_oracle() -> None:
     torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
 
 
+# ----------------------------------------------------------------------------- int8 KV
+
+
+@_ATTENTION_SHAPES
+def test_paged_attention_i8_matches_dense_oracle(bs: int, nh: int, nkv: int, hd: int) -> None:
+    """int8 caches (rows with their scales) against the float64 oracle of the values they
+    stand for (q * scale), within the float32 path's bound: the scale folded into the
+    scores and weights is the only change to the float arithmetic."""
+    step, query, keys, values, kc, vc, tables, tseq, tctx = _attention_inputs(
+        _MIXED_STEP, nh, nkv, hd, bs
+    )
+    kc8, vc8 = _as_kv_dtype(kc, vc, torch.int8)
+    assert kc8.shape[-1] == hd + 4
+    out = _attend(query, nh, nkv, hd, kc8, vc8, tables, tseq, tctx)
+    deq = [reference.dequantize_kv_int8(reference.quantize_kv_int8(x)) for x in keys + values]
+    expected = naive_attention(step, query, deq[: len(keys)], deq[len(keys) :], 1 / math.sqrt(hd))
+    torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
+    # and what the quantization costs against the unrounded K/V: small, not zero
+    exact = naive_attention(step, query, keys, values, 1 / math.sqrt(hd))
+    err = (out.view_as(query).double() - exact).abs().max().item()
+    assert 1e-6 < err < 0.05
+
+
+@pytest.mark.parametrize(("nkv", "hd"), [(3, 64), (2, 32)], ids=["smollm2", "hd32"])
+def test_kv_write_i8_is_the_reference_quantization(nkv: int, hd: int) -> None:
+    """After a write, each written slot holds bit for bit `reference.quantize_kv_int8` of its
+    rows (round to nearest even, per-row scale after the values; a zero row has scale 0,
+    values past float16's range are clamped first); slots < 0 and untouched slots are left
+    as they were."""
+    gen = torch.Generator().manual_seed(12)
+    nh, bs, blocks, t = 3, 4, 8, 6
+    _, k, v = _fused_kv(t, nh, nkv, hd, gen, scale=30.0)
+    k[2, 0] = 0.0  # a zero row
+    k[3, 0, 5] = 1e9  # clamped to 65504
+    v[4, nkv - 1, :8] = torch.tensor([0.5, -0.5, 1.5, 2.5, -127.0, 127.0, 63.5, 0.0])  # ties
+    v[4, nkv - 1, 8:] = 0.0
+    slots = torch.tensor([5, -1, 0, 31, 12, 7], dtype=torch.int64)
+    kc = torch.full((blocks, bs, nkv, hd + 4), 77, dtype=torch.int8)
+    vc = kc.clone()
+    ops.write_kv_cache(k, v, kc, vc, slots)
+    rows_k, rows_v = kc.view(-1, nkv, hd + 4), vc.view(-1, nkv, hd + 4)
+    written = torch.zeros(blocks * bs, dtype=torch.bool)
+    for r, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        written[slot] = True
+        assert torch.equal(rows_k[slot], reference.quantize_kv_int8(k[r]))
+        assert torch.equal(rows_v[slot], reference.quantize_kv_int8(v[r]))
+    assert bool((rows_k[~written] == 77).all() and (rows_v[~written] == 77).all())
+    deq_k = reference.dequantize_kv_int8(rows_k)
+    assert bool((deq_k[0, 0] == 0).all())  # row 2's slot 0
+    assert deq_k[31, 0, 5].item() == pytest.approx(65504.0)  # row 3's
+    # the ties of v[4]'s last head (scale 1): nearest-even
+    tie_row = reference.dequantize_kv_int8(rows_v[12])[nkv - 1, :8]
+    assert tie_row.tolist() == [0.0, -0.0, 2.0, 2.0, -127.0, 127.0, 64.0, 0.0]
+    rel = (reference.dequantize_kv_int8(rows_v[slots[0]]) - v[0]).abs().max() / v[0].abs().max()
+    assert 0 < rel.item() <= 0.5 / 127 + 1e-6
+
+
+def test_kv_write_then_i8_attention_matches_oracle() -> None:
+    """End to end as the engine runs a step: the kernel's own int8 writes, then attention
+    over them, decodes and a prefill chunk, against the oracle of the dequantized K/V."""
+    gen = torch.Generator().manual_seed(4)
+    nh, nkv, hd, bs = 9, 3, 64, 16
+    step = make_step([(40, 40), (23, 23)], bs, 16, generator=gen)
+    t = len(step.positions)
+    qkv, k, v = _fused_kv(t, nh, nkv, hd, gen)
+    kc = torch.zeros(16, bs, nkv, hd + 4, dtype=torch.int8)
+    vc = torch.zeros_like(kc)
+    ops.write_kv_cache(k, v, kc, vc, step.meta.slot_mapping.to(torch.int64))
+    tables = torch.zeros(2, max(len(x) for x in step.block_tables), dtype=torch.int32)
+    for i, row in enumerate(step.block_tables):
+        tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    tseq = torch.tensor([0] * 40 + [1] * 23, dtype=torch.int32)
+    tctx = (step.positions + 1).to(torch.int32)
+    query = qkv[:, : nh * hd].reshape(t, nh, hd)
+    out = _attend(query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
+    deq = lambda x: reference.dequantize_kv_int8(reference.quantize_kv_int8(x))  # noqa: E731
+    keys, values = [deq(k[:40]), deq(k[40:])], [deq(v[:40]), deq(v[40:])]
+    expected = naive_attention(step, query, keys, values, 1 / math.sqrt(hd))
+    torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
+
+
 def test_kv_cache_dtypes_refused() -> None:
     k = torch.randn(2, 1, 32)
     slots = torch.tensor([0, 1])
     f16 = torch.zeros(1, 2, 1, 32, dtype=torch.float16)
-    for kc, vc in (
-        (f16, torch.zeros(1, 2, 1, 32)),  # mixed
-        (f16.bfloat16(), f16.bfloat16()),  # not a kind the kernels read
+    i8 = torch.zeros(1, 2, 1, 32, dtype=torch.int8)  # no room for the rows' scales
+    for kc, vc, why in (
+        (f16, torch.zeros(1, 2, 1, 32), "both float16 or both int8"),  # mixed
+        (f16.bfloat16(), f16.bfloat16(), "both float16 or both int8"),  # not a kind read
+        (i8, i8, "rows of 36 elements"),
     ):
-        with pytest.raises(ValueError, match="float32 or both float16"):
+        with pytest.raises(ValueError, match=why):
             ops.write_kv_cache(k, k, kc, vc, slots)
-        with pytest.raises(ValueError, match="float32 or both float16"):
+        with pytest.raises(ValueError, match=why):
             ops.paged_attention(
                 k[:1, 0], 1, 1, 32, kc, vc, torch.zeros(1, 1, dtype=torch.int32),
                 torch.zeros(1, dtype=torch.int32), torch.tensor([2], dtype=torch.int32), 2, 1.0,
