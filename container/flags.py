@@ -428,11 +428,12 @@ def add_serve_flags(
         "--kv-cache-dtype",
         str,
         "auto",
-        "KV cache element type: auto (float16 under gguf-bf16, else the model dtype), "
+        "KV cache element type: auto (float16-int8 under gguf-bf16, else the model dtype), "
         "float32, float16 (the CPU fast path only: half the bytes per attention read, "
-        "prompt logprobs within ~1e-3 of fp32), or int8 (the CPU fast path only: per-row "
-        "scales, 1.88x float16's tokens in the same memory; below the top-1 quality bar, so "
-        "never a default)",
+        "prompt logprobs within ~1e-3 of fp32), float16-int8 (the CPU fast path only: "
+        "float16 keys, int8 values with per-row scales, 0.77x float16's bytes), or int8 "
+        "(keys too: 1.88x float16's tokens in the same memory; below the top-1 quality bar, "
+        "so never a default)",
         choices=KV_CACHE_DTYPES,
     )
     eng.value("--gpu-memory-utilization", float, 0.9, "Fraction of GPU memory hearth may use")

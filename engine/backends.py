@@ -81,7 +81,11 @@ class Backends:
     """One line for the start-up log and /version."""
     attention: AttentionBackend
     kv_dtype: torch.dtype
-    """Element type of the KV cache the runner allocates."""
+    """Element type of the KV cache the runner allocates (of its keys, where ``v_dtype`` is
+    set)."""
+    v_dtype: torch.dtype | None = None
+    """Element type of the values where it differs from the keys' (float16 keys, int8
+    values: ``--kv-cache-dtype float16-int8``)."""
 
 
 def _exact(dtype: torch.dtype, device: torch.device, kernels: str) -> Backends:
@@ -154,33 +158,45 @@ def choose_backends(
         ),
         "gguf-int8": f"int8 activations ({q8_ops.integer_path()})",
     }[mode]
-    kv_dtype = _fast_kv_dtype(config.kv_cache_dtype, mode)
+    kv_dtype, v_dtype = _fast_kv_dtypes(config.kv_cache_dtype, mode)
     min_run, attention = 0, ""
     if mode == "gguf-bf16" and (path := bf16_ops.attention_path(model.head_dim)) != "none":
         min_run = bf16_ops.ATTENTION_MIN_RUN
         attention = f", prefill attention ({min_run}+ tokens) {path}"
+    kv = str(kv_dtype).removeprefix("torch.")
+    if v_dtype != kv_dtype:
+        kv = f"{kv} keys / {str(v_dtype).removeprefix('torch.')} values"
     description = (
         f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) x {activations}, "
-        f"{str(kv_dtype).removeprefix('torch.')} KV cache{attention}, "
+        f"{kv} KV cache{attention}, "
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
     say(f"fast CPU path: {description}")
-    return Backends(mode, description, CpuAttentionBackend(min_run), kv_dtype)
+    return Backends(
+        mode, description, CpuAttentionBackend(min_run), kv_dtype,
+        v_dtype if v_dtype != kv_dtype else None,
+    )  # fmt: skip
 
 
-def _fast_kv_dtype(asked: str, mode: str) -> torch.dtype:
-    """The fast path's KV cache element type. ``auto`` is float16 in ``gguf-bf16``: that
-    mode's quality bar passes with it (docs/performance.md: KL 1.48e-4, top-1 99.16 % on
-    Zen 4), and decode attention, which reads the whole cache every step, runs ~1.5x
-    faster on half the bytes (a third of a 64-sequence decode step). ``gguf`` keeps
-    float32 by default: it is the mode that matches the dequantized model to ~1e-6.
-    ``int8`` is asked for only: per-row int8 keys and values miss the top-1 bar (98.4 %,
-    KL 1.05e-3 on the AMX host) for 1.2x faster decode attention and 1.88x the tokens."""
-    if asked == "int8":
-        return torch.int8
-    if asked == "float16" or (asked == "auto" and mode == "gguf-bf16"):
-        return torch.float16
-    return torch.float32
+DEFAULT_BF16_KV = "float16-int8"
+"""``--kv-cache-dtype auto`` under ``gguf-bf16``: float16 keys, int8 values. That mode's
+quality bar passes with it (docs/performance.md: KL 2.54e-4, top-1 99.11 % on the AMX host,
+as with float16 values), and decode attention, which reads the whole cache every step, reads
+0.77x float16's bytes. int8 keys do not pass (top-1 98.36 % per 64-value row, 98.74 % per
+32): a key's rounding moves every score it meets, a value's is averaged by the weights."""
+
+
+def _fast_kv_dtypes(asked: str, mode: str) -> tuple[torch.dtype, torch.dtype]:
+    """The fast path's KV cache element types (keys, values). ``auto`` is
+    `DEFAULT_BF16_KV` in ``gguf-bf16``; ``gguf`` keeps float32 by default: it is the mode
+    that matches the dequantized model to ~1e-6. ``int8`` (keys too) is asked for only: it
+    misses the top-1 bar, for 1.88x float16's tokens in the same memory."""
+    if asked == "auto":
+        asked = DEFAULT_BF16_KV if mode == "gguf-bf16" else "float32"
+    if asked == "float16-int8":
+        return torch.float16, torch.int8
+    dtype = {"int8": torch.int8, "float16": torch.float16, "float32": torch.float32}[asked]
+    return dtype, dtype
 
 
 def _exact_checked(

@@ -20,7 +20,7 @@ from engine.pooling_config import PoolingConfig
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "gguf", "gguf-bf16", "gguf-int8", "none")
 KERNELS = ("auto", "torch", "triton")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "int8")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "float16-int8", "int8")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -73,10 +73,11 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     """Bytes of KV cache on CPU (default: 4 GiB or what max_num_seqs * max_model_len needs, the smaller; RAM is committed as blocks fill)."""
     kv_cache_dtype: str = "auto"
-    """auto | float32 | float16 | int8 (--kv-cache-dtype): auto is the model dtype (float16
-    under gguf-bf16); float16 (the CPU fast path only) halves the bytes its C attention
-    reads; int8 (the CPU fast path only) stores each (token, kv head) row as int8 with a
-    float32 scale: 1.88x float16's tokens per byte, opt-in (it misses the top-1 bar)."""
+    """auto | float32 | float16 | float16-int8 | int8 (--kv-cache-dtype): auto is the model
+    dtype (float16-int8 under gguf-bf16); float16 (the CPU fast path only) halves the bytes
+    its C attention reads; int8 (the CPU fast path only) stores each (token, kv head) row as
+    int8 with a float32 scale: 1.88x float16's tokens per byte, opt-in (it misses the top-1
+    bar); float16-int8: float16 keys, int8 values (0.77x float16's bytes; passes the bar)."""
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     """GPU: no CUDA graphs; every step runs eagerly (see engine/cuda_graphs.py)."""

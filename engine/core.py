@@ -124,6 +124,7 @@ class EngineCore:
             self.eos_token_ids,
             attention,
             self.pooling,
+            self.backends.v_dtype,
         )
         if (
             isinstance(attention, CpuAttentionBackend)
@@ -193,7 +194,9 @@ class EngineCore:
         cfg = self.config
         if cfg.num_kv_blocks:
             return cfg.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(self.model, block_size, self.backends.kv_dtype)
+        per_block = kv_cache_bytes_per_block(
+            self.model, block_size, self.backends.kv_dtype, self.backends.v_dtype
+        )
         if self.device.type == "cuda":
             peak = profile_peak_step_bytes(
                 self.model,

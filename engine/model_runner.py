@@ -41,10 +41,16 @@ class StepResult:
     (engine/pooler.py)."""
 
 
-def kv_cache_bytes_per_block(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    row = kv_head_elems(model.head_dim, dtype)
-    return 2 * model.num_layers * block_size * model.num_kv_heads * row * elem
+def kv_cache_bytes_per_block(
+    model: torch.nn.Module, block_size: int, dtype: torch.dtype, v_dtype: torch.dtype | None = None
+) -> int:
+    """Bytes of one block of every layer's keys (``dtype``) and values (``v_dtype``, default
+    the keys')."""
+    total = 0
+    for d in (dtype, v_dtype or dtype):
+        row = kv_head_elems(model.head_dim, d) * torch.empty((), dtype=d).element_size()
+        total += model.num_layers * block_size * model.num_kv_heads * row
+    return total
 
 
 def zeros_on_touch(
@@ -76,6 +82,7 @@ class ModelRunner:
         eos_token_ids: list[int],
         attention: AttentionBackend,
         pooling: PoolingConfig | None = None,
+        v_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.attention = attention
@@ -83,13 +90,19 @@ class ModelRunner:
         self.device = device
         self.eos_token_ids = eos_token_ids
         # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim (+ 4 for int8)]
-        row = kv_head_elems(model.head_dim, kv_dtype)
-        self._kv = zeros_on_touch(
-            (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, row),
-            kv_dtype,
-            device,
-        )
-        self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(model.num_layers)]
+        if v_dtype is None or v_dtype == kv_dtype:
+            row = kv_head_elems(model.head_dim, kv_dtype)
+            self._kv = zeros_on_touch(
+                (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, row),
+                kv_dtype,
+                device,
+            )
+            self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(model.num_layers)]
+        else:  # keys and values of different types (float16 keys, int8 values): two pools
+            shape = (model.num_layers, num_blocks, block_size, model.num_kv_heads)
+            k = zeros_on_touch((*shape, kv_head_elems(model.head_dim, kv_dtype)), kv_dtype, device)
+            v = zeros_on_touch((*shape, kv_head_elems(model.head_dim, v_dtype)), v_dtype, device)
+            self.kv_caches = [(k[i], v[i]) for i in range(model.num_layers)]
         bind_attention(model, self.kv_caches, attention)
         self.sampler = Sampler(device)
         self.pooler = Pooler(pooling or PoolingConfig())

@@ -59,7 +59,8 @@ int hearth_attention_bf16_path(int64_t hd);
  * Attention of the tokens in `runs` (num_runs [start, end) row ranges, each a run of
  * consecutive positions of one sequence) over their sequences' paged caches; the other
  * rows of the call are not touched. Arguments as hearth_paged_attention's (kind: what the
- * caches hold, 0 float32, 1 float16, 2 int8 rows with their scales). Returns 1 when computed, 0 when this build cannot (no bfloat16
+ * caches hold, the keys' kind | the values' kind << 2, each 0 float32, 1 float16, 2 int8
+ * rows with their scales). Returns 1 when computed, 0 when this build cannot (no bfloat16
  * unit, an unsupported head_dim, no memory): the caller then runs the float32 kernel.
  */
 int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
@@ -175,16 +176,17 @@ static uint16_t *repack_space(size_t elems) {
 
 /* Key block kb (absolute) of kv head kvh of run `run`, K and V, into its repacked tiles. */
 ATT_INLINE void repack_block(const int kind, const att_run *run, int64_t kvh, int64_t kb, const void *k_cache,
-                             const void *v_cache, int64_t block_size, int64_t kv_stride, int64_t hd) {
+                             const void *v_cache, int64_t block_size, int64_t nkv, int64_t hd) {
+    const int kk = kind & 3, kv = kind >> 2; /* the key and value caches' kinds */
+    const int64_t pk = head_pitch(kk, hd), pv = head_pitch(kv, hd);
     const int64_t chunks = hd / 32, groups = hd / 16, b = kb - run->kb0;
     uint16_t *kt = run->kv + kvh * 2 * run->per_head + b * KB * hd;
     uint16_t *vt = kt + run->per_head;
-    int64_t src[KB]; /* element index of each key's row of this kv head; -1: zero */
+    int64_t src[KB]; /* slot of each key; -1: zero */
     for (int n = 0; n < KB; n++) {
         const int64_t key = kb * KB + n;
         src[n] = key >= run->read_lo && key < run->n
-                     ? ((int64_t)run->table[key / block_size] * block_size + key % block_size) * kv_stride +
-                           kvh * head_pitch(kind, hd)
+                     ? (int64_t)run->table[key / block_size] * block_size + key % block_size
                      : -1;
     }
     const __m512i kidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -194,9 +196,10 @@ ATT_INLINE void repack_block(const int kind, const att_run *run, int64_t kvh, in
         for (int64_t c = 0; c < chunks; c++) {
             __m512i row = _mm512_setzero_si512();
             if (src[n] >= 0) {
-                const float ks = row_scale(k_cache, src[n], hd, kind);
-                const __m512 lo = load16(k_cache, src[n] + 32 * c, kind, ks);
-                const __m512 hi = load16(k_cache, src[n] + 32 * c + 16, kind, ks);
+                const int64_t e = (src[n] * nkv + kvh) * pk; /* the key's row of this kv head */
+                const float ks = row_scale(k_cache, e, hd, kk);
+                const __m512 lo = load16(k_cache, e + 32 * c, kk, ks);
+                const __m512 hi = load16(k_cache, e + 32 * c + 16, kk, ks);
                 row = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
             }
             /* dim pair r of this key -> row r, column n of the tile */
@@ -207,12 +210,13 @@ ATT_INLINE void repack_block(const int kind, const att_run *run, int64_t kvh, in
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int r = 0; r < KB / 2; r++) {
-        const int64_t s0 = src[2 * r], s1 = src[2 * r + 1];
-        const float vs0 = s0 >= 0 ? row_scale(v_cache, s0, hd, kind) : 0.0f;
-        const float vs1 = s1 >= 0 ? row_scale(v_cache, s1, hd, kind) : 0.0f;
+        const int64_t s0 = src[2 * r] >= 0 ? (src[2 * r] * nkv + kvh) * pv : -1;
+        const int64_t s1 = src[2 * r + 1] >= 0 ? (src[2 * r + 1] * nkv + kvh) * pv : -1;
+        const float vs0 = s0 >= 0 ? row_scale(v_cache, s0, hd, kv) : 0.0f;
+        const float vs1 = s1 >= 0 ? row_scale(v_cache, s1, hd, kv) : 0.0f;
         for (int64_t g = 0; g < groups; g++) {
-            const __m512 a = s0 >= 0 ? load16(v_cache, s0 + 16 * g, kind, vs0) : _mm512_setzero_ps();
-            const __m512 b1 = s1 >= 0 ? load16(v_cache, s1 + 16 * g, kind, vs1) : _mm512_setzero_ps();
+            const __m512 a = s0 >= 0 ? load16(v_cache, s0 + 16 * g, kv, vs0) : _mm512_setzero_ps();
+            const __m512 b1 = s1 >= 0 ? load16(v_cache, s1 + 16 * g, kv, vs1) : _mm512_setzero_ps();
             const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b1, a);
             _mm512_store_si512(vt + g * TILE_ELEMS + r * 32, _mm512_permutexvar_epi16(pairs, both));
         }
@@ -522,7 +526,7 @@ static void attend_runs(const int kind, const int amx, att_run *rs, int64_t num_
                         int threads, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
                         const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *ctx,
                         float scale, float *out, int64_t window) {
-    const int64_t group = nh / nkv, kv_stride = nkv * head_pitch(kind, hd);
+    const int64_t group = nh / nkv;
     int64_t items = 0, blocks = 0;
     for (int64_t i = 0, at = 0; i < num_runs; i++) {
         rs[i].kv = buf + at;
@@ -538,7 +542,7 @@ static void attend_runs(const int kind, const int amx, att_run *rs, int64_t num_
             int64_t rest = i, r = 0;
             while (rest >= rs[r].nkb * nkv) rest -= rs[r++].nkb * nkv;
             repack_block(kind, rs + r, rest / rs[r].nkb, rs[r].kb0 + rest % rs[r].nkb, k_cache, v_cache, block_size,
-                         kv_stride, hd);
+                         nkv, hd);
         }
 #ifdef __AMX_BF16__
         if (amx) amx_config();

@@ -638,6 +638,18 @@ void hearth_kv_write_i8(const float *k, int64_t ldk, const float *v, int64_t ldv
     }
 }
 
+/* float16 keys and int8 values (the quality bar passes with int8 values, not int8 keys). */
+void hearth_kv_write_f16_i8(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t t, int64_t nkv,
+                            int64_t hd, uint16_t *k_cache, int8_t *v_cache, const int64_t *slots) {
+    const int64_t hp = hd + KV_I8_SCALE_BYTES;
+    for (int64_t r = 0; r < t; r++) {
+        const int64_t slot = slots[r];
+        if (slot < 0) continue;
+        f16_row(k + r * ldk, k_cache + slot * nkv * hd, nkv * hd);
+        for (int64_t h = 0; h < nkv; h++) i8_row(v + r * ldv + h * hd, v_cache + (slot * nkv + h) * hp, hd);
+    }
+}
+
 /* ------------------------------------------------------------------ paged attention */
 /*
  * Token r belongs to sequence seq[r] (a row of block_tables) and attends to that
@@ -679,6 +691,7 @@ int64_t hearth_attention_scratch_floats(int64_t max_ctx) {
 #define KV_F32 0
 #define KV_F16 1
 #define KV_I8 2 /* int8 rows, each followed by its float32 scale (hearth_kv_write_i8) */
+#define KV_F16_I8 3 /* the step program's code of float16 keys with int8 values */
 
 /* Elements of one (slot, kv head) row of a cache of this kind. */
 ATT_INLINE int64_t kv_head_pitch(const int kind, int64_t hd) { return kind == KV_I8 ? hd + KV_I8_SCALE_BYTES : hd; }
@@ -1025,8 +1038,8 @@ int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int
                           int64_t window, const int64_t *runs, int64_t num_runs);
 
 /* One work item: tile `it`'s query vectors of the heads that share kv head kvh. */
-ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const int64_t *tiles, const float *q,
-                               int64_t ldq, int64_t nh, int64_t hd, int64_t group, int64_t kv_stride,
+ATT_INLINE void attention_item(const int kk, const int kv, int64_t it, int64_t kvh, const int64_t *tiles,
+                               const float *q, int64_t ldq, int64_t nh, int64_t hd, int64_t group, int64_t nkv,
                                const void *k_cache, const void *v_cache, int64_t block_size,
                                const int32_t *block_tables, int64_t max_blocks, const int32_t *seq,
                                const int32_t *ctx, float scale, int64_t window, float *out, float *rows,
@@ -1050,33 +1063,34 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
             first = lo[u] < first ? lo[u] : first;
         }
         const int64_t b0 = first / block_size; /* blocks before it are outside every window */
-        const int64_t hoff = kvh * kv_head_pitch(kind, hd); /* the kv head's row in a slot */
-        attention_scores(kind, qv, nv, k_cache, hoff, table, b0, n, block_size, kv_stride, hd, scale, pv);
+        /* the kv head's row in a slot, and the elements between consecutive slots, per cache */
+        const int64_t pk = kv_head_pitch(kk, hd), pv_ = kv_head_pitch(kv, hd);
+        attention_scores(kk, qv, nv, k_cache, kvh * pk, table, b0, n, block_size, nkv * pk, hd, scale, pv);
         for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], b0 * block_size, lo[u], len[u], n);
-        attention_values(kind, (const float *const *)pv, nv, v_cache, table, b0, n, block_size, kv_stride,
-                         hoff, hd, inv, ov);
+        attention_values(kv, (const float *const *)pv, nv, v_cache, table, b0, n, block_size, nkv * pv_,
+                         kvh * pv_, hd, inv, ov);
     }
 }
 
-/* The two entry points differ only in the cache's element type (the kind is a constant in
- * each, so each gets its own inlined loops). k_cache / v_cache: float32 or float16 (as
- * uint16 bits) [blocks*bs, nkv, hd]; q, out and the arithmetic are float32 in both.
+/* The entry points differ only in the caches' element types (the kinds are constants in
+ * each, so each gets its own inlined loops). k_cache / v_cache: float32, float16 (as
+ * uint16 bits) [blocks*bs, nkv, hd], or int8 rows with their scales [blocks*bs, nkv, hd + 4];
+ * `_f16_i8`: float16 keys, int8 values. q, out and the arithmetic are float32 in all.
  * min_run > 0 (gguf-bf16): runs of at least min_run consecutive positions of one sequence
  * (prefill chunks) go to the bfloat16 kernel (hearth_attention_bf16.c) where this build has
  * one; everything else, and every row when min_run is 0, takes the float32 loops below. */
-#define PAGED_ATTENTION_FN(NAME, KIND, ELEM)                                                                  \
+#define PAGED_ATTENTION_FN(NAME, KK, KV, ELEM_K, ELEM_V)                                                      \
     void NAME(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,                \
-              const ELEM *k_cache, const ELEM *v_cache, int64_t block_size, const int32_t *block_tables,  \
+              const ELEM_K *k_cache, const ELEM_V *v_cache, int64_t block_size, const int32_t *block_tables, \
               int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,        \
               float *scratch, int64_t scratch_per_thread, int64_t window, int64_t min_run) {              \
         const int64_t group = nh / nkv;                                                                   \
-        const int64_t kv_stride = nkv * kv_head_pitch(KIND, hd); /* elements between consecutive slots */\
         const int64_t tile_tokens = group >= ATT_MAXV ? 1 : ATT_MAXV / group;                             \
         const int64_t row = scratch_per_thread / ATT_MAXV; /* floats per score row */                    \
         int64_t *runs = NULL, num_runs = 0;                                                               \
         if (min_run > 0) num_runs = long_runs(seq, ctx, t, min_run, &runs);                               \
         if (num_runs > 0 &&                                                                               \
-            !hearth_attention_bf16(KIND, q, ldq, nh, nkv, hd, k_cache, v_cache, block_size, block_tables, \
+            !hearth_attention_bf16(KK | KV << 2, q, ldq, nh, nkv, hd, k_cache, v_cache, block_size, block_tables, \
                                    max_blocks, seq, ctx, scale, out, window, runs, num_runs))             \
             num_runs = 0;                                                                                 \
         int64_t *tiles;                                                                                   \
@@ -1089,15 +1103,16 @@ ATT_INLINE void attention_item(const int kind, int64_t it, int64_t kvh, const in
         _Pragma("omp parallel for schedule(dynamic, chunk) collapse(2)")                                  \
         for (int64_t it = 0; it < num_tiles; it++)                                                        \
             for (int64_t kvh = 0; kvh < nkv; kvh++)                                                       \
-                attention_item(KIND, it, kvh, tiles, q, ldq, nh, hd, group, kv_stride, k_cache, v_cache,  \
+                attention_item(KK, KV, it, kvh, tiles, q, ldq, nh, hd, group, nkv, k_cache, v_cache,     \
                                block_size, block_tables, max_blocks, seq, ctx, scale, window, out,        \
                                scratch + (int64_t)omp_get_thread_num() * scratch_per_thread, row);        \
         free(tiles);                                                                                      \
     }
 
-PAGED_ATTENTION_FN(hearth_paged_attention, KV_F32, float)
-PAGED_ATTENTION_FN(hearth_paged_attention_f16, KV_F16, uint16_t)
-PAGED_ATTENTION_FN(hearth_paged_attention_i8, KV_I8, int8_t)
+PAGED_ATTENTION_FN(hearth_paged_attention, KV_F32, KV_F32, float, float)
+PAGED_ATTENTION_FN(hearth_paged_attention_f16, KV_F16, KV_F16, uint16_t, uint16_t)
+PAGED_ATTENTION_FN(hearth_paged_attention_i8, KV_I8, KV_I8, int8_t, int8_t)
+PAGED_ATTENTION_FN(hearth_paged_attention_f16_i8, KV_F16, KV_I8, uint16_t, int8_t)
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }
 
@@ -1209,8 +1224,11 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
             hearth_rope(a, t, op->ld[0], op->i[0], op->i[1], st->positions, b);
             break;
         case OP_KV_WRITE: /* k = a, v = b, k_cache = c, v_cache = d; i0 = width, i1 = head_dim;
-                           * kind 1: fp16, 2: int8 */
-            if (op->kind == KV_I8)
+                           * kind 1: fp16, 2: int8, 3: fp16 keys and int8 values */
+            if (op->kind == KV_F16_I8)
+                hearth_kv_write_f16_i8(a, op->ld[0], b, op->ld[1], t, op->i[0] / op->i[1], op->i[1],
+                                       (uint16_t *)c, (int8_t *)d, st->slots);
+            else if (op->kind == KV_I8)
                 hearth_kv_write_i8(a, op->ld[0], b, op->ld[1], t, op->i[0] / op->i[1], op->i[1], (int8_t *)c,
                                    (int8_t *)d, st->slots);
             else if (op->kind == 1)
@@ -1220,9 +1238,14 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
                 hearth_kv_write(a, op->ld[0], b, op->ld[1], t, op->i[0], c, d, st->slots);
             break;
         case OP_ATTENTION: /* q = a, k_cache = b, v_cache = c, out = d; i0..3 = nh, nkv, hd, window;
-                            * kind & 3: the KV kind (KV_F32, KV_F16, KV_I8), kind >> 2: the bfloat16
+                            * kind & 3: the KV kind (KV_F32, KV_F16, KV_I8, KV_F16_I8), kind >> 2: the bfloat16
                             * kernel's min run (0: never) */
-            if ((op->kind & 3) == KV_I8)
+            if ((op->kind & 3) == KV_F16_I8)
+                hearth_paged_attention_f16_i8(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], (const uint16_t *)b,
+                                              (const int8_t *)c, st->block_size, st->tables, st->max_blocks,
+                                              st->seq, st->ctx, op->f[1], d, st->att_scratch,
+                                              st->att_per_thread, op->i[3], op->kind >> 2);
+            else if ((op->kind & 3) == KV_I8)
                 hearth_paged_attention_i8(a, t, op->ld[0], op->i[0], op->i[1], op->i[2], (const int8_t *)b,
                                           (const int8_t *)c, st->block_size, st->tables, st->max_blocks, st->seq,
                                           st->ctx, op->f[1], d, st->att_scratch, st->att_per_thread, op->i[3],

@@ -290,22 +290,31 @@ def rotary_embedding(
     return query, key
 
 
-_KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}
-"""Element types of the paged KV cache the C kernels read (the kernels' KV_F32 / KV_F16 /
-KV_I8): float32; float16 (half the bytes per step); int8 rows, each (slot, kv head) row of
-``head_dim`` values followed by its float32 scale (0.53x float16's bytes). Scores, softmax
-and value sums are float32 for every kind."""
+_KV_KINDS = {
+    (torch.float32, torch.float32): 0,
+    (torch.float16, torch.float16): 1,
+    (torch.int8, torch.int8): 2,
+    (torch.float16, torch.int8): 3,
+}
+"""Element types of the paged KV caches (keys, values) the C kernels read (their KV_F32 /
+KV_F16 / KV_I8 / KV_F16_I8): float32; float16 (half the bytes per step); int8 rows, each
+(slot, kv head) row of ``head_dim`` values followed by its float32 scale (0.53x float16's
+bytes); float16 keys with int8 values (0.77x float16's bytes). Scores, softmax and value
+sums are float32 for every kind."""
 
 _KV_FN_NAMES = (
     ("hearth_kv_write", "hearth_paged_attention"),
     ("hearth_kv_write_f16", "hearth_paged_attention_f16"),
     ("hearth_kv_write_i8", "hearth_paged_attention_i8"),
+    ("hearth_kv_write_f16_i8", "hearth_paged_attention_f16_i8"),
 )
 _KV_SIGNATURES: dict[str, list[type]] = {
     "hearth_kv_write_f16": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_kv_write_i8": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr],
+    "hearth_kv_write_f16_i8": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_paged_attention_f16": _SIGNATURES["hearth_paged_attention"],
     "hearth_paged_attention_i8": _SIGNATURES["hearth_paged_attention"],
+    "hearth_paged_attention_f16_i8": _SIGNATURES["hearth_paged_attention"],
 }
 
 
@@ -320,22 +329,24 @@ def _kv_fn(name: str, lib: ctypes.CDLL) -> ctypes._CFuncPtr:
 
 
 def _kv_kind(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> int:
-    """The kernels' code of the caches' element type, checked (both the same, CPU, rows of
-    `kv_head_elems`)."""
-    if k_cache.dtype not in _KV_KINDS or v_cache.dtype != k_cache.dtype:
+    """The kernels' code of the caches' element types, checked (a pair the kernels read,
+    CPU, rows of `kv_head_elems`)."""
+    kind = _KV_KINDS.get((k_cache.dtype, v_cache.dtype))
+    if kind is None:
         raise ValueError(
-            "the KV caches must both be float32, both float16 or both int8, got "
-            f"{k_cache.dtype} and {v_cache.dtype}"
+            "the KV caches must be both float32, both float16, both int8, or float16 keys "
+            f"with int8 values, got {k_cache.dtype} and {v_cache.dtype}"
         )
     if k_cache.device.type != "cpu" or v_cache.device.type != "cpu":
         raise ValueError("the KV caches must be CPU tensors")
-    row = kv_head_elems(head_dim, k_cache.dtype)
-    if k_cache.shape[-1] != row or v_cache.shape[-1] != row:
-        raise ValueError(
-            f"{k_cache.dtype} KV caches need rows of {row} elements for head_dim {head_dim}, "
-            f"got {k_cache.shape[-1]} and {v_cache.shape[-1]}"
-        )
-    return _KV_KINDS[k_cache.dtype]
+    for name, cache in (("key", k_cache), ("value", v_cache)):
+        row = kv_head_elems(head_dim, cache.dtype)
+        if cache.shape[-1] != row:
+            raise ValueError(
+                f"a {cache.dtype} {name} cache needs rows of {row} elements for head_dim "
+                f"{head_dim}, got {cache.shape[-1]}"
+            )
+    return kind
 
 
 def write_kv_cache(
@@ -348,11 +359,12 @@ def write_kv_cache(
     """`kernels.reference.write_kv_cache` for float32 rows of packed heads (strided rows,
     e.g. views of the fused qkv, are read in place); slots < 0 are skipped.
 
-    The caches are float32 (copied as is), float16 (each value stored as ``value.half()``
-    stores it, except that values beyond float16's range, and +-inf, saturate to +-65504
-    instead of becoming inf; NaN stays NaN) or int8 (`kernels.reference.quantize_kv_int8`:
-    per (slot, kv head) row q = round(x * 127 / amax), nearest-even, then the float32 scale
-    amax / 127; values clamped to +-65504 first)."""
+    The caches (keys, values) are a pair `_KV_KINDS` names, each cache one of: float32
+    (copied as is), float16 (each value stored as ``value.half()`` stores it, except that
+    values beyond float16's range, and +-inf, saturate to +-65504 instead of becoming inf;
+    NaN stays NaN), int8 (`kernels.reference.quantize_kv_int8`: per (slot, kv head) row
+    q = round(x * 127 / amax), nearest-even, then the float32 scale amax / 127; values
+    clamped to +-65504 first)."""
     _check(key, "key")
     _check(value, "value")
     t, nkv, hd = key.shape
@@ -372,7 +384,7 @@ def write_kv_cache(
         rec.emit(capture.OP_KV_WRITE, [key, value, k_cache, v_cache], (nkv * hd, hd), kind=kind)
         return
     fn = _kv_fn(_KV_FN_NAMES[kind][0], library())
-    width = (nkv, hd) if kind == 2 else (nkv * hd,)
+    width = (nkv, hd) if kind >= 2 else (nkv * hd,)
     fn(
         _p(key), key.stride(0), _p(value), value.stride(0), t, *width,
         _p(k_cache), _p(v_cache), _p(slot_mapping),

@@ -181,10 +181,11 @@ def test_serve_from_environment_only(startup: Startup) -> None:
     tok = httpx.post(server.url + "/tokenize", json={"prompt": "hi"}, timeout=10)
     assert tok.status_code == 200 and tok.json()["max_model_len"] == 1024
     # SM_HEARTH_KV_CACHE_MEMORY=256MiB -> 256 MiB of KV cache: SmolLM2 has 30 layers x 3
-    # KV heads x head_dim 64, K and V, 16-token blocks; float16 elements under gguf-bf16
-    # (the default where a bfloat16 kernel runs), float32 otherwise.
-    element = 2 if "float16 KV cache" in server.log() else 4
-    block_bytes = 2 * 30 * 3 * 64 * 16 * element
+    # KV heads, 16-token blocks; under gguf-bf16 (the default where a bfloat16 kernel runs)
+    # float16 keys (64 x 2 bytes per head) and int8 values (64 + a 4-byte scale), float32
+    # keys and values otherwise.
+    per_head = 128 + 68 if "float16 keys / int8 values KV cache" in server.log() else 2 * 256
+    block_bytes = 30 * 3 * 16 * per_head
     assert f"KV cache: {(256 << 20) // block_bytes} blocks of 16 tokens" in server.log()
     # SM_HEARTH_ENABLE_PREFIX_CACHING=false -> --no-enable-prefix-caching: the same
     # 37-token prompt again reuses nothing (with caching on, its 2 full blocks = 32

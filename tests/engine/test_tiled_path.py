@@ -108,23 +108,34 @@ def test_outputs_do_not_change_with_load_on_one_side_of_the_threshold(
     assert alone == batched
 
 
-def test_the_tiles_keep_a_float16_kv_cache_by_default_and_gguf_float32(
+def test_the_tiles_keep_float16_keys_and_int8_values_by_default_and_gguf_float32(
     tiled_core, model_smollm2_dir: str
 ) -> None:
-    """gguf-bf16's KV default is float16 (its quality bar passes with it; decode attention
-    reads half the bytes); the float32-faithful gguf mode and an explicit flag keep float32."""
+    """gguf-bf16's KV default is float16 keys with int8 values (its quality bar passes with
+    it; decode attention reads 0.77x float16's bytes); the float32-faithful gguf mode and
+    an explicit flag keep float32, and each flag gets the caches it names."""
     import torch
 
-    assert tiled_core.backends.kv_dtype == torch.float16
-    assert "float16 KV cache" in tiled_core.backends.description
+    assert (tiled_core.backends.kv_dtype, tiled_core.backends.v_dtype) == (
+        torch.float16,
+        torch.int8,
+    )
+    assert "float16 keys / int8 values KV cache" in tiled_core.backends.description
+    k_cache, v_cache = tiled_core.runner.kv_caches[0]
+    assert (k_cache.dtype, v_cache.dtype) == (torch.float16, torch.int8)
+    head_dim = tiled_core.model.head_dim
+    assert (k_cache.shape[-1], v_cache.shape[-1]) == (head_dim, head_dim + 4)
     for quantization, kv, expected in [
-        ("gguf", "auto", torch.float32),
-        ("gguf-bf16", "float32", torch.float32),
+        ("gguf", "auto", (torch.float32, None)),
+        ("gguf-bf16", "float32", (torch.float32, None)),
+        ("gguf-bf16", "float16", (torch.float16, None)),
+        ("gguf-bf16", "int8", (torch.int8, None)),
     ]:
         core = _core(
             model_smollm2_dir, quantization=quantization, kv_cache_dtype=kv, num_kv_blocks=8
         )
-        assert core.backends.kv_dtype == expected, core.backends.description
+        got = (core.backends.kv_dtype, core.backends.v_dtype)
+        assert got == expected, core.backends.description
 
 
 def test_a_long_prompt_attends_on_bfloat16_and_agrees_with_the_float32_mode(
@@ -174,22 +185,26 @@ def test_an_int8_kv_cache_holds_more_tokens_and_scores_close_to_float16(
 ) -> None:
     """``--kv-cache-dtype int8`` (opt-in: it misses the top-1 quality bar, docs/performance.md)
     fits 1.88x the tokens of float16 in the same bytes (64 int8 + a 4-byte scale per row
-    against 128 bytes), and moves a 300-token prompt's logprobs little against the float16
-    cache's: every row's error is at most half a quantization step of its own scale."""
+    against 128 bytes; float16-int8, the default, 1.31x), and moves a 300-token prompt's
+    logprobs little against the float16 cache's: every row's error is at most half a
+    quantization step of its own scale."""
     import torch
 
     from tests.engine.test_prompt_logprobs import score
 
     budget = 64 << 20
     sizes = {}
-    for kv in ("float16", "int8"):
+    names = {"float16-int8": "float16 keys / int8 values"}
+    for kv in ("float16", "float16-int8", "int8"):
         core = _core(
             model_smollm2_dir, quantization="gguf-bf16", kv_cache_dtype=kv,
             kv_cache_memory=budget, enable_prefix_caching=False, max_num_batched_tokens=1024,
         )  # fmt: skip
-        assert f"{kv} KV cache" in core.backends.description
+        assert f"{names.get(kv, kv)} KV cache" in core.backends.description
         sizes[kv] = (core, core.block_manager.num_blocks)
-    assert sizes["int8"][1] / sizes["float16"][1] == pytest.approx(128 / 68, rel=0.01)
+    # bytes per (token, kv head) of keys + values: 256, 128 + 68, 68 + 68
+    assert sizes["int8"][1] / sizes["float16"][1] == pytest.approx(256 / 136, rel=0.01)
+    assert sizes["float16-int8"][1] / sizes["float16"][1] == pytest.approx(256 / 196, rel=0.01)
     ids = [t for p in prompts for t in p][:300]
     got, want = (score(sizes[kv][0], [ids], kv)[f"{kv}-0"] for kv in ("int8", "float16"))
     assert got.prompt_logprobs is not None and want.prompt_logprobs is not None

@@ -70,6 +70,17 @@ DECODE_LIKE = (0, 2, 4, 7)
 """Indices into MIXED of sequences whose rows are below the min run."""
 
 
+def _as_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8: rows with their scales, which hold q * scale."""
+    return reference.quantize_kv_int8(x) if dtype == torch.int8 else x.to(dtype)
+
+
+def _held(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.int8:
+        return reference.dequantize_kv_int8(reference.quantize_kv_int8(x))
+    return x.to(dtype).float()
+
+
 def _inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-s // bs) for s, _ in seqs) + 8
@@ -80,14 +91,10 @@ def _inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
     keys = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
     values = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
     scatter_dense_kv(step, keys, values, k_cache, v_cache)
-    if kv_dtype == torch.int8:  # rows with their scales; they hold q * scale
-        k_cache, v_cache = reference.quantize_kv_int8(k_cache), reference.quantize_kv_int8(v_cache)
-        held = lambda x: reference.dequantize_kv_int8(reference.quantize_kv_int8(x))  # noqa: E731
-    else:
-        k_cache, v_cache = k_cache.to(kv_dtype), v_cache.to(kv_dtype)
-        held = lambda x: x.to(kv_dtype).float()  # noqa: E731
-    keys = [held(k) for k in keys]  # what the cache holds
-    values = [held(v) for v in values]
+    dk, dv = kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)
+    k_cache, v_cache = _as_cache(k_cache, dk), _as_cache(v_cache, dv)
+    keys = [_held(k, dk) for k in keys]  # what the cache holds
+    values = [_held(v, dv) for v in values]
     query = torch.randn(sum(q for _, q in seqs), nh, hd, generator=gen)
     tables, token_seq, token_ctx = cpu_attention_tables(step)
     return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx
@@ -167,7 +174,9 @@ SHAPES = pytest.mark.parametrize(
 
 
 KV_DTYPES = pytest.mark.parametrize(
-    "kv_dtype", [torch.float32, torch.float16, torch.int8], ids=["f32", "f16", "i8"]
+    "kv_dtype",
+    [torch.float32, torch.float16, torch.int8, (torch.float16, torch.int8)],
+    ids=["f32", "f16", "i8", "f16-i8"],
 )
 
 
@@ -184,8 +193,12 @@ def test_prefill_runs_are_within_the_bfloat16_bound(variant, bs, nh, nkv, hd, kv
     fp32 = _attend(variant, query, nh, nkv, hd, kc, vc, tables, tseq, tctx, min_run=0)
     assert torch.equal(got[~rows], fp32[~rows])
     assert not torch.equal(got[rows], fp32[rows])  # and the long ones did take bfloat16
-    if kv_dtype == torch.int8:  # an int8 row is read as the float32 q * scale, then rounded
-        kf, vf = reference.dequantize_kv_int8(kc), reference.dequantize_kv_int8(vc)
+    if isinstance(kv_dtype, tuple) or kv_dtype == torch.int8:
+        # an int8 row is read as the float32 q * scale, then rounded
+        kf, vf = (
+            reference.dequantize_kv_int8(c) if c.dtype == torch.int8 else c.float()
+            for c in (kc, vc)
+        )
         same = _attend(variant, query, nh, nkv, hd, kf, vf, tables, tseq, tctx)
         assert torch.equal(got[rows], same[rows])
 

@@ -226,21 +226,39 @@ def threads():
     torch.set_num_threads(saved)
 
 
-def _as_kv_dtype(kc: torch.Tensor, vc: torch.Tensor, dtype: torch.dtype):
+F16_I8 = (torch.float16, torch.int8)
+"""float16 keys with int8 values (``--kv-cache-dtype float16-int8``)."""
+
+
+def _as_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return reference.quantize_kv_int8(x) if dtype == torch.int8 else x.to(dtype)
+
+
+def _held(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float32 values a cache of ``dtype`` holds for ``x``."""
     if dtype == torch.int8:
-        return reference.quantize_kv_int8(kc), reference.quantize_kv_int8(vc)
-    return kc.to(dtype), vc.to(dtype)
+        return reference.dequantize_kv_int8(reference.quantize_kv_int8(x))
+    return x.to(dtype).float()
+
+
+def _as_kv_dtype(kc: torch.Tensor, vc: torch.Tensor, dtype):
+    """Caches of one dtype, or of a (keys, values) pair of them."""
+    dk, dv = dtype if isinstance(dtype, tuple) else (dtype, dtype)
+    return _as_cache(kc, dk), _as_cache(vc, dv)
 
 
 @pytest.mark.parametrize(
-    "kv_dtype", [torch.float32, torch.float16, torch.int8], ids=["f32", "f16", "i8"]
+    "kv_dtype",
+    [torch.float32, torch.float16, torch.int8, F16_I8],
+    ids=["f32", "f16", "i8", "f16-i8"],
 )
 @pytest.mark.parametrize(("nh", "nkv"), [(4, 2), (9, 3)], ids=["gqa2", "smollm2"])
 def test_paged_attention_is_batch_invariant(
     kv_dtype: torch.dtype, nh: int, nkv: int, threads
 ) -> None:
     """A sequence's tokens get bitwise the same output alone and inside a larger step, in
-    any tile, with one thread or two; for float32, float16 and int8 caches."""
+    any tile, with one thread or two; for float32, float16 and int8 caches and float16
+    keys with int8 values."""
     hd = 64
     seqs = [(30, 1), (25, 10), (50, 1)]
     _, query, _, _, kc, vc, tables, tseq, tctx = _attention_inputs(seqs, nh, nkv, hd, 16)
@@ -460,18 +478,23 @@ def test_kv_write_then_f16_attention_matches_oracle() -> None:
 
 
 @_ATTENTION_SHAPES
-def test_paged_attention_i8_matches_dense_oracle(bs: int, nh: int, nkv: int, hd: int) -> None:
-    """int8 caches (rows with their scales) against the float64 oracle of the values they
-    stand for (q * scale), within the float32 path's bound: the scale folded into the
-    scores and weights is the only change to the float arithmetic."""
+@pytest.mark.parametrize("kv_dtype", [torch.int8, F16_I8], ids=["i8", "f16-i8"])
+def test_paged_attention_i8_matches_dense_oracle(
+    bs: int, nh: int, nkv: int, hd: int, kv_dtype
+) -> None:
+    """int8 caches (rows with their scales), or int8 values under float16 keys, against the
+    float64 oracle of the values they stand for (q * scale), within the float32 path's
+    bound: the scale folded into the scores and weights is the only change to the float
+    arithmetic."""
     step, query, keys, values, kc, vc, tables, tseq, tctx = _attention_inputs(
         _MIXED_STEP, nh, nkv, hd, bs
     )
-    kc8, vc8 = _as_kv_dtype(kc, vc, torch.int8)
-    assert kc8.shape[-1] == hd + 4
+    dk, dv = kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)
+    kc8, vc8 = _as_kv_dtype(kc, vc, kv_dtype)
+    assert vc8.shape[-1] == hd + 4 and kc8.shape[-1] == (hd + 4 if dk == torch.int8 else hd)
     out = _attend(query, nh, nkv, hd, kc8, vc8, tables, tseq, tctx)
-    deq = [reference.dequantize_kv_int8(reference.quantize_kv_int8(x)) for x in keys + values]
-    expected = naive_attention(step, query, deq[: len(keys)], deq[len(keys) :], 1 / math.sqrt(hd))
+    held_k, held_v = [_held(x, dk) for x in keys], [_held(x, dv) for x in values]
+    expected = naive_attention(step, query, held_k, held_v, 1 / math.sqrt(hd))
     torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
     # and what the quantization costs against the unrounded K/V: small, not zero
     exact = naive_attention(step, query, keys, values, 1 / math.sqrt(hd))
@@ -515,17 +538,22 @@ def test_kv_write_i8_is_the_reference_quantization(nkv: int, hd: int) -> None:
     assert 0 < rel.item() <= 0.5 / 127 + 1e-6
 
 
-def test_kv_write_then_i8_attention_matches_oracle() -> None:
-    """End to end as the engine runs a step: the kernel's own int8 writes, then attention
-    over them, decodes and a prefill chunk, against the oracle of the dequantized K/V."""
+@pytest.mark.parametrize("kv_dtype", [torch.int8, F16_I8], ids=["i8", "f16-i8"])
+def test_kv_write_then_i8_attention_matches_oracle(kv_dtype) -> None:
+    """End to end as the engine runs a step: the kernel's own writes into int8 caches (or
+    float16 keys and int8 values), then attention over them, a prefill chunk of 40 and one
+    of 23, against the oracle of the values the caches hold."""
     gen = torch.Generator().manual_seed(4)
     nh, nkv, hd, bs = 9, 3, 64, 16
     step = make_step([(40, 40), (23, 23)], bs, 16, generator=gen)
     t = len(step.positions)
     qkv, k, v = _fused_kv(t, nh, nkv, hd, gen)
-    kc = torch.zeros(16, bs, nkv, hd + 4, dtype=torch.int8)
-    vc = torch.zeros_like(kc)
+    dk, dv = kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)
+    kc, vc = _as_kv_dtype(torch.zeros(16, bs, nkv, hd), torch.zeros(16, bs, nkv, hd), kv_dtype)
     ops.write_kv_cache(k, v, kc, vc, step.meta.slot_mapping.to(torch.int64))
+    if dk == torch.float16:
+        slots = step.meta.slot_mapping.to(torch.int64)
+        assert torch.equal(kc.view(-1, nkv, hd)[slots], k.half())
     tables = torch.zeros(2, max(len(x) for x in step.block_tables), dtype=torch.int32)
     for i, row in enumerate(step.block_tables):
         tables[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
@@ -533,8 +561,7 @@ def test_kv_write_then_i8_attention_matches_oracle() -> None:
     tctx = (step.positions + 1).to(torch.int32)
     query = qkv[:, : nh * hd].reshape(t, nh, hd)
     out = _attend(query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
-    deq = lambda x: reference.dequantize_kv_int8(reference.quantize_kv_int8(x))  # noqa: E731
-    keys, values = [deq(k[:40]), deq(k[40:])], [deq(v[:40]), deq(v[40:])]
+    keys, values = [_held(k[:40], dk), _held(k[40:], dk)], [_held(v[:40], dv), _held(v[40:], dv)]
     expected = naive_attention(step, query, keys, values, 1 / math.sqrt(hd))
     torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
 
@@ -545,8 +572,8 @@ def test_kv_cache_dtypes_refused() -> None:
     f16 = torch.zeros(1, 2, 1, 32, dtype=torch.float16)
     i8 = torch.zeros(1, 2, 1, 32, dtype=torch.int8)  # no room for the rows' scales
     for kc, vc, why in (
-        (f16, torch.zeros(1, 2, 1, 32), "both float16 or both int8"),  # mixed
-        (f16.bfloat16(), f16.bfloat16(), "both float16 or both int8"),  # not a kind read
+        (f16, torch.zeros(1, 2, 1, 32), "both int8, or float16 keys"),  # mixed
+        (f16.bfloat16(), f16.bfloat16(), "both int8, or float16 keys"),  # not a kind read
         (i8, i8, "rows of 36 elements"),
     ):
         with pytest.raises(ValueError, match=why):
