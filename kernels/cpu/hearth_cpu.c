@@ -12,9 +12,11 @@
  *    exactly as gguf-py's dequantizer does (Q4_1: d*q + m, Q8_0: d*q, float32, two
  *    roundings), and products are accumulated in float32: the same function as the
  *    dequantized float32 model, up to the order of the sums.
- *  - Attention reads a float32 or a float16 KV cache (`hearth_paged_attention[_f16]`): a
- *    float16 cache holds each value rounded once to nearest-even (saturating at +-65504),
- *    widened exactly on load; scores, softmax and value sums are float32 in either case.
+ *  - Attention reads a float32, float16 or int8 KV cache, or float16 keys with int8 values
+ *    (`hearth_paged_attention[_f16|_i8|_f16_i8]`): a float16 cache holds each value rounded
+ *    once to nearest-even (saturating at +-65504), widened exactly on load; an int8 cache
+ *    holds each (slot, kv head) row as int8 with its float32 scale; scores, softmax and
+ *    value sums are float32 in every case.
  *  - Every result of a token depends only on that token (and, for attention, on its own
  *    sequence's cache): no kernel splits a sum differently by batch size, chunking or
  *    thread count. A request's output therefore never changes with load.
@@ -625,29 +627,29 @@ static inline void i8_row(const float *src, int8_t *dst, int64_t hd) {
     memcpy(dst + hd, &scale, sizeof scale);
 }
 
+/* The nkv rows of one slot (src: nkv * hd floats) into their int8 rows. */
+static inline void i8_slot(const float *src, int8_t *dst, int64_t nkv, int64_t hd) {
+    for (int64_t h = 0; h < nkv; h++) i8_row(src + h * hd, dst + h * (hd + KV_I8_SCALE_BYTES), hd);
+}
+
 void hearth_kv_write_i8(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t t, int64_t nkv,
                         int64_t hd, int8_t *k_cache, int8_t *v_cache, const int64_t *slots) {
-    const int64_t hp = hd + KV_I8_SCALE_BYTES;
-    for (int64_t r = 0; r < t; r++) {
-        const int64_t slot = slots[r];
-        if (slot < 0) continue;
-        for (int64_t h = 0; h < nkv; h++) {
-            i8_row(k + r * ldk + h * hd, k_cache + (slot * nkv + h) * hp, hd);
-            i8_row(v + r * ldv + h * hd, v_cache + (slot * nkv + h) * hp, hd);
+    const int64_t pitch = nkv * (hd + KV_I8_SCALE_BYTES); /* bytes per slot */
+    for (int64_t r = 0; r < t; r++)
+        if (slots[r] >= 0) {
+            i8_slot(k + r * ldk, k_cache + slots[r] * pitch, nkv, hd);
+            i8_slot(v + r * ldv, v_cache + slots[r] * pitch, nkv, hd);
         }
-    }
 }
 
 /* float16 keys and int8 values (the quality bar passes with int8 values, not int8 keys). */
 void hearth_kv_write_f16_i8(const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t t, int64_t nkv,
                             int64_t hd, uint16_t *k_cache, int8_t *v_cache, const int64_t *slots) {
-    const int64_t hp = hd + KV_I8_SCALE_BYTES;
-    for (int64_t r = 0; r < t; r++) {
-        const int64_t slot = slots[r];
-        if (slot < 0) continue;
-        f16_row(k + r * ldk, k_cache + slot * nkv * hd, nkv * hd);
-        for (int64_t h = 0; h < nkv; h++) i8_row(v + r * ldv + h * hd, v_cache + (slot * nkv + h) * hp, hd);
-    }
+    for (int64_t r = 0; r < t; r++)
+        if (slots[r] >= 0) {
+            f16_row(k + r * ldk, k_cache + slots[r] * nkv * hd, nkv * hd);
+            i8_slot(v + r * ldv, v_cache + slots[r] * nkv * (hd + KV_I8_SCALE_BYTES), nkv, hd);
+        }
 }
 
 /* ------------------------------------------------------------------ paged attention */

@@ -11,9 +11,31 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import reference
 from kernels.metadata import AttentionMetadata, SeqSpan
 
-__all__ = ["PagedStep", "cpu_attention_tables", "make_step", "naive_attention", "scatter_dense_kv"]
+__all__ = [
+    "PagedStep",
+    "as_kv_cache",
+    "cpu_attention_tables",
+    "held_by_kv_cache",
+    "make_step",
+    "naive_attention",
+    "scatter_dense_kv",
+]
+
+
+def as_kv_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A cache of ``dtype`` holding float32 ``x [..., head_dim]``: int8 caches are rows with
+    their scales (`kernels.reference.quantize_kv_int8`), the float kinds ``x.to(dtype)``."""
+    return reference.quantize_kv_int8(x) if dtype == torch.int8 else x.to(dtype)
+
+
+def held_by_kv_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float32 values a cache of ``dtype`` holds for ``x`` (the oracle's K or V)."""
+    if dtype == torch.int8:
+        return reference.dequantize_kv_int8(reference.quantize_kv_int8(x))
+    return x.to(dtype).float()
 
 
 @dataclass

@@ -24,7 +24,13 @@ import math
 import pytest
 import torch
 
-from tests.kernels.cases import cpu_attention_tables, make_step, scatter_dense_kv
+from tests.kernels.cases import (
+    as_kv_cache,
+    cpu_attention_tables,
+    held_by_kv_cache,
+    make_step,
+    scatter_dense_kv,
+)
 
 ops = pytest.importorskip("kernels.cpu.ops")
 if not ops.available():
@@ -70,17 +76,6 @@ DECODE_LIKE = (0, 2, 4, 7)
 """Indices into MIXED of sequences whose rows are below the min run."""
 
 
-def _as_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """int8: rows with their scales, which hold q * scale."""
-    return reference.quantize_kv_int8(x) if dtype == torch.int8 else x.to(dtype)
-
-
-def _held(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.int8:
-        return reference.dequantize_kv_int8(reference.quantize_kv_int8(x))
-    return x.to(dtype).float()
-
-
 def _inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-s // bs) for s, _ in seqs) + 8
@@ -92,9 +87,9 @@ def _inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
     values = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
     scatter_dense_kv(step, keys, values, k_cache, v_cache)
     dk, dv = kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)
-    k_cache, v_cache = _as_cache(k_cache, dk), _as_cache(v_cache, dv)
-    keys = [_held(k, dk) for k in keys]  # what the cache holds
-    values = [_held(v, dv) for v in values]
+    k_cache, v_cache = as_kv_cache(k_cache, dk), as_kv_cache(v_cache, dv)
+    keys = [held_by_kv_cache(k, dk) for k in keys]  # what the cache holds
+    values = [held_by_kv_cache(v, dv) for v in values]
     query = torch.randn(sum(q for _, q in seqs), nh, hd, generator=gen)
     tables, token_seq, token_ctx = cpu_attention_tables(step)
     return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx

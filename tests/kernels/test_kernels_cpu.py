@@ -8,7 +8,9 @@ result never depends on what else is in the call) is checked bit for bit.
 
 A float16 KV cache is checked the same way against the oracle computed from the
 float16-rounded K/V (so the bound is the float32 accumulation bound, not fp16's rounding),
-bit for bit against the float32 path on the same values, and for batch invariance.
+bit for bit against the float32 path on the same values, and for batch invariance; int8
+caches (and float16 keys with int8 values) against the oracle of the values their rows
+stand for, and their writes bit for bit against `kernels.reference.quantize_kv_int8`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ import torch
 
 from kernels import reference
 from kernels.cpu import ops
-from tests.kernels.cases import cpu_attention_tables, make_step, naive_attention, scatter_dense_kv
+from tests.kernels.cases import (
+    as_kv_cache,
+    cpu_attention_tables,
+    held_by_kv_cache,
+    make_step,
+    naive_attention,
+    scatter_dense_kv,
+)
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="host has no AVX2 (torch path only)")
 
@@ -230,21 +239,10 @@ F16_I8 = (torch.float16, torch.int8)
 """float16 keys with int8 values (``--kv-cache-dtype float16-int8``)."""
 
 
-def _as_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return reference.quantize_kv_int8(x) if dtype == torch.int8 else x.to(dtype)
-
-
-def _held(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The float32 values a cache of ``dtype`` holds for ``x``."""
-    if dtype == torch.int8:
-        return reference.dequantize_kv_int8(reference.quantize_kv_int8(x))
-    return x.to(dtype).float()
-
-
 def _as_kv_dtype(kc: torch.Tensor, vc: torch.Tensor, dtype):
     """Caches of one dtype, or of a (keys, values) pair of them."""
     dk, dv = dtype if isinstance(dtype, tuple) else (dtype, dtype)
-    return _as_cache(kc, dk), _as_cache(vc, dv)
+    return as_kv_cache(kc, dk), as_kv_cache(vc, dv)
 
 
 @pytest.mark.parametrize(
@@ -493,7 +491,10 @@ def test_paged_attention_i8_matches_dense_oracle(
     kc8, vc8 = _as_kv_dtype(kc, vc, kv_dtype)
     assert vc8.shape[-1] == hd + 4 and kc8.shape[-1] == (hd + 4 if dk == torch.int8 else hd)
     out = _attend(query, nh, nkv, hd, kc8, vc8, tables, tseq, tctx)
-    held_k, held_v = [_held(x, dk) for x in keys], [_held(x, dv) for x in values]
+    held_k, held_v = (
+        [held_by_kv_cache(x, dk) for x in keys],
+        [held_by_kv_cache(x, dv) for x in values],
+    )
     expected = naive_attention(step, query, held_k, held_v, 1 / math.sqrt(hd))
     torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
     # and what the quantization costs against the unrounded K/V: small, not zero
@@ -561,7 +562,10 @@ def test_kv_write_then_i8_attention_matches_oracle(kv_dtype) -> None:
     tctx = (step.positions + 1).to(torch.int32)
     query = qkv[:, : nh * hd].reshape(t, nh, hd)
     out = _attend(query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
-    keys, values = [_held(k[:40], dk), _held(k[40:], dk)], [_held(v[:40], dv), _held(v[40:], dv)]
+    keys, values = (
+        [held_by_kv_cache(k[:40], dk), held_by_kv_cache(k[40:], dk)],
+        [held_by_kv_cache(v[:40], dv), held_by_kv_cache(v[40:], dv)],
+    )
     expected = naive_attention(step, query, keys, values, 1 / math.sqrt(hd))
     torch.testing.assert_close(out.view_as(query).double(), expected, rtol=1e-5, atol=2e-6)
 
