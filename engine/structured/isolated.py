@@ -5,11 +5,10 @@ cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of th
 properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
 a child process: when its request is aborted or its time is up, the child is killed
 (SIGKILL) and the next compile starts a fresh one. A compile starts at nice 5 (below
-the engine, level with the API workers) and is demoted to nice 10 once it has used 2 s
-of CPU, so a long compile takes CPU from the engine and the API workers only when they
-leave it idle, while ordinary ones (milliseconds of CPU) keep their priority however long
-a loaded host makes them wait for a core (a wall-clock trigger niced them too, and a
-niced compile beside a decoding engine gets ~10 % of a core).
+the engine, level with the API workers) and is demoted to nice 19 once it has used
+0.25 s of CPU, so a long compile takes CPU from the engine and the API workers only when
+they leave it idle, while ordinary ones (milliseconds of CPU) keep their priority however
+long a loaded host makes them wait for a core (a wall-clock trigger niced them too).
 
 It sends the compiled grammar back as xgrammar's JSON, the one serialized form it has
 (its CompiledGrammar does not pickle), as raw bytes (no pickling of a multi-MB
@@ -36,13 +35,24 @@ from engine.sampling_params import StructuredOutputSpec
 from engine.structured.grammar import GrammarError
 
 CHILD_NICENESS = 10
+"""A restarted child loads its compiler (~3 s of CPU) at this nice value: aborting
+compiles over and over costs little beside the engine, yet the slot is back in seconds
+on a loaded host, where nice 19 could take minutes."""
+SLOW_COMPILE_NICENESS = 19
+"""What a compile past NICE_AFTER_CPU_S runs at. At nice 10, two such compiles (a
+string of `maxLength` 10^9: ~2.3 s of CPU each, one per compile slot) made a
+sequential client's chat p50 9.4x its quiet figure on a 2-vCPU host: the engine's two
+OpenMP threads wait for each other at every barrier, so a co-runner that holds either
+core for a time slice stalls both. At 19: 1.12x (`tests/reliability/hostile_mix.py`
+with HOSTILE_ONLY=schemas)."""
 COMPILE_NICENESS = 5
 """Every compile starts at this nice value: the API workers' default (`hearth serve
 --worker-niceness`), as a compile is one request's work like a worker's parsing; the
 engine's step, which serves every request, comes first. At nice 0, a slow schema's first
 2 s of CPU beside a decoding engine took that CPU from the step."""
-NICE_AFTER_CPU_S = 2.0
-"""A compile that has used this much CPU is demoted to CHILD_NICENESS."""
+NICE_AFTER_CPU_S = 0.25
+"""A compile that has used this much CPU is demoted to SLOW_COMPILE_NICENESS (ordinary
+schemas take milliseconds)."""
 POLL_S = 0.05
 """How often a waiting compile looks at its cancel flag and deadline."""
 
@@ -82,8 +92,8 @@ def _child_main(
 
 def _compile_demoting(compiler: Any, spec: StructuredOutputSpec) -> tuple[bytes, str]:
     """Compile on a thread at normal priority; one that has used NICE_AFTER_CPU_S of CPU
-    (an ordinary schema takes milliseconds) is demoted to nice CHILD_NICENESS, so only
-    idle CPU goes to it (Linux gives each thread its own nice value). CPU time, not wall
+    (an ordinary schema takes milliseconds) is demoted to nice SLOW_COMPILE_NICENESS, so
+    only idle CPU goes to it (Linux gives each thread its own nice value). CPU time, not wall
     time: on a busy host an ordinary compile can wait seconds for a core, and demoting
     it then would starve it behind the engine."""
     answer: list[tuple[bytes, str]] = []
@@ -108,7 +118,7 @@ def _compile_demoting(compiler: Any, spec: StructuredOutputSpec) -> tuple[bytes,
             except OSError:  # it just ended
                 break
             if used >= NICE_AFTER_CPU_S:
-                _demote(worker.native_id, CHILD_NICENESS)
+                _demote(worker.native_id, SLOW_COMPILE_NICENESS)
                 clock = None
     worker.join()
     return answer[0]
