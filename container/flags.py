@@ -30,10 +30,13 @@ TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
 
 
-WORKER_NICENESS = 5
+WORKER_NICENESS = 7
 """Default of --worker-niceness. On 2 vCPUs, a client sending 6 MB bodies back to back kept
 one worker's core busy and other clients' chat p50 went from 66 to 238 ms (3.6x); with the
-workers at nice 5 it was 1.26x, the engine having the CPU it needed (docs/reliability.md)."""
+workers at nice 5 it was 1.26x, the engine having the CPU it needed. Under issue 17's whole
+hostile mix on the AMX host: 1.39-1.75x at nice 5, 1.23-1.31x at 7, 1.17-1.22x at 10, where
+a /ping on a worker busy with a body took up to 414 ms (at 7: 133 ms at most); ordinary load
+(c=1/16/64) is the same at 5 and 10 within run-to-run noise (docs/reliability.md)."""
 
 
 def env_name(flag: str) -> str:

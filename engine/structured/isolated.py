@@ -46,9 +46,9 @@ OpenMP threads wait for each other at every barrier, so a co-runner that holds e
 core for a time slice stalls both. At 19: 1.12x (`tests/reliability/hostile_mix.py`
 with HOSTILE_ONLY=schemas)."""
 COMPILE_NICENESS = 5
-"""Every compile starts at this nice value: the API workers' default (`hearth serve
---worker-niceness`), as a compile is one request's work like a worker's parsing; the
-engine's step, which serves every request, comes first. At nice 0, a slow schema's first
+"""Every compile starts at this nice value, below the engine, whose step serves every
+request, and a little above the API workers (`hearth serve --worker-niceness`, 7): an
+ordinary compile is milliseconds that an admitted request waits on. At nice 0, a slow schema's first
 2 s of CPU beside a decoding engine took that CPU from the step."""
 NICE_AFTER_CPU_S = 0.25
 """A compile that has used this much CPU is demoted to SLOW_COMPILE_NICENESS (ordinary

@@ -186,7 +186,7 @@ def _process_table(root_pid: int) -> list[tuple[int, int, str]]:
 
 
 def test_the_workers_run_below_the_engines_priority(default_server: Server) -> None:
-    """--worker-niceness (default 5): a worker busy with one client's bodies gets the CPU
+    """--worker-niceness (default 7): a worker busy with one client's bodies gets the CPU
     the engine's step leaves; the engine (and the master) keep the priority they had."""
     import os
 
