@@ -5,7 +5,7 @@ cap still take long (a string of `maxLength` 10^8: ~5 s; 64 nested objects of th
 properties, 10 KB: ~2.4 s). A thread cannot be stopped either, so each compile slot is
 a child process: when its request is aborted or its time is up, the child is killed
 (SIGKILL) and the next compile starts a fresh one. A compile starts at nice 5 (below
-the engine, level with the API workers) and is demoted to nice 19 once it has used
+the engine, a little above the API workers) and is demoted to nice 19 once it has used
 0.25 s of CPU, so a long compile takes CPU from the engine and the API workers only when
 they leave it idle, while ordinary ones (milliseconds of CPU) keep their priority however
 long a loaded host makes them wait for a core (a wall-clock trigger niced them too).
@@ -48,8 +48,8 @@ with HOSTILE_ONLY=schemas)."""
 COMPILE_NICENESS = 5
 """Every compile starts at this nice value, below the engine, whose step serves every
 request, and a little above the API workers (`hearth serve --worker-niceness`, 7): an
-ordinary compile is milliseconds that an admitted request waits on. At nice 0, a slow schema's first
-2 s of CPU beside a decoding engine took that CPU from the step."""
+ordinary compile is milliseconds that an admitted request waits on. At nice 0, a slow
+schema's first 2 s of CPU beside a decoding engine took that CPU from the step."""
 NICE_AFTER_CPU_S = 0.25
 """A compile that has used this much CPU is demoted to SLOW_COMPILE_NICENESS (ordinary
 schemas take milliseconds)."""
