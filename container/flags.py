@@ -417,7 +417,16 @@ def add_serve_flags(
         int,
         None,
         "Token budget of one step, shared by decodes and prefill chunks "
-        "(default: 256 on CPU, for low time to first token; 2048 on GPU)",
+        "(default: 256 on CPU, for low time to first token; 2048 on GPU). Given "
+        "without --max-prefill-chunk, no step runs past it",
+    )
+    eng.value(
+        "--max-prefill-chunk",
+        int,
+        None,
+        "Most prompt tokens the first prefill chunk of a step may take, past the token "
+        "budget, so a long prompt needs fewer steps (default: 2048 on CPU with the default "
+        "budget; else the budget). Running decodes wait up to one such step",
     )
     eng.value("--block-size", int, 16, "Tokens per KV cache block")
     eng.switch("--enable-prefix-caching", True, "Reuse KV blocks of shared prompt prefixes")

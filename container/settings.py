@@ -143,6 +143,7 @@ def _engine_config(args: argparse.Namespace, model_dir: str | None) -> EngineCon
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_prefill_chunk=args.max_prefill_chunk,
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
         kv_cache_memory=args.kv_cache_memory,

@@ -107,6 +107,7 @@ class EngineCore:
         say(f"embeddings: {self.pooling.unsupported or self.pooling.source}")
         max_len = resolved.max_model_len
         self.max_num_batched_tokens = resolved.max_num_batched_tokens
+        self.max_prefill_chunk = resolved.max_prefill_chunk
         block_size = config.block_size
         # Before the KV cache is sized: on a GPU the stacked adapter slots take memory too.
         self.lora = self._start_lora(say)
@@ -146,6 +147,7 @@ class EngineCore:
             config.max_num_seqs,
             self.max_num_batched_tokens,
             config.scheduling_policy,
+            max_prefill_chunk=self.max_prefill_chunk,
         )
         self.sessions = SessionTable(self.block_manager)
         self.model_info = ModelInfo(
@@ -200,7 +202,7 @@ class EngineCore:
         if self.device.type == "cuda":
             peak = profile_peak_step_bytes(
                 self.model,
-                self.max_num_batched_tokens,
+                self.max_prefill_chunk,  # the longest step: >= the budget
                 cfg.max_num_seqs,
                 block_size,
                 self.dtype,

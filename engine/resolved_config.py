@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, default_token_budget
+from engine.config import EngineConfig, default_prefill_chunk, default_token_budget
 from engine.gpu_memory import auto_dtype
 from engine.model_config import read_model_config
 from engine.model_resolver import resolve_model_dir
@@ -54,6 +54,8 @@ class ResolvedEngineConfig:
     max_model_len: int
     """The context limit before the KV cache is sized (which may lower it further)."""
     max_num_batched_tokens: int
+    max_prefill_chunk: int
+    """Longest first prompt chunk of a step; at least the budget (engine/scheduler.py)."""
 
 
 def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineConfig:
@@ -71,4 +73,12 @@ def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineC
         max_len = config.max_model_len
     get_model_class(model_config)  # an unsupported architecture fails here, before loading
     budget = max(config.max_num_batched_tokens or default_token_budget(device.type), 1)
-    return ResolvedEngineConfig(config, device, dtype, model_dir, model_config, max_len, budget)
+    if config.max_prefill_chunk:
+        chunk = max(config.max_prefill_chunk, budget)
+    elif config.max_num_batched_tokens:
+        chunk = budget  # an explicit budget caps every step, as vLLM's does
+    else:
+        chunk = default_prefill_chunk(device.type, budget)
+    return ResolvedEngineConfig(
+        config, device, dtype, model_dir, model_config, max_len, budget, chunk
+    )

@@ -483,7 +483,7 @@ static void amx_item_direct_building(const uint16_t *a0, const uint16_t *b0, int
     store_direct(o, ldo, bias);
 }
 
-/* The AMX GEMM over Q-tiles. Per band of 256 tokens, each output pair's B tiles are built into
+/* The AMX GEMM over Q-tiles. Per band of ~256 tokens, each output pair's B tiles are built into
  * one of two per-thread panels (2 groups x chunks KB, in L1/L2) and every token pair of the
  * band runs over it while the next output pair's tiles are built into the other, so a record
  * is unpacked once per 256 tokens and the building overlaps the products. Each thread takes
@@ -494,7 +494,11 @@ static int amx_q_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int6
     const int64_t chunks = k / BK, rec = q_record(kind);
     const int64_t tiles_t = round_up(t, BM) / BM, pairs_t = (tiles_t + 1) / 2;
     const int64_t groups = round_up(n, BN) / BN, pairs_g = (groups + 1) / 2;
-    const int64_t bands = (pairs_t + BLOCK_PAIRS - 1) / BLOCK_PAIRS, items = bands * pairs_g;
+    /* Bands of about BLOCK_PAIRS token pairs, as many as the nearest whole number: a band costs
+     * a build of every B tile, so 1032 tokens as 256 x 4 + 8 cost as much as 1280 (a step's
+     * prompt chunk plus its decodes). Bands of 4-12 pairs keep their activations in L2. */
+    const int64_t bands = pairs_t < BLOCK_PAIRS ? 1 : (pairs_t + BLOCK_PAIRS / 2) / BLOCK_PAIRS;
+    const int64_t items = bands * pairs_g;
     const int threads = omp_get_max_threads();
     const size_t a_bytes = (size_t)(tiles_t * BM * k * 2), panel = (size_t)(2 * chunks * BK * BN);
     uint8_t *scratch = scratch_of(a_bytes + (size_t)threads * (1024 * sizeof(float) + 2 * panel * 2));
@@ -518,8 +522,7 @@ static int amx_q_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int6
         }
         for (int64_t i = lo; i < hi; i++) {
             const int64_t band = i / pairs_g, gp = i % pairs_g, g0 = gp * 2;
-            const int64_t tp_begin = band * BLOCK_PAIRS;
-            const int64_t tp_end = tp_begin + BLOCK_PAIRS < pairs_t ? tp_begin + BLOCK_PAIRS : pairs_t;
+            const int64_t tp_begin = band * pairs_t / bands, tp_end = (band + 1) * pairs_t / bands;
             unpack_job job = {kind, rec, 0, 0, 0, w, pan[cur ^ 1]};
             if (i + 1 < hi) {
                 const int64_t gn = ((i + 1) % pairs_g) * 2;

@@ -14,10 +14,10 @@ from engine.scheduler import Scheduler
 from engine.waiting_queue import PriorityQueue
 
 
-def _req(rid: str, n: int, priority: int = 0, t: float = 0.0) -> Request:
+def _req(rid: str, n: int, priority: int = 0, t: float = 0.0, first: int = 1) -> Request:
     return Request(
         rid,
-        list(range(1, n + 1)),
+        list(range(first, first + n)),
         SamplingParams(max_tokens=100),
         priority=priority,
         arrival_time=t,
@@ -42,6 +42,46 @@ def test_budget_chunks_long_prefill_and_keeps_decodes_running() -> None:
     assert _run_step(s) == {"a": 1, "b": 9}
     assert _run_step(s) == {"a": 1, "b": 7}  # prompt done: b samples now
     assert _run_step(s) == {"a": 1, "b": 1}
+
+
+def test_the_first_prompt_chunk_may_run_past_the_budget_up_to_max_prefill_chunk() -> None:
+    """A long prompt takes `max_prefill_chunk` tokens a step, not the budget's 10, and the
+    decodes behind it in the running list still get their token."""
+    s = Scheduler(
+        BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10, max_prefill_chunk=24
+    )
+    s.add(_req("a", 30))
+    s.add(_req("b", 3, first=500))
+    assert _run_step(s) == {"a": 24}  # past the budget: nothing else joins this step
+    assert _run_step(s) == {"a": 6, "b": 3}  # a's last chunk fits; b shares what is left
+    s.add(_req("c", 50, first=1000))  # no prefix shared with a: no cache hit
+    # a and b decode; c is the first prompt chunk of the step: 24 tokens, not 8.
+    assert _run_step(s) == {"a": 1, "b": 1, "c": 24}
+    s.add(_req("d", 2, first=2000))
+    assert _run_step(s) == {"a": 1, "b": 1, "c": 24}  # d waits: the step is past its budget
+    # c's last 2 tokens are the step's first prompt chunk; d shares the budget left.
+    assert _run_step(s) == {"a": 1, "b": 1, "c": 2, "d": 2}
+
+
+def test_a_second_prompt_in_a_step_keeps_to_the_budget_left() -> None:
+    """Only the step's first prompt chunk is let past the budget: a later long prompt joins
+    with what is left, so a short prompt's first token never waits for a long chunk."""
+    s = Scheduler(
+        BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10, max_prefill_chunk=40
+    )
+    s.add(_req("a", 4))
+    s.add(_req("b", 60, first=500))
+    assert _run_step(s) == {"a": 4, "b": 6}
+    assert _run_step(s) == {"a": 1, "b": 40}  # now b is the first prompt chunk
+
+
+def test_max_prefill_chunk_at_or_below_the_budget_changes_nothing() -> None:
+    for chunk in (None, 4, 10):
+        s = Scheduler(
+            BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10, max_prefill_chunk=chunk
+        )
+        s.add(_req("a", 25))
+        assert [_run_step(s) for _ in range(3)] == [{"a": 10}, {"a": 10}, {"a": 5}]
 
 
 def test_max_num_seqs_caps_the_batch() -> None:
@@ -197,3 +237,28 @@ def test_priority_queue_is_logarithmic_per_insert_and_pop(order: str) -> None:
     assert _drain(s.waiting) == [f"r{p}" for p in sorted(priorities) if f"r{p}" in s.requests]
     assert 0 < _CountingInt.num_comparisons <= 3 * bound  # pushes and n pops
     assert s.waiting.num_entries() == 0
+
+
+@pytest.mark.parametrize(
+    ("budget", "chunk", "expected"),
+    [
+        (None, None, (256, 2048)),  # CPU defaults: short steps, long first prompt chunks
+        (40, None, (40, 40)),  # an explicit budget caps every step, as vLLM's does
+        (40, 100, (40, 100)),
+        (None, 100, (256, 256)),  # a chunk below the budget is the budget
+    ],
+)
+def test_the_prefill_chunk_resolves_from_the_budget_flags(
+    model_smollm2_dir: str, budget: int | None, chunk: int | None, expected: tuple[int, int]
+) -> None:
+    from engine.config import EngineConfig
+    from engine.resolved_config import resolve
+
+    config = EngineConfig(
+        model=model_smollm2_dir,
+        device="cpu",
+        max_num_batched_tokens=budget,
+        max_prefill_chunk=chunk,
+    )
+    resolved = resolve(config, lambda _: None)
+    assert (resolved.max_num_batched_tokens, resolved.max_prefill_chunk) == expected

@@ -200,15 +200,17 @@ needs_qtiles = pytest.mark.skipif(
 def test_tiles_built_from_the_blocks_are_the_stored_tiles_bit_for_bit(kind, with_bias) -> None:
     """The Q-tiles path (calls of QTILES_MIN_T tokens up) gives exactly the bits of the
     stored bfloat16 tiles: n not a multiple of 16 (a padded group), strided rows, a
-    partial last token pair, one token pair, and 300 tokens (two 256-token bands)."""
+    partial last token pair, one token pair, 300 tokens (one band of 10 token pairs), 400
+    (two bands of 6 and 7) and 1032 (four bands, the last of 9: a 1024-token prompt chunk
+    and its step's decodes)."""
     n, k = 200, 576
     bias = torch.randn(n, generator=torch.Generator().manual_seed(3)) if with_bias else None
     raw, blocks, dense = _gguf_weight(kind, n, k, bias)
     stored = bf16_ops.pack_tiles(dense, blocks, min_t=16)
     built = bf16_ops.pack_tiles(dense, blocks, min_t=16, raw=raw)
     assert (stored.q_min_t, built.q_min_t) == (0, bf16_ops.QTILES_MIN_T)
-    x = torch.randn(300, k + 5, generator=torch.Generator().manual_seed(4))[:, :k]
-    for t in (16, 31, 32, 33, 64, 97, 300):
+    x = torch.randn(1032, k + 5, generator=torch.Generator().manual_seed(4))[:, :k]
+    for t in (16, 31, 32, 33, 64, 97, 300, 400, 1032):
         assert torch.equal(
             bf16_ops.linear_tiles(x[:t], built), bf16_ops.linear_tiles(x[:t], stored)
         ), t
