@@ -76,28 +76,37 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     core = EngineCore(config, progress=lambda msg: logger.info("%s", msg))
     core.structured.start()  # the grammar compile children load during warm-up
-    transport = ZmqEngineTransport(runtime_dir)
-    warm = core.warm_up()
-    freeze_startup_objects()
-    heartbeat = Heartbeat(runtime_dir)
-    write_ready(runtime_dir, core.model_info)
-    logger.info(
-        "engine core ready in %.1f s (warm-up %.2f s), pid %d",
-        time.monotonic() - start,
-        warm,
-        os.getpid(),
-    )
     try:
-        run_engine_loop(
-            core,
-            transport,
-            stop,
-            log_stats=not config.disable_log_stats,
-            heartbeat=heartbeat,
-        )
+        transport = ZmqEngineTransport(runtime_dir)
+        try:
+            warm = core.warm_up()
+            freeze_startup_objects()
+            heartbeat = Heartbeat(runtime_dir)
+            write_ready(runtime_dir, core.model_info)
+            logger.info(
+                "engine core ready in %.1f s (warm-up %.2f s), pid %d",
+                time.monotonic() - start,
+                warm,
+                os.getpid(),
+            )
+            try:
+                run_engine_loop(
+                    core,
+                    transport,
+                    stop,
+                    log_stats=not config.disable_log_stats,
+                    heartbeat=heartbeat,
+                )
+            finally:
+                heartbeat.close()
+        finally:
+            transport.close()
     finally:
-        heartbeat.close()
-        transport.close()
+        # The grammar-compile children, waited for, also when warm-up fails: left to
+        # notice the closed socket they outlived the engine by up to a few seconds,
+        # reparented to init, where a supervisor stopping the process group after the
+        # master exited found them.
+        core.structured.shutdown()
         os.close(lock_fd)
     return 0
 

@@ -263,6 +263,31 @@ def _refused(port: int) -> bool:
         return False
 
 
+def _children(pid: int, marker: str) -> list[int]:
+    """The live children of `pid` whose command line holds `marker`."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and marker in cmd:
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_sigterm_lets_a_running_stream_finish(server_logs: Path, model_smollm2_dir: str) -> None:
     server = start_server(
         server_logs,
@@ -281,6 +306,8 @@ def test_sigterm_lets_a_running_stream_finish(server_logs: Path, model_smollm2_d
         engine = [pid for pid, _, cmd in table if "engine.process" in cmd]
         workers = [pid for pid, _, cmd in table if pid != server.process.pid and pid not in engine]
         assert len(engine) == 1 and len(workers) == 1
+        compilers = _children(engine[0], "engine.structured.isolated")
+        assert compilers, "the engine's grammar-compile children were not found"
         with open(f"/proc/{workers[0]}/stat") as f:
             assert int(f.read().rsplit(")", 1)[1].split()[1]) == server.process.pid
 
@@ -328,6 +355,11 @@ def test_sigterm_lets_a_running_stream_finish(server_logs: Path, model_smollm2_d
         exited_at = time.monotonic()
         assert code == 0, server.log()[-3000:]
         print(f"exited {exited_at - stream.done_at:.2f} s after the stream ended")
+        # Nothing outlives the master: the engine waits for its compile children (they
+        # once lingered, reparented to init, for up to a few seconds).
+        left = [pid for pid in [*engine, *workers, *compilers] if _alive(pid)]
+        assert not left, f"processes left after the master exited: {left}"
+
         # The drain ends when the last response does, not at the deadline: the stream
         # ended first, and uvicorn never had to cancel anything.
         assert stream.done_at <= exited_at
