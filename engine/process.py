@@ -10,6 +10,7 @@ loop until SIGTERM/SIGINT.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -75,39 +76,34 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     core = EngineCore(config, progress=lambda msg: logger.info("%s", msg))
-    core.structured.start()  # the grammar compile children load during warm-up
-    try:
+    # Undone in reverse order on every way out, warm-up failures included. The
+    # grammar-compile children are shut down and waited for: left to notice the closed
+    # socket, they outlived the engine by up to a few seconds, reparented to init, where
+    # a supervisor stopping the process group after the master exited found them.
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(os.close, lock_fd)
+        core.structured.start()  # the grammar compile children load during warm-up
+        cleanup.callback(core.structured.shutdown)
         transport = ZmqEngineTransport(runtime_dir)
-        try:
-            warm = core.warm_up()
-            freeze_startup_objects()
-            heartbeat = Heartbeat(runtime_dir)
-            write_ready(runtime_dir, core.model_info)
-            logger.info(
-                "engine core ready in %.1f s (warm-up %.2f s), pid %d",
-                time.monotonic() - start,
-                warm,
-                os.getpid(),
-            )
-            try:
-                run_engine_loop(
-                    core,
-                    transport,
-                    stop,
-                    log_stats=not config.disable_log_stats,
-                    heartbeat=heartbeat,
-                )
-            finally:
-                heartbeat.close()
-        finally:
-            transport.close()
-    finally:
-        # The grammar-compile children, waited for, also when warm-up fails: left to
-        # notice the closed socket they outlived the engine by up to a few seconds,
-        # reparented to init, where a supervisor stopping the process group after the
-        # master exited found them.
-        core.structured.shutdown()
-        os.close(lock_fd)
+        cleanup.callback(transport.close)
+        warm = core.warm_up()
+        freeze_startup_objects()
+        heartbeat = Heartbeat(runtime_dir)
+        cleanup.callback(heartbeat.close)
+        write_ready(runtime_dir, core.model_info)
+        logger.info(
+            "engine core ready in %.1f s (warm-up %.2f s), pid %d",
+            time.monotonic() - start,
+            warm,
+            os.getpid(),
+        )
+        run_engine_loop(
+            core,
+            transport,
+            stop,
+            log_stats=not config.disable_log_stats,
+            heartbeat=heartbeat,
+        )
     return 0
 
 

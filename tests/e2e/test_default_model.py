@@ -153,11 +153,12 @@ def test_cut_streams_free_their_kv_blocks(default_server: Server) -> None:
     assert generated < 8 * 400
 
 
-def _process_table(root_pid: int) -> list[tuple[int, int, str]]:
-    """(pid, rss_kib, cmdline) of root_pid and all its descendants, but the engine's
-    grammar-compile children (`engine.structured.isolated`, killable compile slots): they
-    are the engine's helpers, neither API workers nor holders of weights, and tests that
-    tell the engine from the workers by their process tree would count them as workers."""
+def _process_table(root_pid: int, with_compilers: bool = False) -> list[tuple[int, int, str]]:
+    """(pid, rss_kib, cmdline) of root_pid and all its descendants, but (unless
+    `with_compilers`) the engine's grammar-compile children (`engine.structured.isolated`,
+    killable compile slots): they are the engine's helpers, neither API workers nor holders
+    of weights, and tests that tell the engine from the workers by their process tree would
+    count them as workers."""
     import os
 
     children: dict[int, list[int]] = {}
@@ -179,7 +180,7 @@ def _process_table(root_pid: int) -> list[tuple[int, int, str]]:
     out, todo = [], [root_pid]
     while todo:
         pid = todo.pop()
-        if pid in info and "engine.structured.isolated" not in info[pid][1]:
+        if pid in info and (with_compilers or "engine.structured.isolated" not in info[pid][1]):
             out.append((pid, *info[pid]))
         todo.extend(children.get(pid, []))
     return out

@@ -263,22 +263,6 @@ def _refused(port: int) -> bool:
         return False
 
 
-def _children(pid: int, marker: str) -> list[int]:
-    """The live children of `pid` whose command line holds `marker`."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and marker in cmd:
-            found.append(int(entry))
-    return found
-
-
 def _alive(pid: int) -> bool:
     """Running, not a zombie waiting for init to reap it."""
     try:
@@ -306,7 +290,11 @@ def test_sigterm_lets_a_running_stream_finish(server_logs: Path, model_smollm2_d
         engine = [pid for pid, _, cmd in table if "engine.process" in cmd]
         workers = [pid for pid, _, cmd in table if pid != server.process.pid and pid not in engine]
         assert len(engine) == 1 and len(workers) == 1
-        compilers = _children(engine[0], "engine.structured.isolated")
+        compilers = [
+            pid
+            for pid, _, cmd in _process_table(engine[0], with_compilers=True)
+            if "engine.structured.isolated" in cmd
+        ]
         assert compilers, "the engine's grammar-compile children were not found"
         with open(f"/proc/{workers[0]}/stat") as f:
             assert int(f.read().rsplit(")", 1)[1].split()[1]) == server.process.pid
