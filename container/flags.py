@@ -425,8 +425,9 @@ def add_serve_flags(
         int,
         None,
         "Most prompt tokens the first prefill chunk of a step may take, past the token "
-        "budget, so a long prompt needs fewer steps (default: 2048 on CPU with the default "
-        "budget; else the budget). Running decodes wait up to one such step",
+        "budget, so a long prompt needs fewer steps (default, with the default budget: 2048 "
+        "where AMX tiles run the linears, 512 on other CPUs; else the budget). "
+        "Running decodes wait up to one such step",
     )
     eng.value("--block-size", int, 16, "Tokens per KV cache block")
     eng.switch("--enable-prefix-caching", True, "Reuse KV blocks of shared prompt prefixes")

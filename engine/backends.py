@@ -86,6 +86,10 @@ class Backends:
     v_dtype: torch.dtype | None = None
     """Element type of the values where it differs from the keys' (float16 keys, int8
     values: ``--kv-cache-dtype float16-int8``)."""
+    tiled_linears: bool = False
+    """Whether the linears of 16+ token calls run on AMX tiles, whose cost per token keeps
+    falling with the rows of a call: the scheduler's default first prompt chunk is longer
+    there (engine/config.py, `default_prefill_chunk`)."""
 
 
 def _exact(dtype: torch.dtype, device: torch.device, kernels: str) -> Backends:
@@ -172,9 +176,12 @@ def choose_backends(
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
     say(f"fast CPU path: {description}")
+    tiled = (mode == "gguf-bf16" and bf16_ops.qtiles_path()) or (
+        mode == "gguf-int8" and q8_ops.integer_path() == "amx"
+    )
     return Backends(
         mode, description, CpuAttentionBackend(min_run), kv_dtype,
-        v_dtype if v_dtype != kv_dtype else None,
+        v_dtype if v_dtype != kv_dtype else None, tiled,
     )  # fmt: skip
 
 

@@ -71,7 +71,7 @@ class EngineConfig:
     max_prefill_chunk: int | None = None
     """Most prompt tokens the first prefill chunk of a step may take, past the budget
     (engine/scheduler.py); None: the budget when `max_num_batched_tokens` is given (a hard
-    cap, as in vLLM), else by device (`default_prefill_chunk`)."""
+    cap, as in vLLM), else by device and kernels (`default_prefill_chunk`)."""
     block_size: int = 16
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None
@@ -209,16 +209,26 @@ def default_token_budget(device_type: str) -> int:
     return CPU_TOKEN_BUDGET if device_type == "cpu" else GPU_TOKEN_BUDGET
 
 
-CPU_PREFILL_CHUNK = 2048
-"""Default longest first prompt chunk of a CPU step. A step also runs every running
-sequence's decode, whose attention over long contexts costs as much as a few hundred
-prompt tokens: cut into 256-token chunks, a 4096-token prompt paid that 16 times. At
-c=16 (AMX host, docs/performance.md) 2048 took the median time to first token of
+TILES_PREFILL_CHUNK = 2048
+"""Default longest first prompt chunk of a CPU step where AMX tiles run the linears. A step
+also runs every running sequence's decode, whose attention over long contexts costs as much
+as a few hundred prompt tokens: cut into 256-token chunks, a 4096-token prompt paid that 16
+times. At c=16 (AMX host, docs/performance.md) 2048 took the median time to first token of
 1024- and 4096-token prompts from 2.9 to 2.5 s and from 19.1 to 13.9 s and output tok/s
 up 15 %; running decodes wait up to one such step (~0.6 s) while a long prompt prefills,
 as they do under vLLM's CPU budget of 2048."""
+CPU_PREFILL_CHUNK = 512
+"""The same on other CPUs (AVX512-BF16 dot products, the float32 block kernels), whose GEMMs
+gain nothing past a few hundred rows. On the Zen 5 host (docs/performance.md, stop 30), c=16,
+two runs each: 512 against 2048 gave the same or better tok/s and TTFT at 1024 and 4096
+tokens in (4096: 44.4 vs 43.0 tok/s, TTFT p50 19.5 vs 19.3 s) with a third of the ITL p99
+(425 vs 1427 ms at 4096); 256 lost at 4096 (40.6 tok/s, TTFT 23.3 s)."""
 
 
-def default_prefill_chunk(device_type: str, budget: int) -> int:
-    """On a GPU a step's time barely grows with its tokens: the budget is the chunk."""
-    return max(CPU_PREFILL_CHUNK, budget) if device_type == "cpu" else budget
+def default_prefill_chunk(device_type: str, budget: int, tiled_linears: bool = False) -> int:
+    """The first prompt chunk's default: on a GPU the budget (a step's time barely grows
+    with its tokens); on a CPU `TILES_PREFILL_CHUNK` where the linears run on AMX tiles
+    (`Backends.tiled_linears`), else `CPU_PREFILL_CHUNK`; never below the budget."""
+    if device_type != "cpu":
+        return budget
+    return max(TILES_PREFILL_CHUNK if tiled_linears else CPU_PREFILL_CHUNK, budget)

@@ -19,7 +19,7 @@ import torch
 from engine.attention import CpuAttentionBackend, PagedAttentionBackend
 from engine.backends import choose_backends
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, ModelInfo
+from engine.config import EngineConfig, ModelInfo, default_prefill_chunk
 from engine.gpu_memory import (
     GRAPH_AND_FRAGMENTATION_RESERVE,
     kv_cache_budget_bytes,
@@ -107,7 +107,13 @@ class EngineCore:
         say(f"embeddings: {self.pooling.unsupported or self.pooling.source}")
         max_len = resolved.max_model_len
         self.max_num_batched_tokens = resolved.max_num_batched_tokens
-        self.max_prefill_chunk = resolved.max_prefill_chunk
+        self.max_prefill_chunk = resolved.max_prefill_chunk or default_prefill_chunk(
+            self.device.type, self.max_num_batched_tokens, self.backends.tiled_linears
+        )
+        say(
+            f"scheduler: {self.max_num_batched_tokens} tokens a step, a first prompt chunk "
+            f"of up to {self.max_prefill_chunk}"
+        )
         block_size = config.block_size
         # Before the KV cache is sized: on a GPU the stacked adapter slots take memory too.
         self.lora = self._start_lora(say)

@@ -54,8 +54,10 @@ class ResolvedEngineConfig:
     max_model_len: int
     """The context limit before the KV cache is sized (which may lower it further)."""
     max_num_batched_tokens: int
-    max_prefill_chunk: int
-    """Longest first prompt chunk of a step; at least the budget (engine/scheduler.py)."""
+    max_prefill_chunk: int | None
+    """Longest first prompt chunk of a step; at least the budget (engine/scheduler.py).
+    None: the default, which depends on the kernels (`default_prefill_chunk`), so the
+    core decides it once the backends are chosen."""
 
 
 def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineConfig:
@@ -73,12 +75,15 @@ def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineC
         max_len = config.max_model_len
     get_model_class(model_config)  # an unsupported architecture fails here, before loading
     budget = max(config.max_num_batched_tokens or default_token_budget(device.type), 1)
+    chunk: int | None
     if config.max_prefill_chunk:
         chunk = max(config.max_prefill_chunk, budget)
     elif config.max_num_batched_tokens:
         chunk = budget  # an explicit budget caps every step, as vLLM's does
-    else:
+    elif device.type != "cpu":
         chunk = default_prefill_chunk(device.type, budget)
+    else:
+        chunk = None  # by the kernels: EngineCore, once the backends are chosen
     return ResolvedEngineConfig(
         config, device, dtype, model_dir, model_config, max_len, budget, chunk
     )

@@ -239,10 +239,19 @@ def test_priority_queue_is_logarithmic_per_insert_and_pop(order: str) -> None:
     assert s.waiting.num_entries() == 0
 
 
+def test_the_default_prefill_chunk_is_long_only_where_amx_tiles_run_the_linears() -> None:
+    from engine.config import default_prefill_chunk
+
+    assert default_prefill_chunk("cpu", 256, tiled_linears=True) == 2048
+    assert default_prefill_chunk("cpu", 256, tiled_linears=False) == 512
+    assert default_prefill_chunk("cpu", 1000, tiled_linears=False) == 1000  # never below
+    assert default_prefill_chunk("cuda", 2048, tiled_linears=True) == 2048  # GPU: the budget
+
+
 @pytest.mark.parametrize(
     ("budget", "chunk", "expected"),
     [
-        (None, None, (256, 2048)),  # CPU defaults: short steps, long first prompt chunks
+        (None, None, (256, None)),  # CPU defaults: short steps, the chunk by the kernels
         (40, None, (40, 40)),  # an explicit budget caps every step, as vLLM's does
         (40, 100, (40, 100)),
         (None, 100, (256, 256)),  # a chunk below the budget is the budget

@@ -74,6 +74,11 @@ def test_auto_picks_the_tiles_only_where_a_bfloat16_kernel_runs(model_smollm2_di
     expected = "gguf-bf16" if bf16_ops.available() else "gguf"
     assert auto_gguf_mode() == expected
     assert core.backends.quantization == expected, core.backends.description
+    # The default first prompt chunk follows the kernels: long where AMX tiles run the
+    # linears, 512 elsewhere (engine/config.py, `default_prefill_chunk`).
+    assert core.backends.tiled_linears == (expected == "gguf-bf16" and bf16_ops.qtiles_path())
+    assert core.max_prefill_chunk == (2048 if core.backends.tiled_linears else 512)
+    assert core.scheduler.max_prefill_chunk == core.max_prefill_chunk
 
 
 def test_a_lower_isa_without_bfloat16_refuses_the_mode_naming_the_flag(model_smollm2_dir) -> None:
@@ -84,6 +89,7 @@ def test_a_lower_isa_without_bfloat16_refuses_the_mode_naming_the_flag(model_smo
         _core(model_smollm2_dir, num_kv_blocks=8, quantization="gguf-bf16", cpu_isa=lower[0])
     fallback = _core(model_smollm2_dir, num_kv_blocks=8, cpu_isa=lower[0])
     assert fallback.backends.quantization == "gguf"
+    assert not fallback.backends.tiled_linears and fallback.max_prefill_chunk == 512
 
 
 def test_greedy_agrees_with_transformers(tiled_core, prompts, reference) -> None:  # noqa: F811
