@@ -166,11 +166,13 @@ static inline void bf16_chunk(const float *src, int64_t left, uint16_t *dst) {
  * packed tiles, read a B-tile row (16 outputs x one bfloat16 pair) per instruction. A
  * register tile is VT tokens x VG groups of 16 outputs; each step broadcasts a token's
  * activation pair and does VT x VG VDPBF16PS. Rows never mix, so a token's result does not
- * depend on the batch or the thread count either. An item column (VG groups, all token
- * tiles) reads its weights from memory in its first pass and from L2 in the others; those
- * later passes prefetch the next column into L2 (`pf`), so the stream overlaps the products
- * (Zen 5, weights cold: the LM head at 16 / 64 tokens 1.90 -> 1.60 / 4.70 -> 4.13 ms, the
- * decode step at batch 16 17.0 -> 15.4 ms; docs/performance.md, stop 30).
+ * depend on the batch or the thread count either. A column (VG groups, all token tiles)
+ * reads its weights from memory in its first pass and from L2 in the others; those later
+ * passes prefetch the thread's next column into L2 (`pf`), so the stream overlaps the
+ * products. Columns are split evenly between the threads, each walking its own in order,
+ * so the column a thread prefetches is the one it computes next (Zen 5, weights cold, 16
+ * tokens: the LM head 1.90 -> 1.65 ms, qkv 56 -> 43 us, down 81 -> 68 us; docs/performance.md,
+ * stop 30).
  */
 #define VT 4
 #define VG 4
@@ -225,34 +227,43 @@ static int vec_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
     uint16_t *a = (uint16_t *)scratch_of((size_t)(t * kp * 2 + 64));
     if (!a) return 0;
     rows_bf16(x, t, ldx, k, kp, a);
-    const int64_t tiles_t = (t + VT - 1) / VT, tiles_g = (groups + VG - 1) / VG;
-    const int64_t items = tiles_t * tiles_g;
-    int64_t chunk = items / ((int64_t)omp_get_max_threads() * 8);
-    if (chunk < 1) chunk = 1;
-#pragma omp parallel for schedule(dynamic, chunk)
-    for (int64_t i = 0; i < items; i++) {
-        const int64_t tg = i / tiles_t, tt = i % tiles_t; /* token tiles inside: weights stay hot */
-        const int64_t t0 = tt * VT, g0 = tg * VG;
-        const int nt = (int)(t - t0 < VT ? t - t0 : VT), ng = (int)(groups - g0 < VG ? groups - g0 : VG);
-        __m512 acc[VT * VG];
-        /* The passes after an item column's first read its weights from L2; meanwhile the
-         * next column's weights (from memory) are fetched into L2, a share per pass. */
-        const uint16_t *wg = w + g0 * chunks * (BK * BN);
-        const char *pf = NULL;
-        int64_t pf_lines = 0;
-        if (tt > 0 && g0 + VG < groups) {
-            const int64_t next = (groups - g0 - VG < VG ? groups - g0 - VG : VG) * chunks * (BK * BN * 2) / 64;
-            pf_lines = (next + (tiles_t - 1) * chunks - 1) / ((tiles_t - 1) * chunks);
-            pf = (const char *)(wg + VG * chunks * (BK * BN)) + (tt - 1) * chunks * pf_lines * 64;
-        }
-        vec_dispatch(nt, ng, a + t0 * kp, kp, wg, chunks, acc, pf, pf_lines);
-        for (int r = 0; r < nt; r++)
-            for (int g = 0; g < ng; g++) {
-                const int64_t col = (g0 + g) * BN, cols = n - col < BN ? n - col : BN;
-                const __mmask16 mask = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
-                const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
-                _mm512_mask_storeu_ps(out + (t0 + r) * ldo + col, mask, _mm512_add_ps(acc[r * VG + g], bv));
+    const int64_t tiles_t = (t + VT - 1) / VT;
+    /* Each thread takes an equal run of output groups and walks it a column (VG groups, every
+     * token tile) at a time: a column's first pass reads its weights from memory, the later
+     * ones from L2, and those later passes prefetch the thread's own next column into L2, a
+     * share per pass, so the stream overlaps the products. */
+#pragma omp parallel
+    {
+        const int64_t nth = omp_get_num_threads(), me = omp_get_thread_num();
+        const int64_t g_end = groups * (me + 1) / nth;
+        for (int64_t g0 = groups * me / nth; g0 < g_end; g0 += VG) {
+            const int ng = (int)(g_end - g0 < VG ? g_end - g0 : VG);
+            const uint16_t *wg = w + g0 * chunks * (BK * BN);
+            const int64_t next_ng = g_end - g0 - ng < VG ? g_end - g0 - ng : VG;
+            const int64_t next_lines = next_ng * chunks * (BK * BN * 2) / 64;
+            const int64_t passes = (tiles_t - 1) * chunks;
+            const int64_t pf_step = passes > 0 ? (next_lines + passes - 1) / passes : 0;
+            for (int64_t tt = 0; tt < tiles_t; tt++) {
+                const int64_t t0 = tt * VT;
+                const int nt = (int)(t - t0 < VT ? t - t0 : VT);
+                const char *pf = NULL;
+                int64_t pf_lines = 0;
+                if (tt > 0 && next_ng > 0) {
+                    pf_lines = pf_step;
+                    pf = (const char *)(wg + ng * chunks * (BK * BN)) + (tt - 1) * chunks * pf_lines * 64;
+                }
+                __m512 acc[VT * VG];
+                vec_dispatch(nt, ng, a + t0 * kp, kp, wg, chunks, acc, pf, pf_lines);
+                for (int r = 0; r < nt; r++)
+                    for (int g = 0; g < ng; g++) {
+                        const int64_t col = (g0 + g) * BN, cols = n - col < BN ? n - col : BN;
+                        const __mmask16 mask = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+                        const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+                        _mm512_mask_storeu_ps(out + (t0 + r) * ldo + col, mask,
+                                              _mm512_add_ps(acc[r * VG + g], bv));
+                    }
             }
+        }
     }
     return 1;
 }
