@@ -220,9 +220,10 @@ as they do under vLLM's CPU budget of 2048."""
 CPU_PREFILL_CHUNK = 512
 """The same on other CPUs (AVX512-BF16 dot products, the float32 block kernels), whose GEMMs
 gain nothing past a few hundred rows. On the Zen 5 host (docs/performance.md, stop 30), c=16,
-two runs each: 512 against 2048 gave the same or better tok/s and TTFT at 1024 and 4096
-tokens in (4096: 44.4 vs 43.0 tok/s, TTFT p50 19.5 vs 19.3 s) with a third of the ITL p99
-(425 vs 1427 ms at 4096); 256 lost at 4096 (40.6 tok/s, TTFT 23.3 s)."""
+two runs each: 512 against 2048 gave the same tok/s and TTFT within the runs' spread (1024
+tokens in: 201 vs 193 tok/s, TTFT p50 2.9 vs 3.2 s; 4096: 44.4 vs 43.0, 19.5 vs 19.3 s) with
+about half the ITL p99 at 1024 and a third at 4096 (425 vs 1427 ms); 256 lost at 4096 (40.6
+tok/s, TTFT 23.3 s)."""
 
 
 def default_prefill_chunk(device_type: str, budget: int, tiled_linears: bool = False) -> int:
