@@ -226,7 +226,7 @@ about half the ITL p99 at 1024 and a third at 4096 (425 vs 1427 ms); 256 lost at
 tok/s, TTFT 23.3 s)."""
 
 
-def default_prefill_chunk(device_type: str, budget: int, tiled_linears: bool = False) -> int:
+def default_prefill_chunk(device_type: str, budget: int, tiled_linears: bool) -> int:
     """The first prompt chunk's default: on a GPU the budget (a step's time barely grows
     with its tokens); on a CPU `TILES_PREFILL_CHUNK` where the linears run on AMX tiles
     (`Backends.tiled_linears`), else `CPU_PREFILL_CHUNK`; never below the budget."""

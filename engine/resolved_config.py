@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, default_prefill_chunk, default_token_budget
+from engine.config import EngineConfig, default_token_budget
 from engine.gpu_memory import auto_dtype
 from engine.model_config import read_model_config
 from engine.model_resolver import resolve_model_dir
@@ -56,8 +56,8 @@ class ResolvedEngineConfig:
     max_num_batched_tokens: int
     max_prefill_chunk: int | None
     """Longest first prompt chunk of a step; at least the budget (engine/scheduler.py).
-    None: the default, which depends on the kernels (`default_prefill_chunk`), so the
-    core decides it once the backends are chosen."""
+    None: the default, which depends on the device and the kernels
+    (`default_prefill_chunk`), so the core decides it once the backends are chosen."""
 
 
 def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineConfig:
@@ -80,10 +80,8 @@ def resolve(config: EngineConfig, say: Callable[[str], None]) -> ResolvedEngineC
         chunk = max(config.max_prefill_chunk, budget)
     elif config.max_num_batched_tokens:
         chunk = budget  # an explicit budget caps every step, as vLLM's does
-    elif device.type != "cpu":
-        chunk = default_prefill_chunk(device.type, budget)
     else:
-        chunk = None  # by the kernels: EngineCore, once the backends are chosen
+        chunk = None  # by device and kernels: EngineCore, once the backends are chosen
     return ResolvedEngineConfig(
         config, device, dtype, model_dir, model_config, max_len, budget, chunk
     )

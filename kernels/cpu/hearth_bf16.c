@@ -227,7 +227,8 @@ static int vec_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
     uint16_t *a = (uint16_t *)scratch_of((size_t)(t * kp * 2 + 64));
     if (!a) return 0;
     rows_bf16(x, t, ldx, k, kp, a);
-    const int64_t tiles_t = (t + VT - 1) / VT;
+    /* passes: the chunk steps of a column after its first token tile, which share the prefetch */
+    const int64_t tiles_t = (t + VT - 1) / VT, passes = (tiles_t - 1) * chunks;
     /* Each thread takes an equal run of output groups and walks it a column (VG groups, every
      * token tile) at a time: a column's first pass reads its weights from memory, the later
      * ones from L2, and those later passes prefetch the thread's own next column into L2, a
@@ -241,7 +242,6 @@ static int vec_bf16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, cons
             const uint16_t *wg = w + g0 * chunks * (BK * BN);
             const int64_t next_ng = g_end - g0 - ng < VG ? g_end - g0 - ng : VG;
             const int64_t next_lines = next_ng * chunks * (BK * BN * 2) / 64;
-            const int64_t passes = (tiles_t - 1) * chunks;
             const int64_t pf_step = passes > 0 ? (next_lines + passes - 1) / passes : 0;
             for (int64_t tt = 0; tt < tiles_t; tt++) {
                 const int64_t t0 = tt * VT;
