@@ -713,10 +713,10 @@ ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
     return _mm256_loadu_ps((const float *)base + idx);
 }
 
-/* Tunables (-D for A/B builds; neither changes a result): query vectors scored per pass
- * over 4 keys (1..3; 3 = a SmolLM2 kv head's whole group, each key loaded once), how
- * many blocks ahead the loops prefetch (0: none) and into which cache level (T1 or T2
- * and 2-4 blocks measured the same as T0 and 1 on Sapphire Rapids). */
+/* Tunables (-D for A/B builds; none changes a result): query vectors scored per pass over
+ * 4 keys (1..3; 3 = a SmolLM2 kv head's whole group, each key loaded once); how many
+ * blocks ahead the loops prefetch into L1 (0: none) and into L2; how many bytes of a
+ * kv head's values the score pass asks into L2 for the value pass after it. */
 #ifndef ATT_SCORE_U
 #define ATT_SCORE_U 3
 #endif
@@ -724,21 +724,64 @@ ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
 #error "ATT_SCORE_U must be 1, 2 or 3"
 #endif
 #ifndef ATT_PF_BLOCKS
-#define ATT_PF_BLOCKS 1
+#define ATT_PF_BLOCKS 2
 #endif
-#ifndef ATT_PF_HINT
-#define ATT_PF_HINT _MM_HINT_T0
+#ifndef ATT_L2_BLOCKS
+#define ATT_L2_BLOCKS 8
+#endif
+#ifndef ATT_EARLY_BYTES
+#define ATT_EARLY_BYTES (128 << 10)
 #endif
 
-/* Prefetch `rows` rows of `elems` elements from element `first`, rows `stride` elements
- * apart: a cache's blocks lie anywhere in memory, so the hardware prefetchers cannot see
- * the next one coming; asking for it a block ahead keeps the loads from waiting on DRAM. */
-ATT_INLINE void prefetch_rows(const void *base, const int kind, int64_t first, int64_t rows, int64_t stride,
-                              int64_t elems) {
-    const int64_t esz = kind == KV_F16 ? 2 : kind == KV_I8 ? 1 : 4;
-    const char *p = (const char *)base + first * esz;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t x = 0; x < elems * esz; x += 64) _mm_prefetch(p + r * stride * esz + x, ATT_PF_HINT);
+ATT_INLINE int64_t kv_elem_size(const int kind) { return kind == KV_F16 ? 2 : kind == KV_I8 ? 1 : 4; }
+
+/*
+ * Prefetch of block b of a sequence's n keys (none past them): in each of its slots,
+ * `elems` elements from element `off`, every cache line they touch (an int8 row, hd + 4
+ * bytes, mostly straddles two), into L1 (l2 = 0) or L2.
+ *
+ * Why: a cache's blocks lie anywhere in memory, so the hardware prefetchers cannot see the
+ * next one coming, and a decode's attention reads its whole context once per layer from
+ * DRAM. Two streams run ahead of each pass: L1 a couple of blocks ahead, L2 further (DRAM
+ * latency is several blocks' work); and the score pass asks for the first
+ * ATT_EARLY_BYTES of the values too, so the value pass that follows starts from L2
+ * rather than from DRAM (bench_cpu_attention.py, cold cache, Zen 5: 16 decodes over
+ * 1024 keys 600 -> 390 us per layer, 64 over 1024 2.6 -> 1.5 ms, 16 over 4096 2.8 ->
+ * 1.7 ms; the same loads in the same order, so the same results).
+ */
+ATT_INLINE void prefetch_block(const int l2, const void *base, const int kind, const int32_t *table, int64_t b,
+                               int64_t n, int64_t block_size, int64_t kv_stride, int64_t off, int64_t elems) {
+    const int64_t left = n - b * block_size, esz = kv_elem_size(kind);
+    if (left <= 0) return;
+    const char *p = (const char *)base + ((int64_t)table[b] * block_size * kv_stride + off) * esz;
+    const int64_t rows = left < block_size ? left : block_size;
+    for (int64_t r = 0; r < rows; r++) {
+        const uintptr_t first = (uintptr_t)(p + r * kv_stride * esz), last = first + (uintptr_t)(elems * esz) - 1;
+        for (uintptr_t x = first & ~(uintptr_t)63; x <= last; x += 64) {
+            if (l2)
+                _mm_prefetch((const char *)x, _MM_HINT_T1);
+            else
+                _mm_prefetch((const char *)x, _MM_HINT_T0);
+        }
+    }
+}
+
+/* A pass's prologue: the blocks after b0 that its loop's streams (block b asks for
+ * b + ATT_PF_BLOCKS into L1 and, with l2_stream, b + ATT_L2_BLOCKS into L2) never ask for. */
+ATT_INLINE void prefetch_first(const int l2_stream, const void *base, const int kind, const int32_t *table,
+                               int64_t b0, int64_t n, int64_t block_size, int64_t kv_stride, int64_t off,
+                               int64_t elems) {
+    for (int64_t d = 1; d < ATT_PF_BLOCKS; d++)
+        prefetch_block(0, base, kind, table, b0 + d, n, block_size, kv_stride, off, elems);
+    if (l2_stream && ATT_PF_BLOCKS)
+        for (int64_t d = ATT_PF_BLOCKS; d < ATT_L2_BLOCKS; d++)
+            prefetch_block(1, base, kind, table, b0 + d, n, block_size, kv_stride, off, elems);
+}
+
+/* The blocks from a pass's first whose values the score pass asks into L2: rows of `pitch`
+ * elements (kv_head_pitch) of this kind, ATT_EARLY_BYTES of them. */
+ATT_INLINE int64_t early_value_blocks(const int kind, int64_t pitch, int64_t block_size) {
+    return ATT_EARLY_BYTES / (block_size * pitch * kv_elem_size(kind));
 }
 
 /* The 4 keys' row scales (int8 caches): a score is scale * (q . the int8 row). */
@@ -816,17 +859,21 @@ ATT_INLINE void scores_4keys(const int U, const int kind, const float *const *qv
  * slot 0. Blocks before b0 (wholly before every vector's sliding window) are never read. */
 ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t nv, const void *k_cache,
                                  int64_t koff, const int32_t *table, int64_t b0, int64_t n, int64_t block_size,
-                                 int64_t kv_stride, int64_t hd, float scale, float *const *dst) {
+                                 int64_t kv_stride, int64_t hd, float scale, float *const *dst, const int vkind,
+                                 const void *v_cache, int64_t voff, int64_t v_stride) {
     const __m128 vscale = _mm_set1_ps(scale);
     const int64_t nblk = (n + block_size - 1) / block_size;
+    const int64_t pitch = kv_head_pitch(kind, hd), vpitch = kv_head_pitch(vkind, hd);
+    const int64_t early_end = b0 + early_value_blocks(vkind, vpitch, block_size);
     int64_t i0 = b0 * block_size;
+    prefetch_first(1, k_cache, kind, table, b0, n, block_size, kv_stride, koff, pitch);
     for (int64_t b = b0; b < nblk; b++, i0 += block_size) {
         const int64_t kb = koff + (int64_t)table[b] * block_size * kv_stride;
         const int64_t m = (n - i0) < block_size ? (n - i0) : block_size;
-        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
-            const int64_t left = n - (i0 + ATT_PF_BLOCKS * block_size);
-            prefetch_rows(k_cache, kind, koff + (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride,
-                          left < block_size ? left : block_size, kv_stride, kv_head_pitch(kind, hd));
+        if (ATT_PF_BLOCKS) {
+            prefetch_block(0, k_cache, kind, table, b + ATT_PF_BLOCKS, n, block_size, kv_stride, koff, pitch);
+            prefetch_block(1, k_cache, kind, table, b + ATT_L2_BLOCKS, n, block_size, kv_stride, koff, pitch);
+            if (b < early_end) prefetch_block(1, v_cache, vkind, table, b, n, block_size, v_stride, voff, vpitch);
         }
         for (int64_t j = 0; j < m; j += 4) {
             int64_t kp[4];
@@ -886,14 +933,19 @@ ATT_INLINE void values_w(const int U, const int NC, const int kind, const float 
     for (int u = 0; u < U; u++)
         for (int c = 0; c < NC; c++) a[u][c] = _mm512_setzero_ps();
     const int64_t nblk = (n + block_size - 1) / block_size;
+    /* the rows' elements this pass reads, an int8 row's scale included; the first blocks
+     * the score pass has asked into L2 already */
+    const int64_t elems = kind == KV_I8 ? soff + KV_I8_SCALE_BYTES : 16 * NC;
+    const int64_t early_end = b0 + early_value_blocks(kind, kv_head_pitch(kind, soff + d0), block_size);
     int64_t i = b0 * block_size;
+    prefetch_first(0, v_cache, kind, table, b0, n, block_size, kv_stride, off, elems);
     for (int64_t b = b0; b < nblk; b++) {
         const int64_t vb = (int64_t)table[b] * block_size * kv_stride + off;
         const int64_t m = (n - i) < block_size ? (n - i) : block_size;
-        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
-            const int64_t left = n - (i + ATT_PF_BLOCKS * block_size);
-            prefetch_rows(v_cache, kind, (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride + off,
-                          left < block_size ? left : block_size, kv_stride, 16 * NC);
+        if (ATT_PF_BLOCKS) {
+            prefetch_block(0, v_cache, kind, table, b + ATT_PF_BLOCKS, n, block_size, kv_stride, off, elems);
+            if (b + ATT_L2_BLOCKS >= early_end)
+                prefetch_block(1, v_cache, kind, table, b + ATT_L2_BLOCKS, n, block_size, kv_stride, off, elems);
         }
         for (int64_t j = 0; j < m; j++, i++) {
             const int64_t v = vb + j * kv_stride;
@@ -947,14 +999,19 @@ ATT_INLINE void values_32(const int U, const int kind, const float *const *p, co
     for (int u = 0; u < U; u++)
         for (int c = 0; c < 4; c++) a[u][c] = _mm256_setzero_ps();
     const int64_t nblk = (n + block_size - 1) / block_size;
+    /* the rows' elements this pass reads, an int8 row's scale included; the first blocks
+     * the score pass has asked into L2 already */
+    const int64_t elems = kind == KV_I8 ? soff + KV_I8_SCALE_BYTES : 32;
+    const int64_t early_end = b0 + early_value_blocks(kind, kv_head_pitch(kind, soff + d0), block_size);
     int64_t i = b0 * block_size;
+    prefetch_first(0, v_cache, kind, table, b0, n, block_size, kv_stride, off, elems);
     for (int64_t b = b0; b < nblk; b++) {
         const int64_t vb = (int64_t)table[b] * block_size * kv_stride + off;
         const int64_t m = (n - i) < block_size ? (n - i) : block_size;
-        if (ATT_PF_BLOCKS && b + ATT_PF_BLOCKS < nblk) {
-            const int64_t left = n - (i + ATT_PF_BLOCKS * block_size);
-            prefetch_rows(v_cache, kind, (int64_t)table[b + ATT_PF_BLOCKS] * block_size * kv_stride + off,
-                          left < block_size ? left : block_size, kv_stride, 32);
+        if (ATT_PF_BLOCKS) {
+            prefetch_block(0, v_cache, kind, table, b + ATT_PF_BLOCKS, n, block_size, kv_stride, off, elems);
+            if (b + ATT_L2_BLOCKS >= early_end)
+                prefetch_block(1, v_cache, kind, table, b + ATT_L2_BLOCKS, n, block_size, kv_stride, off, elems);
         }
         for (int64_t j = 0; j < m; j++, i++) {
             const int64_t v = vb + j * kv_stride;
@@ -1067,7 +1124,8 @@ ATT_INLINE void attention_item(const int kk, const int kv, int64_t it, int64_t k
         const int64_t b0 = first / block_size; /* blocks before it are outside every window */
         /* the kv head's row in a slot, and the elements between consecutive slots, per cache */
         const int64_t pk = kv_head_pitch(kk, hd), pv_ = kv_head_pitch(kv, hd);
-        attention_scores(kk, qv, nv, k_cache, kvh * pk, table, b0, n, block_size, nkv * pk, hd, scale, pv);
+        attention_scores(kk, qv, nv, k_cache, kvh * pk, table, b0, n, block_size, nkv * pk, hd, scale, pv, kv,
+                         v_cache, kvh * pv_, nkv * pv_);
         for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], b0 * block_size, lo[u], len[u], n);
         attention_values(kv, (const float *const *)pv, nv, v_cache, table, b0, n, block_size, nkv * pv_,
                          kvh * pv_, hd, inv, ov);
