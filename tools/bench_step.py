@@ -32,16 +32,20 @@ def _run(core: EngineCore, batch: int, prompt_len: int, decode_steps: int, seed:
     prefill_start = time.perf_counter()
     step_times: list[float] = []
     cpu_times: list[float] = []
-    produced = 0
+    # Prefill ends when every sequence has its first token: with a chunked prefill the
+    # first sequences decode while later ones still prefill, so a count of outputs would
+    # end it early.
+    started: set[str] = set()
     first_token_at = None
     while core.has_work():
         t0, c0 = time.perf_counter(), time.process_time()
         outs = core.step()
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
-        produced += len(outs)
-        if first_token_at is None and produced >= batch:
-            first_token_at = time.perf_counter()
-        elif first_token_at is not None and len(outs) == batch:
+        if first_token_at is None:
+            started.update(out.request_id for _, out in outs)
+            if len(started) >= batch:
+                first_token_at = time.perf_counter()
+        elif len(outs) == batch:
             step_times.append(dt)
             cpu_times.append(dc)
     prefill = (first_token_at or time.perf_counter()) - prefill_start
