@@ -345,7 +345,10 @@ Q8_WIDE_FN(2)
 #define Q4_WIDE_PAIRS 4 /* pairs of groups per single-token Q4 tile: 1, 2 or 4 */
 #endif
 #ifndef Q8_WIDE_PAIRS
-#define Q8_WIDE_PAIRS 1 /* pairs of groups per single-token Q8 tile: 1 or 2 */
+/* 2: the tied LM head (576 -> 49152, Q8_0) at one token 1670-1756 -> 1383-1388 us, c=1 ITL p50
+ * 7.5-8.1 -> 6.8-7.4 ms (Zen 4, 2 threads; bound by the int8 -> float conversions, so two
+ * pairs' chains in flight pay); not measured on AMX or Zen 5 hosts */
+#define Q8_WIDE_PAIRS 2 /* pairs of groups per single-token Q8 tile: 1 or 2 */
 #endif
 
 /* One token: items of `pairs` group pairs on 16-lane tiles; a last odd group runs the
