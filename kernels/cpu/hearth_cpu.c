@@ -339,16 +339,18 @@ Q4_WIDE_FN(2)
 Q4_WIDE_FN(4)
 Q8_WIDE_FN(1)
 Q8_WIDE_FN(2)
+Q8_WIDE_FN(4)
 
 #ifndef Q4_WIDE_PAIRS
 /* 4: 7.0 ms per batch-1 engine step vs 7.3-7.9 for 1 or 2 (Sapphire Rapids, 2 threads) */
 #define Q4_WIDE_PAIRS 4 /* pairs of groups per single-token Q4 tile: 1, 2 or 4 */
 #endif
 #ifndef Q8_WIDE_PAIRS
-/* 2: the tied LM head (576 -> 49152, Q8_0) at one token 1670-1756 -> 1383-1388 us, c=1 ITL p50
- * 7.5-8.1 -> 6.8-7.4 ms (Zen 4, 2 threads; bound by the int8 -> float conversions, so two
- * pairs' chains in flight pay); not measured on AMX or Zen 5 hosts */
-#define Q8_WIDE_PAIRS 2 /* pairs of groups per single-token Q8 tile: 1 or 2 */
+/* 4: the tied LM head (576 -> 49152, Q8_0) at one token, weights cold, 1670-1756 us at 1 pair,
+ * 1383-1511 at 2, 1118-1286 at 4; the batch-1 engine step 7.0-7.3 / 6.4-7.5 / 6.0-6.7 ms
+ * (Zen 4, 2 threads: the GEMV is bound by its int8 -> float conversions, so more chains in
+ * flight pay); not measured on AMX or Zen 5 hosts */
+#define Q8_WIDE_PAIRS 4 /* pairs of groups per single-token Q8 tile: 1, 2 or 4 */
 #endif
 
 /* One token: items of `pairs` group pairs on 16-lane tiles; a last odd group runs the
@@ -393,8 +395,8 @@ static void wide_gemv(const float *x, int64_t k, const uint8_t *w, int64_t n, in
 
 static void (*Q4_WIDE[5])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *) = {
     0, q4_wide_1, q4_wide_2, 0, q4_wide_4};
-static void (*Q8_WIDE[3])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *) = {
-    0, q8_wide_1, q8_wide_2};
+static void (*Q8_WIDE[5])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *) = {
+    0, q8_wide_1, q8_wide_2, 0, q8_wide_4};
 #endif
 
 void hearth_q4_1_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,

@@ -77,12 +77,13 @@ def test_quantized_gemm_bias_and_strided_rows() -> None:
     _assert_within_accumulation_bound(ops.linear(x, packed), x.contiguous(), dequant, bias)
 
 
-@pytest.mark.parametrize("n", [64, 40, 56])
+@pytest.mark.parametrize("n", [64, 40, 56, 120])
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_quantized_gemm_is_batch_invariant(kind: str, n: int) -> None:
     """Token i's output is bitwise the same alone, in a batch of 9 and in a batch of 40.
-    A single token runs tiles of four 8-row groups, a batch tiles of two: 40 and 56 rows
-    leave a last tile of one and of three groups."""
+    A single token runs tiles of four 8-row groups (eight in the AVX-512 builds' 16-lane
+    GEMV), a batch tiles of two: 40 and 56 rows leave a last tile of one and of three
+    groups, 120 a full 16-lane tile and a short one of three pairs and a group."""
     raw, _ = _quantized(kind, n, 128, seed=7)
     packed = ops.pack(kind, raw)
     x = torch.randn(40, 128)
