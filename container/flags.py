@@ -393,9 +393,9 @@ def add_serve_flags(
         str,
         "auto",
         "Weights: gguf (a GGUF's own Q4_1/Q8_0 blocks with float32 activations; CPU; no "
-        "result depends on batch size), gguf-bf16 (the same blocks for steps under 16 tokens, "
-        "bfloat16 AMX tiles with float32 sums from 16 up; needs AMX-BF16 or "
-        "AVX512-BF16), gguf-int8 (the "
+        "result depends on batch size), gguf-bf16 (the same blocks for steps under 16 tokens "
+        "on AMX, under 6 on AVX512-BF16, bfloat16 tiles with float32 sums from there up; "
+        "needs AMX-BF16 or AVX512-BF16), gguf-int8 (the "
         "blocks times int8 activations: faster, below the quality bar), none (dense weights "
         "of --dtype); auto = gguf-bf16 for a GGUF model where AMX-BF16 or AVX512-BF16 runs, gguf on other CPUs, "
         "unless --dtype float32 asks for the exact mode",

@@ -11,8 +11,9 @@
   differs from the dequantized model), the elementwise ops run the C kernels and
   attention the C backend (float32 KV cache; float16 with ``--kv-cache-dtype float16``). No result depends on batch size,
   chunking or thread count (docs/performance.md has the measured quality figures).
-- ``gguf-bf16`` (the default for a GGUF on a CPU with AMX-BF16): the same blocks for
-  calls under 16 tokens, and for calls from 16 tokens up (prefill, batched decode) the
+- ``gguf-bf16`` (the default for a GGUF on a CPU with AMX-BF16 or AVX512-BF16): the same
+  blocks for calls under `bf16_ops.default_min_t()` tokens (16 where AMX runs the tiles, 6
+  on AVX512-BF16), and for calls from there up (prefill, batched decode) the
   dequantized weights rounded once to bfloat16 in AMX tiles, bfloat16 activations and
   float32 sums (`GGUFTiledLinearMethod`, ``kernels/cpu/hearth_bf16.c``; from 32 tokens up on
   AMX the same tiles are built on the fly from the blocks, bit for bit); prefill runs of
@@ -153,8 +154,8 @@ def choose_backends(
     isa = host_isa()
     activations = {
         "gguf": "float32 activations",
-        "gguf-bf16": f"float32 activations under {bf16_ops.DEFAULT_MIN_T} tokens, bfloat16 "
-        f"({bf16_ops.tile_path()}) from {bf16_ops.DEFAULT_MIN_T} up"
+        "gguf-bf16": f"float32 activations under {bf16_ops.default_min_t()} tokens, bfloat16 "
+        f"({bf16_ops.tile_path()}) from {bf16_ops.default_min_t()} up"
         + (
             f" (tiles built from the blocks from {bf16_ops.QTILES_MIN_T} up)"
             if bf16_ops.qtiles_path()

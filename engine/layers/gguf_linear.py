@@ -243,11 +243,12 @@ class GGUFBlockLinearMethod(LinearMethod):
 
 class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
     """The blocks for small calls plus the dequantized weight rounded to bfloat16 in AMX
-    tiles for calls of `min_t` tokens and more (``kernels/cpu/hearth_bf16.c``)."""
+    tiles for calls of `min_t` tokens and more (``kernels/cpu/hearth_bf16.c``; None: the
+    tile path's default, `bf16_ops.default_min_t`)."""
 
     name = "gguf-bf16"
 
-    def __init__(self, source: GGUFSource, min_t: int = bf16_ops.DEFAULT_MIN_T) -> None:
+    def __init__(self, source: GGUFSource, min_t: int | None = None) -> None:
         super().__init__(source)
         self.min_t = min_t
 

@@ -44,9 +44,23 @@ _SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "hearth_attention_bf16_path": ([_i64], ctypes.c_int),
 }
 
-DEFAULT_MIN_T = 16
-"""Calls of at least this many tokens use the tiles: one A tile is 16 tokens, so fewer pay
-for 16 while reading 4x the weight bytes of the 4-bit blocks."""
+AMX_MIN_T = 16
+"""Where AMX tiles run, calls of at least this many tokens use the tiles: one A tile is 16
+tokens, so fewer pay for 16 while reading 3.2x the weight bytes of the 4-bit blocks (fewer
+tokens on AMX not measured)."""
+VDPBF16_MIN_T = 6
+"""Where AVX512-BF16 runs the tiles (no AMX), calls of at least this many tokens use them: the
+float32 block kernel's conversions cost more than the extra weight bytes from about 6 tokens.
+Zen 4, `python -m tools.bench_step --batch 4 6 8 12 --prompt-len 128 --decode-steps 96`, two
+alternating rounds, decode step ms at 16 against 6 (4 at batch 4): batch 4 11.7 / 11.2 against
+11.8 / 13.5, batch 6 19.2 / 16.9 against 16.5 / 15.0, batch 8 20.0 / 20.9 against 16.4 / 15.8,
+batch 12 30.7 / 31.2 against 18.2 / 20.0 (under 16 the step had been slower than at 16)."""
+
+
+def default_min_t(variant: str | None = None) -> int:
+    """The fewest tokens a call needs to take the tiles in `variant`'s build on this host."""
+    return AMX_MIN_T if tile_path(variant) == "amx-bf16" else VDPBF16_MIN_T
+
 QTILES_MIN_T = 32
 """Calls of at least this many tokens build their bfloat16 B tiles on the fly from the 4- or
 8-bit blocks (Q-tiles, `hearth_pack_qtiles`) instead of reading the stored bfloat16 tiles: a
@@ -135,13 +149,16 @@ class TiledWeight:
 def pack_tiles(
     dense: torch.Tensor,
     blocks: ops.PackedWeight,
-    min_t: int = DEFAULT_MIN_T,
+    min_t: int | None = None,
     raw: np.ndarray | None = None,
     q_min_t: int = QTILES_MIN_T,
 ) -> TiledWeight:
-    """`dense` (``[n, k]`` float32, the dequantized weight `blocks` holds) as tiles; with
-    `raw` (the GGUF rows `blocks` was packed from) and AMX here, its Q-tiles too, read from
-    `q_min_t` tokens up (0: none)."""
+    """`dense` (``[n, k]`` float32, the dequantized weight `blocks` holds) as tiles, taken by
+    calls of `min_t` tokens and more (None: `default_min_t()`); with `raw` (the GGUF rows
+    `blocks` was packed from) and AMX here, its Q-tiles too, read from `q_min_t` tokens up
+    (0: none)."""
+    if min_t is None:
+        min_t = default_min_t()
     if dense.dtype != torch.float32 or dense.dim() != 2:
         raise ValueError(f"dense must be a 2-D float32 weight, got {dense.dtype} {dense.dim()}-D")
     n, k = dense.shape

@@ -146,6 +146,28 @@ def test_linear_tiles_is_the_block_kernel_below_min_t_and_the_tiles_from_it() ->
         assert not torch.equal(got, ops.linear(x[:t], blocks))  # really the other kernel
 
 
+def test_the_default_threshold_follows_the_tile_path() -> None:
+    """16 tokens where AMX tiles run, 6 on AVX512-BF16 (measured there, `VDPBF16_MIN_T`), and
+    a weight packed without `min_t` takes it: one token under it the block kernel, from it
+    the tiles."""
+    expected = {"amx-bf16": bf16_ops.AMX_MIN_T, "avx512-bf16": bf16_ops.VDPBF16_MIN_T}
+    for variant in host_isa().supported:
+        path = bf16_ops.tile_path(variant).split(" ")[0]
+        if path in expected:
+            assert bf16_ops.default_min_t(variant) == expected[path], variant
+    assert (bf16_ops.AMX_MIN_T, bf16_ops.VDPBF16_MIN_T) == (16, 6)
+    n, k = 192, 576
+    blocks, dense = _blocks_and_dense(n, k)
+    weight = bf16_ops.pack_tiles(dense, blocks)
+    min_t = bf16_ops.default_min_t()
+    assert weight.min_t == min_t
+    x = torch.randn(min_t, k, generator=torch.Generator().manual_seed(2))
+    below = x[: min_t - 1]
+    assert torch.equal(bf16_ops.linear_tiles(below, weight), ops.linear(below, blocks))
+    assert torch.equal(bf16_ops.linear_tiles(x, weight), _gemm(x, weight.data, n))
+    assert not torch.equal(bf16_ops.linear_tiles(x, weight), ops.linear(x, blocks))
+
+
 def test_pack_tiles_refuses_a_dense_weight_of_another_shape() -> None:
     blocks, dense = _blocks_and_dense(64, 64)
     with pytest.raises(ValueError, match="does not match"):
