@@ -54,12 +54,15 @@ float32 block kernel's conversions cost more than the extra weight bytes from ab
 Zen 4, `python -m tools.bench_step --batch 4 6 8 12 --prompt-len 128 --decode-steps 96`, two
 alternating rounds, decode step ms at 16 against 6 (4 at batch 4): batch 4 11.7 / 11.2 against
 11.8 / 13.5, batch 6 19.2 / 16.9 against 16.5 / 15.0, batch 8 20.0 / 20.9 against 16.4 / 15.8,
-batch 12 30.7 / 31.2 against 18.2 / 20.0 (under 16 the step had been slower than at 16)."""
+batch 12 30.7 / 31.2 against 18.2 / 20.0 (under 16 the step had been slower than at 16). The
+server (`hearth bench --spawn-server --sweeps concurrency --concurrency 4 8 12`, two rounds):
+c=8 264 / 280 -> 347 / 324 tok/s, c=12 278 / 271 -> 431 / 405, c=4 228 / 224 -> 208 / 218."""
 
 
 def default_min_t(variant: str | None = None) -> int:
     """The fewest tokens a call needs to take the tiles in `variant`'s build on this host."""
     return AMX_MIN_T if tile_path(variant) == "amx-bf16" else VDPBF16_MIN_T
+
 
 QTILES_MIN_T = 32
 """Calls of at least this many tokens build their bfloat16 B tiles on the fly from the 4- or
