@@ -152,10 +152,11 @@ def choose_backends(
         m.packed.nbytes for m in model.modules() if isinstance(m, Linear) and m.packed is not None
     )
     isa = host_isa()
+    min_t = bf16_ops.default_min_t()
     activations = {
         "gguf": "float32 activations",
-        "gguf-bf16": f"float32 activations under {bf16_ops.default_min_t()} tokens, bfloat16 "
-        f"({bf16_ops.tile_path()}) from {bf16_ops.default_min_t()} up"
+        "gguf-bf16": f"float32 activations under {min_t} tokens, bfloat16 "
+        f"({bf16_ops.tile_path()}) from {min_t} up"
         + (
             f" (tiles built from the blocks from {bf16_ops.QTILES_MIN_T} up)"
             if bf16_ops.qtiles_path()

@@ -250,7 +250,7 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
 
     def __init__(self, source: GGUFSource, min_t: int | None = None) -> None:
         super().__init__(source)
-        self.min_t = min_t
+        self.min_t = bf16_ops.default_min_t() if min_t is None else min_t
 
     def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
         return bf16_ops.pack_tiles(
