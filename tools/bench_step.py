@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engine.config import QUANTIZATIONS, EngineConfig
+from engine.config import CPU_ISAS, QUANTIZATIONS, EngineConfig
 from engine.core import EngineCore, freeze_startup_objects
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="engine threads (default: all)")
     parser.add_argument(
+        "--cpu-isa",
+        default="auto",
+        choices=CPU_ISAS,
+        help="CPU kernel build (default: the host's highest; a lower one times that build here)",
+    )
+    parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=16384,
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_memory=1 << 30,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,
+        cpu_isa=args.cpu_isa,
     )
     core = EngineCore(config, progress=print)
     core.warm_up()
