@@ -5,7 +5,8 @@ usage: OMP_NUM_THREADS=2 python tools/bench_q8_gemm.py [--tokens 1 4 16 64 256] 
 For SmolLM2-135M's linears (Q4_1: qkv 576->960, o 576->576, gate_up 576->3072, down
 1536->576; Q8_0: the tied LM head 576->49152) at each token count T, prints the time per
 call (median of repeats) and GOP/s (2 T K N / time) of:
-  fp32        the existing fp32-accumulating kernel (`ops.linear`, this host's variant)
+  fp32        the existing fp32-accumulating kernel (`ops.linear`, this host's variant or
+              --cpu-isa's)
   q8:<v>      `linear_q8act` in each variant the host supports (amx-vnni: the amx build
               kept on its VNNI kernels; amx: AMX tiles at every T)
   bf16-tiles  `bf16_ops.linear_tiles` (gguf-bf16's kernel: AMX tiles, or AVX512-BF16) at
@@ -120,9 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cold-mb", type=float, default=96.0, help="cycle weight copies totalling this"
     )
+    ap.add_argument(
+        "--cpu-isa",
+        default="auto",
+        choices=("auto", *build.VARIANTS),
+        help="the variant `fp32` runs (default: the host's highest; a lower one times that build here)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    isa = build.host_isa()
+    isa = build.select_variant(args.cpu_isa)
     print(f"host: {isa.describe()}; {torch.get_num_threads()} threads; torch {torch.__version__}")
     modes: list[tuple[str, str, int]] = []
     for v in isa.supported:

@@ -259,8 +259,8 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
  * covers twice the rows of the 8-lane tiles above. Each lane still runs exactly the
  * 8-lane tile's arithmetic for its row (FMA per column in the same order, then d and m
  * folded in once per block), so every output is bitwise the one `q4_tile_*` gives: the
- * batch-invariant mode keeps its results. P pairs of groups per tile keep P (Q4) or 2P
- * (Q8) independent FMA chains in flight.
+ * batch-invariant mode keeps its results. P pairs of groups per tile keep P independent FMA
+ * chains in flight. (Q8_0 stays on the 8-lane tiles: see hearth_q8_0_gemm.)
  */
 static inline __m512i bytes_of_two_groups(const uint8_t *a, const uint8_t *b) {
     return _mm512_cvtepu8_epi32(
@@ -302,55 +302,13 @@ static inline __m512 halves_of_two_groups(const uint8_t *a, const uint8_t *b) {
         for (int p = 0; p < P; p++) out[p] = acc[p];                                                    \
     }
 
-#define Q8_WIDE_FN(P)                                                                                   \
-    static void q8_wide_##P(const float *x, int64_t nb, const uint8_t *wg, int64_t group_bytes,       \
-                            const float *xsum, __m512 *out) {                                          \
-        (void)xsum;                                                                                     \
-        __m512 acc[P];                                                                                  \
-        for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();                                       \
-        for (int64_t b = 0; b < nb; b++) {                                                              \
-            const float *xb = x + b * Q4_BLOCK;                                                         \
-            __m512 s[P], u[P];                                                                          \
-            for (int p = 0; p < P; p++) s[p] = u[p] = _mm512_setzero_ps();                              \
-            for (int j = 0; j < 32; j += 2) {                                                           \
-                const __m512 x0 = _mm512_set1_ps(xb[j]), x1 = _mm512_set1_ps(xb[j + 1]);                \
-                _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {                                  \
-                    const uint8_t *q = wg + 2 * p * group_bytes + b * 272 + 16 + j * GROUP;             \
-                    const __m128i w = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)q),           \
-                                                         _mm_loadl_epi64((const __m128i *)(q + group_bytes))); \
-                    const __m128i v = _mm_unpacklo_epi64(                                               \
-                        _mm_loadl_epi64((const __m128i *)(q + GROUP)),                                  \
-                        _mm_loadl_epi64((const __m128i *)(q + group_bytes + GROUP)));                   \
-                    s[p] = _mm512_fmadd_ps(x0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(w)), s[p]);      \
-                    u[p] = _mm512_fmadd_ps(x1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), u[p]);      \
-                }                                                                                       \
-            }                                                                                           \
-            _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {                                      \
-                const uint8_t *blk = wg + 2 * p * group_bytes + b * 272;                                \
-                acc[p] = _mm512_fmadd_ps(_mm512_add_ps(s[p], u[p]), halves_of_two_groups(blk, blk + group_bytes), \
-                                         acc[p]);                                                       \
-            }                                                                                           \
-        }                                                                                               \
-        for (int p = 0; p < P; p++) out[p] = acc[p];                                                    \
-    }
-
 Q4_WIDE_FN(1)
 Q4_WIDE_FN(2)
 Q4_WIDE_FN(4)
-Q8_WIDE_FN(1)
-Q8_WIDE_FN(2)
-Q8_WIDE_FN(4)
 
 #ifndef Q4_WIDE_PAIRS
 /* 4: 7.0 ms per batch-1 engine step vs 7.3-7.9 for 1 or 2 (Sapphire Rapids, 2 threads) */
 #define Q4_WIDE_PAIRS 4 /* pairs of groups per single-token Q4 tile: 1, 2 or 4 */
-#endif
-#ifndef Q8_WIDE_PAIRS
-/* 4: the tied LM head (576 -> 49152, Q8_0) at one token, weights cold, 1670-1756 us at 1 pair,
- * 1383-1511 at 2, 1118-1286 at 4; the batch-1 engine step 7.0-7.3 / 6.4-7.5 / 6.0-6.7 ms
- * (Zen 4, 2 threads: the GEMV is bound by its int8 -> float conversions, so more chains in
- * flight pay); not measured on AMX or Zen 5 hosts */
-#define Q8_WIDE_PAIRS 4 /* pairs of groups per single-token Q8 tile: 1, 2 or 4 */
 #endif
 
 /* One token: items of `pairs` group pairs on 16-lane tiles; a last odd group runs the
@@ -395,8 +353,6 @@ static void wide_gemv(const float *x, int64_t k, const uint8_t *w, int64_t n, in
 
 static void (*Q4_WIDE[5])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *) = {
     0, q4_wide_1, q4_wide_2, 0, q4_wide_4};
-static void (*Q8_WIDE[5])(const float *, int64_t, const uint8_t *, int64_t, const float *, __m512 *) = {
-    0, q8_wide_1, q8_wide_2, 0, q8_wide_4};
 #endif
 
 void hearth_q4_1_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
@@ -412,12 +368,12 @@ void hearth_q4_1_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const u
 
 void hearth_q8_0_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
                       const float *bias, float *out, int64_t ldo) {
-#ifdef __AVX512F__
-    if (t == 1) {
-        wide_gemv(x, k, w, n, 272, Q8_WIDE, Q8_WIDE_PAIRS, q8_tile_1_1, bias, out);
-        return;
-    }
-#endif
+    /* Every build, one token included, runs the 8-lane one-group tiles: the tied LM head
+     * (576 -> 49152, 28 MB streamed per token) is bound by the weight stream, and one group's
+     * sequential stream per thread reads it fastest. Zen 4, 2 threads, weights cold: 716-884
+     * us per call, vs 1281-1310 for 8-lane tiles of four groups, 1674 for two, and 986-1217
+     * for the 16-lane GEMV of four group pairs (`wide_gemv`, which the Q4_1 layers keep); the
+     * batch-1 engine step 5.3-6.0 ms vs 5.8-6.6 with that GEMV. */
     quant_gemm(x, t, ldx, k, w, n, 272, Q8_TILES, 1, bias, out, ldo);
 }
 

@@ -168,8 +168,16 @@ def check_rows(x: torch.Tensor, k: int) -> int:
     return x.shape[0]
 
 
-def linear(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)``: ``[T, k]`` float32 (rows may be strided) -> ``[T, n]``."""
+def linear(
+    x: torch.Tensor,
+    weight: PackedWeight,
+    out: torch.Tensor | None = None,
+    variant: str | None = None,
+) -> torch.Tensor:
+    """``x @ W.T (+ bias)``: ``[T, k]`` float32 (rows may be strided) -> ``[T, n]``.
+
+    ``variant``: the kernel build to run (default: this host's), so the kernels of a lower
+    build (their own single-token tiles) are testable on a higher host."""
     t = check_rows(x, weight.k)
     rec = capture.active()
     if rec is not None:
@@ -182,7 +190,8 @@ def linear(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = Non
         return out
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
-    fn = library().hearth_q4_1_gemm if weight.kind == "q4_1" else library().hearth_q8_0_gemm
+    lib = library(variant)
+    fn = lib.hearth_q4_1_gemm if weight.kind == "q4_1" else lib.hearth_q8_0_gemm
     fn(*gemm_args(x, weight, out))
     return out
 

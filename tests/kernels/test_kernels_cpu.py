@@ -23,6 +23,7 @@ import torch
 
 from kernels import reference
 from kernels.cpu import ops
+from kernels.cpu.build import host_isa
 from tests.kernels.cases import (
     as_kv_cache,
     cpu_attention_tables,
@@ -39,6 +40,9 @@ from gguf import GGMLQuantizationType  # noqa: E402
 
 KINDS = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
 EPS32 = float(np.finfo(np.float32).eps)
+# Every kernel build this host runs: each has its own single-token GEMM tiles (the AVX2
+# build's 8-lane multi-group tiles, the AVX-512 builds' 16-lane GEMV), so each is checked.
+VARIANTS = host_isa().supported
 
 
 def _quantized(kind: str, n: int, k: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
@@ -58,14 +62,15 @@ def _assert_within_accumulation_bound(
     assert bool((err <= bound).all()), float((err / bound).max())
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("tokens", [1, 3, 8, 13, 37])
-def test_quantized_gemm_equals_dequantized_weights(kind: str, tokens: int) -> None:
+def test_quantized_gemm_equals_dequantized_weights(kind: str, tokens: int, variant: str) -> None:
     n, k = 48, 96
     raw, dequant = _quantized(kind, n, k, seed=tokens)
     packed = ops.pack(kind, raw)
     x = torch.randn(tokens, k)
-    _assert_within_accumulation_bound(ops.linear(x, packed), x, dequant)
+    _assert_within_accumulation_bound(ops.linear(x, packed, variant=variant), x, dequant)
 
 
 def test_quantized_gemm_bias_and_strided_rows() -> None:
@@ -77,25 +82,29 @@ def test_quantized_gemm_bias_and_strided_rows() -> None:
     _assert_within_accumulation_bound(ops.linear(x, packed), x.contiguous(), dequant, bias)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("n", [64, 40, 56, 120])
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_quantized_gemm_is_batch_invariant(kind: str, n: int) -> None:
+def test_quantized_gemm_is_batch_invariant(kind: str, n: int, variant: str) -> None:
     """Token i's output is bitwise the same alone, in a batch of 9 and in a batch of 40.
     A single token runs tiles of four 8-row groups (eight in the AVX-512 builds' 16-lane
-    GEMV), a batch tiles of two: 40 and 56 rows leave a last tile of one and of three
-    groups, 120 a full 16-lane tile and a short one of three pairs and a group."""
+    GEMV), a batch tiles of two (Q4_1) or one (Q8_0): 40 and 56 rows leave a last tile of
+    one and of three groups, 120 a full 16-lane tile and a short one of three pairs and a
+    group."""
     raw, _ = _quantized(kind, n, 128, seed=7)
     packed = ops.pack(kind, raw)
     x = torch.randn(40, 128)
-    batch = ops.linear(x, packed)
+    batch = ops.linear(x, packed, variant=variant)
     for i in (0, 5, 8, 39):
-        assert torch.equal(ops.linear(x[i : i + 1], packed)[0], batch[i])
-        assert torch.equal(ops.linear(x[:9], packed)[min(i, 8)], batch[min(i, 8)])
+        assert torch.equal(ops.linear(x[i : i + 1], packed, variant=variant)[0], batch[i])
+        nine = ops.linear(x[:9], packed, variant=variant)
+        assert torch.equal(nine[min(i, 8)], batch[min(i, 8)])
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("n", [8, 24, 40, 56])
-def test_quantized_gemm_odd_group_count(kind: str, n: int) -> None:
+def test_quantized_gemm_odd_group_count(kind: str, n: int, variant: str) -> None:
     """An odd number of 8-row groups: Q4_1 tiles pair groups, so the last one is alone
     (every row checked against the oracle, nothing written past n)."""
     raw, dequant = _quantized(kind, n, 64, seed=n)
@@ -104,7 +113,7 @@ def test_quantized_gemm_odd_group_count(kind: str, n: int) -> None:
     for tokens in (1, 7):
         x = torch.randn(tokens, 64)
         big = torch.full((tokens, n + 8), float("nan"))
-        ops.linear(x, packed, out=big[:, :n])
+        ops.linear(x, packed, out=big[:, :n], variant=variant)
         _assert_within_accumulation_bound(big[:, :n], x, dequant, bias)
         assert bool(big[:, n:].isnan().all())
 
