@@ -441,7 +441,8 @@ def add_serve_flags(
         "--kv-cache-dtype",
         str,
         "auto",
-        "KV cache element type: auto (float16-int8 under gguf-bf16, else the model dtype), "
+        "KV cache element type: auto (float16-int8 where --quantization auto picks the GGUF "
+        "mode, and under gguf-bf16; else the model dtype), "
         "float32, float16 (the CPU fast path only: half the bytes per attention read, "
         "prompt logprobs within ~1e-3 of fp32), float16-int8 (the CPU fast path only: "
         "float16 keys, int8 values with per-row scales, 0.77x float16's bytes), or int8 "

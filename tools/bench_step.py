@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engine.config import CPU_ISAS, QUANTIZATIONS, EngineConfig
+from engine.config import CPU_ISAS, KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
 from engine.core import EngineCore, freeze_startup_objects
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CPU kernel build (default: the host's highest; a lower one times that build here)",
     )
     parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        help="KV cache element type (default: the mode's own)",
+    )
+    parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=16384,
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,
         cpu_isa=args.cpu_isa,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     core = EngineCore(config, progress=print)
     core.warm_up()

@@ -30,13 +30,14 @@ def invariant_server(
     request: pytest.FixtureRequest, server_logs: Path, model_smollm2_dir: str
 ) -> Iterator[Server]:
     """The default model in `--quantization gguf`, the mode whose outputs never depend on
-    load and whose weights are exactly the file's: for tests that compare a request alone
-    and in a batch, or against transformers' float32 numbers. Where that is the default
-    mode anyway (hosts without AMX), it is the default server."""
-    from engine.backends import auto_gguf_mode
+    load and whose weights and KV cache are exactly the file's and the model's float32
+    numbers: for tests that compare a request alone and in a batch, or against
+    transformers' float32 numbers. The default differs from it wherever the fast path runs
+    (``--quantization auto`` keeps float16 keys / int8 values even where it picks
+    ``gguf``); on a host without AVX2 the default is the exact mode, which serves too."""
     from kernels.cpu import ops
 
-    if not ops.available() or auto_gguf_mode() == "gguf":
+    if not ops.available():
         yield request.getfixturevalue("default_server")
         return
     server = start_server(

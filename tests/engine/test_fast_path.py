@@ -104,3 +104,44 @@ def test_outputs_do_not_depend_on_load(fast_core, model_smollm2_dir, prompts) ->
 def test_greedy_agrees_with_transformers(fast_core, prompts, reference) -> None:  # noqa: F811
     got = _generate(fast_core, prompts, "ref", at_once=True)
     assert_agrees_with_reference(got, reference)
+
+
+def test_auto_keeps_float16_keys_and_int8_values_and_stays_batch_invariant(
+    fast_core,
+    model_smollm2_dir,
+    prompts,  # noqa: F811
+    reference,  # noqa: F811
+) -> None:
+    """Where ``--quantization auto`` picks ``gguf`` (hosts without a bfloat16 kernel; here
+    forced with ``--cpu-isa avx2`` where the host has one), its KV cache is float16 keys /
+    int8 values (`DEFAULT_FAST_KV`: the quality bar passes, decode attention reads 0.39x
+    float32's bytes), while ``gguf`` asked for by name keeps float32. Each key and value row
+    is rounded from its own token's numbers alone, so the mode stays batch-invariant: alone,
+    batched and prefilled in 40-token chunks give the same tokens, and they agree with
+    transformers as the float32 cache does (a near-tie may flip)."""
+    from engine.backends import auto_gguf_mode
+    from kernels.cpu.build import select_variant
+
+    assert (fast_core.backends.kv_dtype, fast_core.backends.v_dtype) == (torch.float32, None)
+    isa = "auto" if auto_gguf_mode() == "gguf" else "avx2"
+    try:
+        core = _fast_core(model_smollm2_dir, quantization="auto", cpu_isa=isa)
+        chunked_core = _fast_core(
+            model_smollm2_dir,
+            quantization="auto",
+            cpu_isa=isa,
+            max_num_batched_tokens=40,
+            enable_prefix_caching=False,
+        )
+        assert (core.backends.kv_dtype, core.backends.v_dtype) == (torch.float16, torch.int8)
+        assert "float16 keys / int8 values KV cache" in core.backends.description
+        k_cache, v_cache = core.runner.kv_caches[0]
+        assert (k_cache.dtype, v_cache.dtype) == (torch.float16, torch.int8)
+        alone = _generate(core, prompts, "alone", at_once=False)
+        batched = _generate(core, prompts, "batched", at_once=True)
+        chunked = _generate(chunked_core, prompts, "chunked", at_once=True)
+    finally:
+        select_variant("auto")
+    assert alone == batched
+    assert alone == chunked
+    assert_agrees_with_reference(batched, reference)
