@@ -13,7 +13,10 @@ On a fresh GPU machine (``make gpu-check``; docs/gpu.md) it writes ``gpu-check.j
 * ``throughput``: the in-process engine at several concurrencies (128 in / 128 out) with
   and without CUDA graphs, transformers' static-batch ``generate``, the decode step against
   the HBM roofline;
-* ``server``: ``hearth serve`` (gunicorn, 2 workers, one engine) answering a chat and a stream.
+* ``server``: ``hearth serve`` (gunicorn, 2 workers, one engine) answering a chat and a stream;
+* ``cpu``: the machine's own CPU (model, ISA flags, the C kernel variants it runs: its 16
+  cores may have an ISA the 2-vCPU development hosts lack, issue 16) and those variants'
+  tests against the exact reference. Last, so it never takes time from the GPU sections.
 
 ``--dry-run`` runs the same sections on the CPU with tiny models and counts
 (``TRITON_INTERPRET=1``; the CUDA-graph path through its eager stand-in), so ``make test``
@@ -41,7 +44,7 @@ import torch
 
 from tests.gpu import gpu_models, measure
 
-SECTIONS = ("env", "kernels", "parity", "throughput", "server")
+SECTIONS = ("env", "kernels", "parity", "throughput", "server", "cpu")
 
 # Goal figures of issue 11 (reported, never asserted: the check measures).
 GOALS = {
@@ -121,7 +124,6 @@ def section_env(plan: dict[str, Any], work: Path) -> dict[str, Any]:
 
 
 def section_kernels(plan: dict[str, Any], work: Path) -> dict[str, Any]:
-    report = work / "kernels-junit.xml"
     # The dry run runs the split-KV interpreter tests instead (the gpu ones skip on a CPU):
     # the same plumbing in a few seconds.
     # test_moe_parity.py: the MoE models with the Triton grouped GEMM on the device.
@@ -135,8 +137,41 @@ def section_kernels(plan: dict[str, Any], work: Path) -> dict[str, Any]:
         if plan["device"] == "cpu"
         else ["-m", "gpu", *gpu_tests]
     )
+    return _pytest(select, work / "kernels-junit.xml")
+
+
+CPU_KERNEL_TESTS = [
+    "tests/kernels/test_kernels_build.py",
+    "tests/kernels/test_kernels_cpu.py",
+    "tests/kernels/test_kernels_q8.py",
+    "tests/kernels/test_kernels_bf16.py",
+    "tests/kernels/test_attention_bf16.py",
+]
+"""Every C kernel variant against the exact reference, each where the host has its ISA
+(a variant the host lacks skips with its reason)."""
+
+
+def section_cpu(plan: dict[str, Any], work: Path) -> dict[str, Any]:
+    from kernels.cpu.build import host_isa
+
+    isa = host_isa()
+    info: dict[str, Any] = {
+        "cpu": isa.cpu,
+        "cores": os.cpu_count(),
+        "flags": list(isa.flags),
+        "variants": list(isa.supported),
+        "variant": isa.variant,
+    }
+    # The dry run checks the plumbing only (make test runs these files anyway).
+    tests = CPU_KERNEL_TESTS[:1] if plan["device"] == "cpu" else CPU_KERNEL_TESTS
+    return {**info, **_pytest(tests, work / "cpu-kernels-junit.xml")}
+
+
+def _pytest(args: list[str], report: Path) -> dict[str, Any]:
+    """Run pytest on `args` in a child; ok unless a test failed or errored (none selected is
+    ok: the GPU-only tests select nothing on a CPU)."""
     cmd = [
-        sys.executable, "-m", "pytest", "-q", *select,
+        sys.executable, "-m", "pytest", "-q", *args,
         "-p", "no:cacheprovider", f"--junitxml={report}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -217,6 +252,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any], Path], dict[str, Any]]] = {
     "parity": section_parity,
     "throughput": section_throughput,
     "server": section_server,
+    "cpu": section_cpu,
 }
 
 

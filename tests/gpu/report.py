@@ -78,6 +78,15 @@ def markdown(result: dict[str, Any]) -> str:
             f"Server: chat {srv['chat_status']}, stream {srv['stream_status']} "
             f"({srv['stream_chunks']} chunks, same text as the chat: {srv['stream_equals_chat']}).",
         ]
+    cpu = secs.get("cpu", {})
+    if "tests" in cpu:
+        lines += [
+            "",
+            f"CPU: {cpu['cpu']}, {cpu['cores']} cores, [{' '.join(cpu['flags'])}]; C kernel "
+            f"variants {', '.join(cpu['variants']) or 'none'} (default {cpu['variant']}); their "
+            f"tests: {cpu['tests']}, {cpu['failures']} failures, {cpu['errors']} errors, "
+            f"{cpu['skipped']} skipped.",
+        ]
     for name, s in secs.items():
         if s["status"] == "error":
             lines += ["", f"**{name} error**: `{s['error']}`"]

@@ -32,7 +32,7 @@ def test_gpu_check_dry_run_writes_its_report(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "gpu-check.json").read_text())
     secs = result["sections"]
     assert result["dry_run"] is True
-    assert list(secs) == ["env", "kernels", "parity", "throughput", "server"]
+    assert list(secs) == ["env", "kernels", "parity", "throughput", "server", "cpu"]
     assert all(s["status"] == "ok" for s in secs.values()), secs
     assert secs["env"]["copy_bandwidth_gb_s"] > 0
     assert secs["kernels"]["failures"] == secs["kernels"]["errors"] == 0
@@ -48,4 +48,10 @@ def test_gpu_check_dry_run_writes_its_report(tmp_path: Path) -> None:
     assert all(r["output_tok_s"] > 0 for r in tp["eager"]["rows"] + tp["transformers"])
     assert secs["server"]["chat_status"] == secs["server"]["stream_status"] == 200
     assert secs["server"]["stream_equals_chat"]
-    assert "| throughput | ok |" in (tmp_path / "gpu-check.md").read_text()
+    from kernels.cpu.build import host_isa
+
+    cpu = secs["cpu"]
+    assert cpu["variants"] == list(host_isa().supported) and cpu["cores"] >= 1
+    assert cpu["tests"] > 0 and cpu["failures"] == cpu["errors"] == 0
+    report = (tmp_path / "gpu-check.md").read_text()
+    assert "| throughput | ok |" in report and f"CPU: {host_isa().cpu}" in report
