@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-cache-dtype",
         default="auto",
         choices=KV_CACHE_DTYPES,
-        help="KV cache element type (default: the mode's own)",
+        help="KV cache element type (default: auto, as hearth serve resolves it for the mode)",
     )
     parser.add_argument(
         "--max-num-batched-tokens",
