@@ -1,15 +1,19 @@
 """Benchmark the C decode attention with a float32, a float16 and an int8 KV cache, or (--prefill) the
-prefill attention of the float32 kernel against the bfloat16 ones.
+prefill attention of the float32 decode loops against the AVX2 build's float32 prefill loops
+(the same bits) and the bfloat16 kernels.
 
 usage: python tools/bench_cpu_attention.py [--batch 1 16 64] [--ctx 128 512 2048]
                                            [--threads 1 2] [--repeat 7] [--cold-mb 256]
        python tools/bench_cpu_attention.py --prefill [--ctx 512 1024 2048 4096] [--threads 2]
+                                           [--kv-cache-dtype float16|float16-int8]
 
 --prefill: one call is one layer's attention of a prompt of `ctx` tokens in one chunk (every
-token a query over its causal prefix), float16 KV, the same shape; per (ctx, threads) the
-time per call (minimum and median over --repeat rounds, the kernels' rounds alternating) and
-GFLOP/s (4 * heads * head_dim * ctx (ctx + 1) / 2: the two products of the causal half) of
-the float32 kernel, the AVX512-BF16 kernel (the ``avx512_vnni`` build) and the AMX-BF16
+token a query over its causal prefix), float16 KV (or float16 keys, int8 values), the same
+shape; per (ctx, threads) the time per call (minimum and median over --repeat rounds, the
+kernels' rounds alternating) and GFLOP/s (4 * heads * head_dim * ctx (ctx + 1) / 2: the two
+products of the causal half) of the float32 kernel's decode loops (``fp32``), the ``avx2``
+build's float32 prefill loops (``fp32-prefill``, hearth_attention_f32.c), the AVX512-BF16
+kernel (the ``avx512_vnni`` build) and the AMX-BF16
 tiles (``amx``), each where this host runs it.
 
 One call is one layer of a decode step of SmolLM2-135M's shape (9 query heads on 3 kv
@@ -27,6 +31,7 @@ from memory as in a real step (whose 30 layers' KV and weights do not stay in ca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -92,24 +97,32 @@ def _timer(batch: int, ctx: int, dtype: torch.dtype, args, gen: torch.Generator)
     return one_round
 
 
-def _prefill_kernels() -> list[tuple[str, str | None, int]]:
-    """(label, library variant, min_run) of each prefill kernel this host runs."""
+PrefillKernel = tuple[str, str | None, int, int | None]
+"""(label, library variant, bfloat16 min_run, float32 prefill min run or None: the build's)."""
+
+
+def _prefill_kernels() -> list[PrefillKernel]:
+    """Each prefill kernel this host runs: the float32 decode loops (the prefill loops off),
+    the AVX2 build's float32 prefill loops, the bfloat16 kernels."""
     from kernels.cpu import bf16_ops
 
-    kernels: list[tuple[str, str | None, int]] = [("fp32", None, 0)]
+    kernels: list[PrefillKernel] = [("fp32", None, 0, 0)]
+    if ops.f32_prefill_path("avx2"):
+        kernels.append(("fp32-prefill", "avx2", 0, None))
     for variant in ("avx512_vnni", "amx"):
         if variant in build.host_isa().supported:
             path = bf16_ops.attention_path(HD, variant)
             if path != "none" and path not in [k[0] for k in kernels]:
-                kernels.append((path, variant, bf16_ops.ATTENTION_MIN_RUN))
+                kernels.append((path, variant, bf16_ops.ATTENTION_MIN_RUN, None))
     return kernels
 
 
-def _prefill_timer(ctx: int, variant: str | None, min_run: int, gen: torch.Generator):
+def _prefill_timer(ctx: int, kernel: PrefillKernel, values: torch.dtype, gen: torch.Generator):
+    _, variant, min_run, f32_min_run = kernel
     blocks = -(-ctx // BS)
     tables = torch.randperm(blocks, generator=gen).to(torch.int32).view(1, blocks)
     kc = torch.randn(blocks, BS, NKV, HD, generator=gen).half()
-    vc = torch.randn(blocks, BS, NKV, HD, generator=gen).half()
+    vc = _cache_of(torch.randn(blocks, BS, NKV, HD, generator=gen), values)
     q = torch.randn(ctx, NH * HD, generator=gen)
     seq = torch.zeros(ctx, dtype=torch.int32)
     tctx = torch.arange(1, ctx + 1, dtype=torch.int32)
@@ -118,12 +131,15 @@ def _prefill_timer(ctx: int, variant: str | None, min_run: int, gen: torch.Gener
     scale = 1 / math.sqrt(HD)
 
     def call() -> float:
-        t0 = time.perf_counter()
-        ops.paged_attention(
-            q, NH, NKV, HD, kc, vc, tables, seq, tctx, ctx, scale, scratch, out,
-            min_run=min_run, variant=variant,
-        )  # fmt: skip
-        return time.perf_counter() - t0
+        with contextlib.ExitStack() as stack:
+            if f32_min_run is not None:
+                stack.enter_context(ops.f32_prefill_min_run(f32_min_run, variant))
+            t0 = time.perf_counter()
+            ops.paged_attention(
+                q, NH, NKV, HD, kc, vc, tables, seq, tctx, ctx, scale, scratch, out,
+                min_run=min_run, variant=variant,
+            )  # fmt: skip
+            return time.perf_counter() - t0
 
     call()  # warm-up: scratch, the repack buffer, page faults of the output
     return call
@@ -131,9 +147,10 @@ def _prefill_timer(ctx: int, variant: str | None, min_run: int, gen: torch.Gener
 
 def prefill(args) -> int:
     kernels = _prefill_kernels()
+    values = torch.int8 if args.kv_cache_dtype == "float16-int8" else torch.float16
     print(
-        f"shape: {NH} heads / {NKV} kv heads x {HD}, block {BS}, float16 KV; one call = one "
-        f"layer's attention of a ctx-token prompt in one chunk; {args.repeat} rounds"
+        f"shape: {NH} heads / {NKV} kv heads x {HD}, block {BS}, {args.kv_cache_dtype} KV; one "
+        f"call = one layer's attention of a ctx-token prompt in one chunk; {args.repeat} rounds"
     )
     print()
     head = " | ".join(f"{k[0]} ms (min / med) | {k[0]} GFLOP/s" for k in kernels)
@@ -146,7 +163,7 @@ def prefill(args) -> int:
         for threads in args.threads:
             torch.set_num_threads(threads)
             for ctx in args.ctx:
-                timers = [_prefill_timer(ctx, variant, mr, gen) for _, variant, mr in kernels]
+                timers = [_prefill_timer(ctx, kernel, values, gen) for kernel in kernels]
                 times = [[fn() for fn in timers] for _ in range(args.repeat)]
                 flops = 4 * NH * HD * ctx * (ctx + 1) / 2
                 cells, mins = [], []
@@ -173,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=None)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--cold-mb", type=float, default=256.0)
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=["float16", "float16-int8"],
+        default="float16",
+        help="--prefill: the cache (float16-int8: float16 keys, int8 values, the AVX2 default)",
+    )
     args = parser.parse_args(argv)
     if not ops.available():
         print("no C kernels on this host (no AVX2)", file=sys.stderr)

@@ -15,9 +15,11 @@ kernels.cpu.build --variant amx` works on an AVX2 machine); it only runs where t
 the ISA. Hosts without AVX2 use the torch path; `host_isa()` says what the host has and
 which variant runs.
 
-Each variant is one shared library built from four C files: `hearth_cpu.c` (fp32
+Each variant is one shared library built from five C files: `hearth_cpu.c` (fp32
 accumulation) with the flags it always had, `hearth_q8.c` (int8 activations) with
 ``-ffp-contract=off`` on top, since its results must be bitwise the same in every variant,
+`hearth_attention_f32.c` (the AVX2 build's float32 prefill attention, bitwise
+`hearth_cpu.c`'s loops: ``-ffp-contract=off`` too; an empty shell in the AVX-512 builds),
 `hearth_bf16.c` (bfloat16 linears: AMX-BF16 tiles, or AVX512-BF16 in ``avx512_vnni``) and
 `hearth_attention_bf16.c` (bfloat16 prefill attention, the same two units); the last two
 are empty shells below ``avx512_vnni``.
@@ -44,6 +46,7 @@ SOURCE = Path(__file__).with_name("hearth_cpu.c")
 Q8_SOURCE = Path(__file__).with_name("hearth_q8.c")
 BF16_SOURCE = Path(__file__).with_name("hearth_bf16.c")
 ATTENTION_BF16_SOURCE = Path(__file__).with_name("hearth_attention_bf16.c")
+ATTENTION_F32_SOURCE = Path(__file__).with_name("hearth_attention_f32.c")
 
 _V4 = ["-march=x86-64-v4", "-mf16c", "-mfma"]
 _VNNI = [*_V4, "-mavx512vnni", "-mavx512bf16"]
@@ -187,6 +190,7 @@ def library_path(variant: str) -> Path:
     digest.update(Q8_SOURCE.read_bytes())
     digest.update(BF16_SOURCE.read_bytes())
     digest.update(ATTENTION_BF16_SOURCE.read_bytes())
+    digest.update(ATTENTION_F32_SOURCE.read_bytes())
     digest.update(" ".join([*_BASE_FLAGS, *_FLAGS[variant], *_Q8_FLAGS, *_LINK_FLAGS]).encode())
     digest.update(_compiler_version(cc).encode())
     return cache_dir() / f"libhearth_cpu-{variant}-{digest.hexdigest()[:16]}.so"
@@ -240,13 +244,15 @@ def build(variant: str, *, quiet: bool = False) -> Path:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=".objs-") as objs:
             obj_cpu, obj_q8 = Path(objs) / "cpu.o", Path(objs) / "q8.o"
             obj_bf16, obj_att = Path(objs) / "bf16.o", Path(objs) / "attention_bf16.o"
-            objects = [str(o) for o in (obj_cpu, obj_q8, obj_bf16, obj_att)]
+            obj_att32 = Path(objs) / "attention_f32.o"
+            objects = [str(o) for o in (obj_cpu, obj_q8, obj_bf16, obj_att, obj_att32)]
             flags = [*_BASE_FLAGS, *_FLAGS[variant]]
             for cmd in (
                 [cc, *flags, "-c", str(SOURCE), "-o", str(obj_cpu)],
                 [cc, *flags, *_Q8_FLAGS, "-c", str(Q8_SOURCE), "-o", str(obj_q8)],
                 [cc, *flags, "-c", str(BF16_SOURCE), "-o", str(obj_bf16)],
                 [cc, *flags, "-c", str(ATTENTION_BF16_SOURCE), "-o", str(obj_att)],
+                [cc, *flags, *_Q8_FLAGS, "-c", str(ATTENTION_F32_SOURCE), "-o", str(obj_att32)],
                 [cc, *_LINK_FLAGS, *objects, "-o", tmp, "-lm"],
             ):
                 subprocess.run(cmd, check=True, capture_output=True, text=True)

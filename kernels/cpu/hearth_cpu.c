@@ -634,7 +634,7 @@ void hearth_kv_write_f16_i8(const float *k, int64_t ldk, const float *v, int64_t
  * it is, so a token's output is bitwise the same whatever tile or batch it lands in.
  */
 #define ATT_MAXV 12 /* query vectors per pass: 4 tokens x 3 heads for SmolLM2's group of 3 */
-#define ATT_PAD 8   /* score rows overrun n by up to 3 (4-key groups): pad them */
+#define ATT_PAD 16  /* score rows overrun n by up to 3 here, 15 in hearth_attention_f32.c: pad them */
 #define ATT_INLINE static inline __attribute__((always_inline))
 
 int64_t hearth_attention_scratch_floats(int64_t max_ctx) {
@@ -849,8 +849,9 @@ ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t
 }
 
 /* p[lo .. n) = exp(s - max), zero on [from, lo) (keys before the row's sliding window) and
- * on [n, upto); returns 1 / sum. Fixed 8-wide order from lo. */
-static float softmax_row(float *p, int64_t from, int64_t lo, int64_t n, int64_t upto) {
+ * on [n, upto); returns 1 / sum. Fixed 8-wide order from lo. (hearth_attention_f32.c runs
+ * it too: one function, so both kernels' weights are the same bits.) */
+float hearth_softmax_row(float *p, int64_t from, int64_t lo, int64_t n, int64_t upto) {
     for (int64_t i = from; i < lo; i++) p[i] = 0.0f;
     p += lo;
     n -= lo;
@@ -1057,6 +1058,15 @@ int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int
                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
                           int64_t window, const int64_t *runs, int64_t num_runs);
 
+/* hearth_attention_f32.c: the AVX2 build's prefill runs, the same bits as the loops here. */
+extern int64_t hearth_attention_f32_min_run;
+int hearth_attention_f32_path(void);
+int hearth_attention_f32(int kk, int kv, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
+                         const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
+                         int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
+                         float *scratch, int64_t scratch_per_thread, int64_t window, const int64_t *runs,
+                         int64_t num_runs);
+
 /* One work item: tile `it`'s query vectors of the heads that share kv head kvh. */
 ATT_INLINE void attention_item(const int kk, const int kv, int64_t it, int64_t kvh, const int64_t *tiles,
                                const float *q, int64_t ldq, int64_t nh, int64_t hd, int64_t group, int64_t nkv,
@@ -1087,7 +1097,7 @@ ATT_INLINE void attention_item(const int kk, const int kv, int64_t it, int64_t k
         const int64_t pk = kv_head_pitch(kk, hd), pv_ = kv_head_pitch(kv, hd);
         attention_scores(kk, qv, nv, k_cache, kvh * pk, table, b0, n, block_size, nkv * pk, hd, scale, pv, kv,
                          v_cache, kvh * pv_, nkv * pv_);
-        for (int64_t u = 0; u < nv; u++) inv[u] = softmax_row(pv[u], b0 * block_size, lo[u], len[u], n);
+        for (int64_t u = 0; u < nv; u++) inv[u] = hearth_softmax_row(pv[u], b0 * block_size, lo[u], len[u], n);
         attention_values(kv, (const float *const *)pv, nv, v_cache, table, b0, n, block_size, nkv * pv_,
                          kvh * pv_, hd, inv, ov);
     }
@@ -1099,7 +1109,9 @@ ATT_INLINE void attention_item(const int kk, const int kv, int64_t it, int64_t k
  * `_f16_i8`: float16 keys, int8 values. q, out and the arithmetic are float32 in all.
  * min_run > 0 (gguf-bf16): runs of at least min_run consecutive positions of one sequence
  * (prefill chunks) go to the bfloat16 kernel (hearth_attention_bf16.c) where this build has
- * one; everything else, and every row when min_run is 0, takes the float32 loops below. */
+ * one. Where none took them, runs of at least hearth_attention_f32_min_run tokens go to the
+ * AVX2 build's prefill loops (hearth_attention_f32.c: the same bits as the loops below, in
+ * GEMM-shaped loops). Everything else takes the float32 loops below. */
 #define PAGED_ATTENTION_FN(NAME, KK, KV, ELEM_K, ELEM_V)                                                      \
     void NAME(const float *q, int64_t t, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,                \
               const ELEM_K *k_cache, const ELEM_V *v_cache, int64_t block_size, const int32_t *block_tables, \
@@ -1114,6 +1126,15 @@ ATT_INLINE void attention_item(const int kk, const int kv, int64_t it, int64_t k
             !hearth_attention_bf16(KK | KV << 2, q, ldq, nh, nkv, hd, k_cache, v_cache, block_size, block_tables, \
                                    max_blocks, seq, ctx, scale, out, window, runs, num_runs))             \
             num_runs = 0;                                                                                 \
+        if (num_runs == 0 && hearth_attention_f32_min_run > 0 && hearth_attention_f32_path()) {          \
+            free(runs);                                                                                   \
+            num_runs = long_runs(seq, ctx, t, hearth_attention_f32_min_run, &runs);                       \
+            if (num_runs > 0 &&                                                                           \
+                !hearth_attention_f32(KK, KV, q, ldq, nh, nkv, hd, k_cache, v_cache, block_size,          \
+                                      block_tables, max_blocks, seq, ctx, scale, out, scratch,            \
+                                      scratch_per_thread, window, runs, num_runs))                        \
+                num_runs = 0;                                                                             \
+        }                                                                                                 \
         int64_t *tiles;                                                                                   \
         const int64_t num_tiles = attention_tiles(seq, ctx, t, tile_tokens, runs, num_runs, &tiles);      \
         free(runs);                                                                                       \

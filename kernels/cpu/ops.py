@@ -7,8 +7,10 @@ library's `libgomp.so.1` is torch's own and both share one OpenMP thread pool.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +42,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_embedding": [_ptr, _i64, _ptr, _i64, _ptr],
     "hearth_run_program": [_ptr, _i64, _ptr],
     "hearth_attention_scratch_floats": [_i64],
+    "hearth_attention_f32_path": [],
 }
 
 GROUP = 8
@@ -88,7 +91,7 @@ def _load(variant: str) -> ctypes.CDLL:
             _i64
             if name.endswith(("_bytes", "_floats"))
             else ctypes.c_int
-            if "threads" in name
+            if "threads" in name or name.endswith("_path")
             else None
         )
     return lib
@@ -418,6 +421,33 @@ class AttentionScratch:
         if self._buf.numel() < self.per_thread * threads:
             self._buf = torch.empty(self.per_thread * threads, dtype=torch.float32)
         return self._buf
+
+
+def f32_prefill_path(variant: str | None = None) -> bool:
+    """Whether `variant`'s build (default: the host's) runs prefill runs of the float32
+    attention in GEMM-shaped loops (``hearth_attention_f32.c``: the AVX2 build)."""
+    return bool(library(variant).hearth_attention_f32_path())
+
+
+@contextlib.contextmanager
+def f32_prefill_min_run(min_run: int, variant: str | None = None) -> Iterator[None]:
+    """Within the block, runs of at least `min_run` tokens (0: none) take the float32
+    prefill loops of `variant`'s build where it has them. Its results are the same bits as
+    the loops every other row takes, so this only moves time: benchmarks and tests use it to
+    run both on one call. Process-wide (a C global), restored on exit."""
+    knob = ctypes.c_int64.in_dll(library(variant), "hearth_attention_f32_min_run")
+    old = knob.value
+    knob.value = max(int(min_run), 0)
+    try:
+        yield
+    finally:
+        knob.value = old
+
+
+def f32_prefill_runs_done(variant: str | None = None) -> int:
+    """Runs the float32 prefill loops of `variant`'s build have computed in this process (the
+    results cannot tell which loops ran: tests read this)."""
+    return ctypes.c_int64.in_dll(library(variant), "hearth_attention_f32_runs_done").value
 
 
 def paged_attention(

@@ -186,3 +186,25 @@ def naive_attention(
             out[row : row + q_len, h] = weights @ v_h
         row += q_len
     return out
+
+
+def attention_inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
+    """Random paged attention inputs of sequences ``seqs`` ((seq_len, query_len) each) in
+    caches of ``kv_dtype`` (one dtype, or (keys', values')): (step, query, the keys and
+    values as the caches hold them, k_cache, v_cache, tables, token_seq, token_ctx)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-s // bs) for s, _ in seqs) + 8
+    step = make_step(seqs, bs, num_blocks, generator=gen, num_decodes=0)
+    # Slots no sequence owns hold noise (never read as a key: masked or outside the tables).
+    k_cache = torch.randn(num_blocks, bs, nkv, hd, generator=gen)
+    v_cache = torch.randn(num_blocks, bs, nkv, hd, generator=gen)
+    keys = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
+    values = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
+    scatter_dense_kv(step, keys, values, k_cache, v_cache)
+    dk, dv = kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)
+    k_cache, v_cache = as_kv_cache(k_cache, dk), as_kv_cache(v_cache, dv)
+    keys = [held_by_kv_cache(k, dk) for k in keys]  # what the cache holds
+    values = [held_by_kv_cache(v, dv) for v in values]
+    query = torch.randn(sum(q for _, q in seqs), nh, hd, generator=gen)
+    tables, token_seq, token_ctx = cpu_attention_tables(step)
+    return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx

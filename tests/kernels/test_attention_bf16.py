@@ -24,13 +24,7 @@ import math
 import pytest
 import torch
 
-from tests.kernels.cases import (
-    as_kv_cache,
-    cpu_attention_tables,
-    held_by_kv_cache,
-    make_step,
-    scatter_dense_kv,
-)
+from tests.kernels.cases import attention_inputs
 
 ops = pytest.importorskip("kernels.cpu.ops")
 if not ops.available():
@@ -74,25 +68,6 @@ def threads():
 MIXED = [(5, 1), (300, 300), (37, 1), (70, 40), (29, 3), (50, 17), (16, 16), (200, 15)]
 DECODE_LIKE = (0, 2, 4, 7)
 """Indices into MIXED of sequences whose rows are below the min run."""
-
-
-def _inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-s // bs) for s, _ in seqs) + 8
-    step = make_step(seqs, bs, num_blocks, generator=gen, num_decodes=0)
-    # Slots no sequence owns hold noise (never read as a key: masked or outside the tables).
-    k_cache = torch.randn(num_blocks, bs, nkv, hd, generator=gen)
-    v_cache = torch.randn(num_blocks, bs, nkv, hd, generator=gen)
-    keys = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
-    values = [torch.randn(s, nkv, hd, generator=gen) for s, _ in seqs]
-    scatter_dense_kv(step, keys, values, k_cache, v_cache)
-    dk, dv = kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)
-    k_cache, v_cache = as_kv_cache(k_cache, dk), as_kv_cache(v_cache, dv)
-    keys = [held_by_kv_cache(k, dk) for k in keys]  # what the cache holds
-    values = [held_by_kv_cache(v, dv) for v in values]
-    query = torch.randn(sum(q for _, q in seqs), nh, hd, generator=gen)
-    tables, token_seq, token_ctx = cpu_attention_tables(step)
-    return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx
 
 
 def _reference(step, query, keys, values, scale, window=0):
@@ -178,7 +153,7 @@ KV_DTYPES = pytest.mark.parametrize(
 @SHAPES
 @KV_DTYPES
 def test_prefill_runs_are_within_the_bfloat16_bound(variant, bs, nh, nkv, hd, kv_dtype) -> None:
-    step, query, keys, values, kc, vc, tables, tseq, tctx = _inputs(
+    step, query, keys, values, kc, vc, tables, tseq, tctx = attention_inputs(
         MIXED, nh, nkv, hd, bs, kv_dtype
     )
     got = _attend(variant, query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
@@ -206,7 +181,7 @@ def test_sliding_window_is_honoured_and_blocks_before_it_are_not_read(
     """Each row sees its last `window` keys; whole cache blocks before every window of a
     sequence's rows hold NaN (freed blocks another sequence reused) and must not be read."""
     nh, nkv, hd, bs = 9, 3, 64, 4
-    step, query, keys, values, kc, vc, tables, tseq, tctx = _inputs(
+    step, query, keys, values, kc, vc, tables, tseq, tctx = attention_inputs(
         MIXED, nh, nkv, hd, bs, kv_dtype
     )
     for table, (seq_len, q_len) in zip(step.block_tables, MIXED, strict=True):
@@ -225,7 +200,9 @@ def test_sliding_window_is_honoured_and_blocks_before_it_are_not_read(
 
 def test_min_run_zero_and_builds_without_bfloat16_are_the_float32_kernel() -> None:
     nh, nkv, hd = 9, 3, 64
-    _, query, _, _, kc, vc, tables, tseq, tctx = _inputs(MIXED, nh, nkv, hd, 16, torch.float16)
+    _, query, _, _, kc, vc, tables, tseq, tctx = attention_inputs(
+        MIXED, nh, nkv, hd, 16, torch.float16
+    )
     assert WITHOUT, "every x86 host with the fast path runs the avx2 build"
     for variant in WITHOUT:  # avx2 / avx512 builds: min_run is accepted and changes nothing
         # (compared with the same build at min_run 0: the AVX-512 builds sum scores on 16
@@ -243,7 +220,9 @@ def test_a_rows_result_does_not_depend_on_the_call_its_chunking_or_threads(
     other chunks of at least the min run (key blocks are aligned to positions, not to the
     chunk), and with one thread or two."""
     nh, nkv, hd = 9, 3, 64
-    _, query, _, _, kc, vc, tables, tseq, tctx = _inputs(MIXED, nh, nkv, hd, 16, torch.float16)
+    _, query, _, _, kc, vc, tables, tseq, tctx = attention_inputs(
+        MIXED, nh, nkv, hd, 16, torch.float16
+    )
 
     def attend(rows: slice) -> torch.Tensor:
         return _attend(
@@ -291,7 +270,9 @@ def test_a_step_of_many_long_contexts_is_cut_into_groups_with_the_same_rows(vari
     its chunk is the call's only run."""
     nh, nkv, hd, bs = 9, 3, 64, 16
     seqs = [(4096 - i, 16) for i in range(11)]
-    _, query, _, _, kc, vc, tables, tseq, tctx = _inputs(seqs, nh, nkv, hd, bs, torch.float16)
+    _, query, _, _, kc, vc, tables, tseq, tctx = attention_inputs(
+        seqs, nh, nkv, hd, bs, torch.float16
+    )
     full = _attend(variant, query, nh, nkv, hd, kc, vc, tables, tseq, tctx)
     for i in (0, 5, 10):
         rows = slice(16 * i, 16 * i + 16)
