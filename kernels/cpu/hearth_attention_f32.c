@@ -85,6 +85,7 @@ int hearth_attention_f32(int kk, int kv, const float *q, int64_t ldq, int64_t nh
 #define KEY_BLOCK 256  /* keys per block of a score pass: its transposed keys (64 KB at hd 64) stay in L2 */
 #define VALUE_BYTES (16 << 10) /* bytes of value rows per block of a value pass: they stay in L1 */
 #define MAX_HD 256     /* per-pass stack buffer of the output sums */
+#define WIDEN_CAP ((int64_t)8 << 20) /* floats (32 MB) of widened kv heads at a time, or one head */
 #define KIND_I8 2
 #define I8_SCALE_BYTES 4
 #define ATT_INLINE static inline __attribute__((always_inline))
@@ -125,11 +126,12 @@ typedef struct {
     const int32_t *table; /* the sequence's block table */
     int64_t k0, nk;       /* keys k0 .. k0 + nk - 1 are widened (k0 % KG == 0, nk % KG == 0) */
     int64_t read_lo, n;   /* of them, keys read_lo .. n - 1 come from the cache */
-    float *buf;           /* kv head h's kt, fac, v, vs at buf + h * per_head */
+    float *buf;           /* kv head h's kt, fac, v, vs at buf + (h - h0) * per_head */
+    int64_t h0;           /* the first kv head in buf */
     int64_t per_head;     /* floats per kv head: nk * (2 hd + 2) */
 } f32_run;
 
-ATT_INLINE float *run_kt(const f32_run *r, int64_t h) { return r->buf + h * r->per_head; }
+ATT_INLINE float *run_kt(const f32_run *r, int64_t h) { return r->buf + (h - r->h0) * r->per_head; }
 ATT_INLINE float *run_fac(const f32_run *r, int64_t h, int64_t hd) { return run_kt(r, h) + r->nk * hd; }
 ATT_INLINE float *run_v(const f32_run *r, int64_t h, int64_t hd) { return run_fac(r, h, hd) + r->nk; }
 ATT_INLINE float *run_vs(const f32_run *r, int64_t h, int64_t hd) { return run_v(r, h, hd) + r->nk * hd; }
@@ -351,7 +353,7 @@ static void run_pass(const int kv, const f32_run *r, int64_t h, int64_t hd, int6
 }
 #undef BY_THREES
 
-/* Run r's tiles of kv head h: item `it` of its (tile, kv head) items, tiles of tile_tokens tokens. */
+/* Tile `tile` (of tile_tokens tokens) of run r, the query vectors of kv head h's heads. */
 static void run_item(const int kv, const f32_run *r, int64_t tile, int64_t h, int64_t tile_tokens, int64_t group,
                      const float *q, int64_t ldq, int64_t nh, int64_t hd, const int32_t *ctx, int64_t window,
                      float *out, float *rows, int64_t row) {
@@ -399,20 +401,28 @@ int hearth_attention_f32(int kk, int kv, const float *q, int64_t ldq, int64_t nh
         r.k0 = r.read_lo / KG * KG;
         r.nk = (r.n + KG - 1) / KG * KG - r.k0;
         r.per_head = r.nk * (2 * hd + 2);
-        r.buf = widen_space((size_t)(nkv * r.per_head));
+        /* kv heads in groups of at most WIDEN_CAP floats (long contexts of wide models would
+         * otherwise hold every head's keys and values at once) */
+        const int64_t per_group = WIDEN_CAP / r.per_head > 1 ? WIDEN_CAP / r.per_head : 1;
+        const int64_t heads = per_group < nkv ? per_group : nkv;
+        r.buf = widen_space((size_t)(heads * r.per_head));
         if (!r.buf) return 0; /* the caller redoes every run: the same bits */
         const int64_t groups = r.nk / 8, tiles = (r.len + tile_tokens - 1) / tile_tokens;
+        for (r.h0 = 0; r.h0 < nkv; r.h0 += heads) {
+            const int64_t nhg = nkv - r.h0 < heads ? nkv - r.h0 : heads;
 #pragma omp parallel
-        {
+            {
 #pragma omp for schedule(static)
-            for (int64_t j = 0; j < nkv * groups; j++)
-                widen_group(kk, kv, &r, j / groups, j % groups, k_cache, v_cache, block_size, nkv, hd, scale);
-            float *rows = scratch + (int64_t)omp_get_thread_num() * scratch_per_thread;
-            /* the last tiles (the longest contexts) first, for the balance */
+                for (int64_t j = 0; j < nhg * groups; j++)
+                    widen_group(kk, kv, &r, r.h0 + j / groups, j % groups, k_cache, v_cache, block_size, nkv, hd,
+                                scale);
+                float *rows = scratch + (int64_t)omp_get_thread_num() * scratch_per_thread;
+                /* the last tiles (the longest contexts) first, for the balance */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t j = 0; j < tiles * nkv; j++)
-                run_item(kv, &r, tiles - 1 - j / nkv, j % nkv, tile_tokens, group, q, ldq, nh, hd, ctx, window, out,
-                         rows, row);
+                for (int64_t j = 0; j < tiles * nhg; j++)
+                    run_item(kv, &r, tiles - 1 - j / nhg, r.h0 + j % nhg, tile_tokens, group, q, ldq, nh, hd, ctx,
+                             window, out, rows, row);
+            }
         }
     }
     hearth_attention_f32_runs_done += num_runs;

@@ -148,11 +148,20 @@ def test_a_rows_result_does_not_depend_on_its_chunking_the_call_or_threads(threa
             assert torch.equal(attend(rows), full[rows]), (n, rows)
 
 
-def test_long_contexts_grow_the_buffer_and_agree() -> None:
-    """Chunks at contexts of ~2-4k keys (their widened keys and values, 2 MB a kv head, grow
-    the thread's buffer) and a 1-token run among them."""
-    seqs = [(4096, 24), (2049, 9), (3000, 1), (4000, 40)]
-    fast, loops, _ = _both(seqs, 9, 3, 64, 16, torch.float16, long_runs=3)
+@pytest.mark.parametrize(
+    ("nh", "nkv", "hd", "seqs", "long_runs"),
+    [
+        (9, 3, 64, [(4096, 24), (2049, 9), (3000, 1), (4000, 40)], 3),
+        # 8 kv heads x 4200 keys x (2 x 128 + 2) floats: over the 32 MB a group of widened
+        # heads may take, so the heads go in two groups
+        (8, 8, 128, [(4200, 16), (300, 12)], 2),
+    ],
+    ids=["smollm2", "mha-hd128-head-groups"],
+)
+def test_long_contexts_grow_the_buffer_and_agree(nh, nkv, hd, seqs, long_runs) -> None:
+    """Chunks at contexts of ~2-4k keys (their widened keys and values, MBs a kv head, grow
+    the thread's buffer), a 1-token run among them, and heads widened in groups."""
+    fast, loops, _ = _both(seqs, nh, nkv, hd, 16, torch.float16, long_runs=long_runs)
     assert torch.equal(fast, loops)
 
 
