@@ -19,7 +19,8 @@ Each variant is one shared library built from five C files: `hearth_cpu.c` (fp32
 accumulation) with the flags it always had, `hearth_q8.c` (int8 activations) with
 ``-ffp-contract=off`` on top, since its results must be bitwise the same in every variant,
 `hearth_attention_f32.c` (the AVX2 build's float32 prefill attention, bitwise
-`hearth_cpu.c`'s loops: ``-ffp-contract=off`` too; an empty shell in the AVX-512 builds),
+`hearth_cpu.c`'s loops: ``-ffp-contract=off`` too; an empty shell in the AVX-512 builds;
+the two share `hearth_kv.h`),
 `hearth_bf16.c` (bfloat16 linears: AMX-BF16 tiles, or AVX512-BF16 in ``avx512_vnni``) and
 `hearth_attention_bf16.c` (bfloat16 prefill attention, the same two units); the last two
 are empty shells below ``avx512_vnni``.
@@ -47,6 +48,8 @@ Q8_SOURCE = Path(__file__).with_name("hearth_q8.c")
 BF16_SOURCE = Path(__file__).with_name("hearth_bf16.c")
 ATTENTION_BF16_SOURCE = Path(__file__).with_name("hearth_attention_bf16.c")
 ATTENTION_F32_SOURCE = Path(__file__).with_name("hearth_attention_f32.c")
+KV_HEADER = Path(__file__).with_name("hearth_kv.h")
+"""Included by hearth_cpu.c and hearth_attention_f32.c: part of the build's key."""
 
 _V4 = ["-march=x86-64-v4", "-mf16c", "-mfma"]
 _VNNI = [*_V4, "-mavx512vnni", "-mavx512bf16"]
@@ -191,6 +194,7 @@ def library_path(variant: str) -> Path:
     digest.update(BF16_SOURCE.read_bytes())
     digest.update(ATTENTION_BF16_SOURCE.read_bytes())
     digest.update(ATTENTION_F32_SOURCE.read_bytes())
+    digest.update(KV_HEADER.read_bytes())
     digest.update(" ".join([*_BASE_FLAGS, *_FLAGS[variant], *_Q8_FLAGS, *_LINK_FLAGS]).encode())
     digest.update(_compiler_version(cc).encode())
     return cache_dir() / f"libhearth_cpu-{variant}-{digest.hexdigest()[:16]}.so"

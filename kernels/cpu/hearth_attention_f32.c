@@ -31,23 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Whether this build runs the kernel below (1) or leaves every run to hearth_cpu.c (0). */
-int hearth_attention_f32_path(void);
-
-/*
- * Attention of the rows in `runs` (num_runs [start, end) row ranges, each a run of
- * consecutive positions of one sequence) over their sequences' paged caches; the other
- * rows are not touched. Arguments as hearth_paged_attention's; kk / kv: the key and value
- * caches' kinds (0 float32, 1 float16, 2 int8 rows with their scales). `scratch`: each
- * thread's ATT_MAXV score rows of `row` floats (row >= the longest context + 16).
- * Returns 1 when computed, 0 when this build cannot (not the AVX2 build, head_dim not a
- * multiple of 32 or over 256, no memory): the caller then runs its own loops.
- */
-int hearth_attention_f32(int kk, int kv, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
-                         const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
-                         int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
-                         float *scratch, int64_t scratch_per_thread, int64_t window, const int64_t *runs,
-                         int64_t num_runs);
+#include "hearth_kv.h" /* the cache rows, the softmax and this file's entry points */
 
 /* Runs of at least this many tokens take the kernel below where the build has it (0: none).
  * Only speed depends on it: widening a run's keys is paid once per call, and from ~8 tokens
@@ -77,43 +61,18 @@ int hearth_attention_f32(int kk, int kv, const float *q, int64_t ldq, int64_t nh
 
 #else
 
-#include <immintrin.h>
 #include <omp.h>
 
-#define ATT_MAXV 12    /* query vectors per pass, as hearth_cpu.c's (its scratch rows) */
 #define KG 16          /* keys per score micro-tile: two groups of 8 (one register each) */
-#define KEY_BLOCK 256  /* keys per block of a score pass: its transposed keys (64 KB at hd 64) stay in L2 */
 #define VALUE_BYTES (16 << 10) /* bytes of value rows per block of a value pass: they stay in L1 */
 #define MAX_HD 256     /* per-pass stack buffer of the output sums */
 #define WIDEN_CAP ((int64_t)8 << 20) /* floats (32 MB) of widened kv heads at a time, or one head */
-#define KIND_I8 2
-#define I8_SCALE_BYTES 4
 #define ATT_INLINE static inline __attribute__((always_inline))
 /* Loops over a register tile's vectors and chunks: unrolled, so its accumulators stay in
  * registers (gcc otherwise may keep the array in memory and store it every key). */
 #define UNROLL _Pragma("GCC unroll 4")
 
-/* hearth_cpu.c: p[lo .. n) = exp(s - max), zero on [from, lo) and [n, upto); returns 1 / sum. */
-float hearth_softmax_row(float *p, int64_t from, int64_t lo, int64_t n, int64_t upto);
-
 int hearth_attention_f32_path(void) { return 1; }
-
-/* Elements of one (slot, kv head) row of a cache of this kind, its scale's bytes included. */
-ATT_INLINE int64_t head_pitch(const int kind, int64_t hd) { return kind == KIND_I8 ? hd + I8_SCALE_BYTES : hd; }
-
-ATT_INLINE float row_scale(const void *base, int64_t row, int64_t hd, const int kind) {
-    float s = 1.0f;
-    if (kind == KIND_I8) memcpy(&s, (const int8_t *)base + row + hd, sizeof s);
-    return s;
-}
-
-/* 8 cache elements from element `idx` widened to float32 (exact for every kind). */
-ATT_INLINE __m256 load8(const void *base, int64_t idx, const int kind) {
-    if (kind == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx)));
-    if (kind == KIND_I8)
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + idx))));
-    return _mm256_loadu_ps((const float *)base + idx);
-}
 
 /* A run's view of the call and its widened keys and values, per kv head:
  *   kt:  key group g (keys k0 + 8g .. + 7): hd rows of 8 floats, row d = the 8 keys' dim d;
@@ -170,7 +129,7 @@ ATT_INLINE void transpose8(__m256 r[8]) {
 /* Keys g * 8 .. g * 8 + 7 (from k0) of kv head h of run r into kt, fac, v and vs. */
 static void widen_group(const int kk, const int kv, const f32_run *r, int64_t h, int64_t g, const void *k_cache,
                         const void *v_cache, int64_t block_size, int64_t nkv, int64_t hd, float scale) {
-    const int64_t pk = head_pitch(kk, hd), pv = head_pitch(kv, hd);
+    const int64_t pk = kv_head_pitch(kk, hd), pv = kv_head_pitch(kv, hd);
     float *kt = run_kt(r, h) + g * 8 * hd, *fac = run_fac(r, h, hd) + g * 8;
     float *v = run_v(r, h, hd) + g * 8 * hd, *vs = run_vs(r, h, hd) + g * 8;
     int64_t ke[8], ve[8]; /* each key's row in the caches; -1: zero */
@@ -184,14 +143,14 @@ static void widen_group(const int kk, const int kv, const f32_run *r, int64_t h,
         }
         const int64_t slot = (int64_t)r->table[key / block_size] * block_size + key % block_size;
         ke[x] = (slot * nkv + h) * pk, ve[x] = (slot * nkv + h) * pv;
-        for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(v + x * hd + d, load8(v_cache, ve[x] + d, kv));
+        for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(v + x * hd + d, kv_load8(v_cache, ve[x] + d, kv));
         /* hearth_cpu.c: scale * the key's row scale, one rounded product */
-        fac[x] = kk == KIND_I8 ? scale * row_scale(k_cache, ke[x], hd, kk) : scale;
-        vs[x] = row_scale(v_cache, ve[x], hd, kv);
+        fac[x] = kk == KV_I8 ? scale * kv_row_scale(k_cache, ke[x], hd, kk) : scale;
+        vs[x] = kv_row_scale(v_cache, ve[x], hd, kv);
     }
     for (int64_t d0 = 0; d0 < hd; d0 += 8) {
         __m256 rows[8];
-        for (int x = 0; x < 8; x++) rows[x] = ke[x] >= 0 ? load8(k_cache, ke[x] + d0, kk) : _mm256_setzero_ps();
+        for (int x = 0; x < 8; x++) rows[x] = ke[x] >= 0 ? kv_load8(k_cache, ke[x] + d0, kk) : _mm256_setzero_ps();
         transpose8(rows);
         for (int d = 0; d < 8; d++) _mm256_store_ps(kt + (d0 + d) * 8, rows[d]);
     }
@@ -308,24 +267,22 @@ TILE_FNS(3)
 
 /* One pass: nv vectors (queries qs, vector u at qs + u * hd; score rows `rows` + u * row;
  * outputs ov[u]; vector u sees keys lo[u] .. len[u] - 1) of kv head h of run r. Keys from
- * `from` (a multiple of KG) to n = the longest len: scores block by block, then each
- * row's softmax, then the value sums block by block (each output dimension's chain
- * carried across blocks in acc). kv: the value cache's kind. */
+ * `from` (a multiple of KG) to n = the longest len: scores 16 keys at a time (their
+ * transposed keys read once for all the vectors), then each row's softmax, then the value
+ * sums block by block (each output dimension's chain carried across blocks in acc). kv:
+ * the value cache's kind. */
 static void run_pass(const int kv, const f32_run *r, int64_t h, int64_t hd, int64_t nv, const float *qs, float *rows,
                      int64_t row, float *const *ov, const int64_t *lo, const int64_t *len, int64_t from, int64_t n) {
     const float *kt = run_kt(r, h) - r->k0 * hd, *fac = run_fac(r, h, hd) - r->k0; /* by absolute key */
     const float *v = run_v(r, h, hd) - r->k0 * hd, *vs = run_vs(r, h, hd) - r->k0;
-    for (int64_t b = from; b < n; b += KEY_BLOCK) {
-        const int64_t e = b + KEY_BLOCK < n ? b + KEY_BLOCK : n;
-        for (int64_t i = b; i < e; i += KG) {
+    for (int64_t i = from; i < n; i += KG) {
 #define SCORES(U, u) scores16_##U(qs + (u) * hd, kt + i * hd, fac + i, hd, rows + (u) * row + i, row)
-            BY_THREES(nv, SCORES);
+        BY_THREES(nv, SCORES);
 #undef SCORES
-        }
     }
     float inv[ATT_MAXV];
     for (int64_t u = 0; u < nv; u++) inv[u] = hearth_softmax_row(rows + u * row, from, lo[u], len[u], n);
-    if (kv == KIND_I8) /* each weight times its value row's scale: hearth_cpu.c's p * sv */
+    if (kv == KV_I8) /* each weight times its value row's scale: hearth_cpu.c's p * sv */
         for (int64_t u = 0; u < nv; u++) {
             float *p = rows + u * row;
             int64_t i = from;

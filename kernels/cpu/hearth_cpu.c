@@ -29,6 +29,8 @@
 
 #include <omp.h>
 
+#include "hearth_kv.h"
+
 #define Q4_BLOCK 32
 #define GROUP 8 /* output rows per packed group: one AVX2 lane each */
 
@@ -561,8 +563,6 @@ void hearth_kv_write_f16(const float *k, int64_t ldk, const float *v, int64_t ld
  * A zero row has scale 0. Per-row scales keep every token's error its own (batch
  * invariance holds: a row's bytes depend only on the row). hd % 8 == 0.
  */
-#define KV_I8_SCALE_BYTES 4
-
 static inline void i8_row(const float *src, int8_t *dst, int64_t hd) {
     const __m256 hi = _mm256_set1_ps(F16_MAX), lo = _mm256_set1_ps(-F16_MAX);
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -633,7 +633,6 @@ void hearth_kv_write_f16_i8(const float *k, int64_t ldk, const float *v, int64_t
  * keys past its own context (the tile's later tokens), and adding 0 * v leaves a sum as
  * it is, so a token's output is bitwise the same whatever tile or batch it lands in.
  */
-#define ATT_MAXV 12 /* query vectors per pass: 4 tokens x 3 heads for SmolLM2's group of 3 */
 #define ATT_PAD 16  /* score rows overrun n by up to 3 here, 15 in hearth_attention_f32.c: pad them */
 #define ATT_INLINE static inline __attribute__((always_inline))
 
@@ -641,38 +640,8 @@ int64_t hearth_attention_scratch_floats(int64_t max_ctx) {
     return (int64_t)ATT_MAXV * (max_ctx + ATT_PAD);
 }
 
-/*
- * The cache holds float32 (KV_F32), float16 (KV_F16) or int8 (KV_I8) elements; every
- * helper below takes the kind as a compile-time constant and only its loads differ: a
- * float16 row is widened to float32 by F16C on load (exact), and the scores, softmax and
- * value sums are the same float32 arithmetic in the same order for both float kinds. So
- * the float16 path on a cache of float16 values gives bitwise what the float32 path gives
- * on the same values in float32. An int8 row is widened exactly too; its scale multiplies
- * the key's score after the dot product and each softmax weight before the value sums.
- * Positions into a cache are element indices (`base` + index), whatever the kind.
- */
-#define KV_F32 0
-#define KV_F16 1
-#define KV_I8 2 /* int8 rows, each followed by its float32 scale (hearth_kv_write_i8) */
+/* The cache kinds and how a row is read (kv_head_pitch, kv_row_scale, kv_load8): hearth_kv.h. */
 #define KV_F16_I8 3 /* the step program's code of float16 keys with int8 values */
-
-/* Elements of one (slot, kv head) row of a cache of this kind. */
-ATT_INLINE int64_t kv_head_pitch(const int kind, int64_t hd) { return kind == KV_I8 ? hd + KV_I8_SCALE_BYTES : hd; }
-
-/* The scale of the int8 row whose values start at element `row` (1 for the float kinds). */
-ATT_INLINE float kv_row_scale(const void *base, int64_t row, int64_t hd, const int kind) {
-    float s = 1.0f;
-    if (kind == KV_I8) memcpy(&s, (const int8_t *)base + row + hd, sizeof s);
-    return s;
-}
-
-ATT_INLINE __m256 kv_load8(const void *base, int64_t idx, const int kind) {
-    if (kind == KV_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx)));
-    if (kind == KV_I8)
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + idx))));
-    return _mm256_loadu_ps((const float *)base + idx);
-}
 
 /* Tunables (-D for A/B builds; none changes a result): query vectors scored per pass over
  * 4 keys (1..3; 3 = a SmolLM2 kv head's whole group, each key loaded once); how many
@@ -848,9 +817,8 @@ ATT_INLINE void attention_scores(const int kind, const float *const *qv, int64_t
     }
 }
 
-/* p[lo .. n) = exp(s - max), zero on [from, lo) (keys before the row's sliding window) and
- * on [n, upto); returns 1 / sum. Fixed 8-wide order from lo. (hearth_attention_f32.c runs
- * it too: one function, so both kernels' weights are the same bits.) */
+/* hearth_kv.h's softmax (hearth_attention_f32.c runs it too: one function, so both loops'
+ * weights are the same bits). */
 float hearth_softmax_row(float *p, int64_t from, int64_t lo, int64_t n, int64_t upto) {
     for (int64_t i = from; i < lo; i++) p[i] = 0.0f;
     p += lo;
@@ -1057,15 +1025,6 @@ int hearth_attention_bf16(int kind, const float *q, int64_t ldq, int64_t nh, int
                           const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
                           int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
                           int64_t window, const int64_t *runs, int64_t num_runs);
-
-/* hearth_attention_f32.c: the AVX2 build's prefill runs, the same bits as the loops here. */
-extern int64_t hearth_attention_f32_min_run;
-int hearth_attention_f32_path(void);
-int hearth_attention_f32(int kk, int kv, const float *q, int64_t ldq, int64_t nh, int64_t nkv, int64_t hd,
-                         const void *k_cache, const void *v_cache, int64_t block_size, const int32_t *block_tables,
-                         int64_t max_blocks, const int32_t *seq, const int32_t *ctx, float scale, float *out,
-                         float *scratch, int64_t scratch_per_thread, int64_t window, const int64_t *runs,
-                         int64_t num_runs);
 
 /* One work item: tile `it`'s query vectors of the heads that share kv head kvh. */
 ATT_INLINE void attention_item(const int kk, const int kv, int64_t it, int64_t kvh, const int64_t *tiles,

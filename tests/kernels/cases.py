@@ -7,6 +7,7 @@ block tables are non-contiguous, as they are after the engine has run for a whil
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -208,3 +209,22 @@ def attention_inputs(seqs, nh, nkv, hd, bs, kv_dtype, seed=0):
     query = torch.randn(sum(q for _, q in seqs), nh, hd, generator=gen)
     tables, token_seq, token_ctx = cpu_attention_tables(step)
     return step, query, keys, values, k_cache, v_cache, tables, token_seq, token_ctx
+
+
+def poison_blocks_before_windows(
+    step: PagedStep, bs: int, window: int, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> None:
+    """Fill with NaN every cache block that lies wholly before the sliding window of all of
+    its sequence's query rows, as a freed block another sequence reused would be: a kernel
+    that reads one shows NaN. An int8 cache gets a NaN row scale (every value NaN)."""
+    for table, seq_len, q_len in zip(
+        step.block_tables, step.seq_lens, step.query_lens, strict=True
+    ):
+        first_seen = seq_len - q_len - window + 1
+        for i, block in enumerate(table):
+            if (i + 1) * bs <= first_seen:
+                for cache in (k_cache, v_cache):
+                    if cache.dtype == torch.int8:
+                        cache[block, ..., -4:] = torch.tensor([math.nan]).view(torch.int8)
+                    else:
+                        cache[block] = math.nan

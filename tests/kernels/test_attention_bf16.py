@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from tests.kernels.cases import attention_inputs
+from tests.kernels.cases import attention_inputs, poison_blocks_before_windows
 
 ops = pytest.importorskip("kernels.cpu.ops")
 if not ops.available():
@@ -184,15 +184,7 @@ def test_sliding_window_is_honoured_and_blocks_before_it_are_not_read(
     step, query, keys, values, kc, vc, tables, tseq, tctx = attention_inputs(
         MIXED, nh, nkv, hd, bs, kv_dtype
     )
-    for table, (seq_len, q_len) in zip(step.block_tables, MIXED, strict=True):
-        first_seen = seq_len - q_len - window + 1
-        for i, block in enumerate(table):
-            if (i + 1) * bs <= first_seen:
-                for cache in (kc, vc):
-                    if cache.dtype == torch.int8:  # a NaN scale: every value of the row NaN
-                        cache[block, ..., -4:] = torch.tensor([math.nan]).view(torch.int8)
-                    else:
-                        cache[block] = math.nan
+    poison_blocks_before_windows(step, bs, window, kc, vc)
     got = _attend(variant, query, nh, nkv, hd, kc, vc, tables, tseq, tctx, window=window)
     assert not bool(got.isnan().any())
     _check_bounds(got, step, query, keys, values, hd, window, _long_rows(MIXED))
