@@ -49,7 +49,7 @@ BF16_SOURCE = Path(__file__).with_name("hearth_bf16.c")
 ATTENTION_BF16_SOURCE = Path(__file__).with_name("hearth_attention_bf16.c")
 ATTENTION_F32_SOURCE = Path(__file__).with_name("hearth_attention_f32.c")
 KV_HEADER = Path(__file__).with_name("hearth_kv.h")
-"""Included by hearth_cpu.c and hearth_attention_f32.c: part of the build's key."""
+"""Included by hearth_cpu.c and both attention files: part of the build's key."""
 
 _V4 = ["-march=x86-64-v4", "-mf16c", "-mfma"]
 _VNNI = [*_V4, "-mavx512vnni", "-mavx512bf16"]

@@ -46,6 +46,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hearth_kv.h"
+
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <omp.h>
@@ -109,26 +111,13 @@ int hearth_attention_bf16_path(int64_t hd) {
 
 /* -------------------------------------------------------------------- helpers */
 
-/* The cache kinds (hearth_cpu.c's KV_F32 / KV_F16 / KV_I8): an int8 cache's (slot, kv head)
- * row is hd int8 values and their float32 scale, hd + 4 bytes. */
-#define KIND_F16 1
-#define KIND_I8 2
-#define I8_SCALE_BYTES 4
-
-ATT_INLINE int64_t head_pitch(const int kind, int64_t hd) { return kind == KIND_I8 ? hd + I8_SCALE_BYTES : hd; }
-
-/* The scale of the row whose values start at element `row` (1 for the float kinds). */
-ATT_INLINE float row_scale(const void *base, int64_t row, int64_t hd, const int kind) {
-    float s = 1.0f;
-    if (kind == KIND_I8) memcpy(&s, (const int8_t *)base + row + hd, sizeof s);
-    return s;
-}
+/* The cache kinds and an int8 row's layout (KV_F16, KV_I8, kv_head_pitch, kv_row_scale): hearth_kv.h. */
 
 /* 16 cache elements (float32, float16 or int8 times the row's scale `s`) from element `idx`
  * as float32. */
 ATT_INLINE __m512 load16(const void *base, int64_t idx, const int kind, float s) {
-    if (kind == KIND_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
-    if (kind == KIND_I8)
+    if (kind == KV_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
+    if (kind == KV_I8)
         return _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                                     _mm_loadu_si128((const __m128i *)((const int8_t *)base + idx)))));
     return _mm512_loadu_ps((const float *)base + idx);
@@ -178,7 +167,7 @@ static uint16_t *repack_space(size_t elems) {
 ATT_INLINE void repack_block(const int kind, const att_run *run, int64_t kvh, int64_t kb, const void *k_cache,
                              const void *v_cache, int64_t block_size, int64_t nkv, int64_t hd) {
     const int kk = kind & 3, kv = kind >> 2; /* the key and value caches' kinds */
-    const int64_t pk = head_pitch(kk, hd), pv = head_pitch(kv, hd);
+    const int64_t pk = kv_head_pitch(kk, hd), pv = kv_head_pitch(kv, hd);
     const int64_t chunks = hd / 32, groups = hd / 16, b = kb - run->kb0;
     uint16_t *kt = run->kv + kvh * 2 * run->per_head + b * KB * hd;
     uint16_t *vt = kt + run->per_head;
@@ -197,7 +186,7 @@ ATT_INLINE void repack_block(const int kind, const att_run *run, int64_t kvh, in
             __m512i row = _mm512_setzero_si512();
             if (src[n] >= 0) {
                 const int64_t e = (src[n] * nkv + kvh) * pk; /* the key's row of this kv head */
-                const float ks = row_scale(k_cache, e, hd, kk);
+                const float ks = kv_row_scale(k_cache, e, hd, kk);
                 const __m512 lo = load16(k_cache, e + 32 * c, kk, ks);
                 const __m512 hi = load16(k_cache, e + 32 * c + 16, kk, ks);
                 row = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
@@ -212,8 +201,8 @@ ATT_INLINE void repack_block(const int kind, const att_run *run, int64_t kvh, in
     for (int r = 0; r < KB / 2; r++) {
         const int64_t s0 = src[2 * r] >= 0 ? (src[2 * r] * nkv + kvh) * pv : -1;
         const int64_t s1 = src[2 * r + 1] >= 0 ? (src[2 * r + 1] * nkv + kvh) * pv : -1;
-        const float vs0 = s0 >= 0 ? row_scale(v_cache, s0, hd, kv) : 0.0f;
-        const float vs1 = s1 >= 0 ? row_scale(v_cache, s1, hd, kv) : 0.0f;
+        const float vs0 = s0 >= 0 ? kv_row_scale(v_cache, s0, hd, kv) : 0.0f;
+        const float vs1 = s1 >= 0 ? kv_row_scale(v_cache, s1, hd, kv) : 0.0f;
         for (int64_t g = 0; g < groups; g++) {
             const __m512 a = s0 >= 0 ? load16(v_cache, s0 + 16 * g, kv, vs0) : _mm512_setzero_ps();
             const __m512 b1 = s1 >= 0 ? load16(v_cache, s1 + 16 * g, kv, vs1) : _mm512_setzero_ps();

@@ -2,7 +2,8 @@
  * hearth_kv.h: what hearth_cpu.c's float32 attention loops and hearth_attention_f32.c's
  * prefill loops share: how a KV cache row is laid out and read, the float32 softmax, and
  * the prefill loops' entry points. One copy, because the two must agree bit for bit (a
- * token's output may not depend on which loops ran it).
+ * token's output may not depend on which loops ran it). hearth_attention_bf16.c reads the
+ * cache rows with it too.
  *
  * The cache holds float32 (KV_F32), float16 (KV_F16) or int8 (KV_I8) elements; every
  * helper takes the kind as a compile-time constant and only its loads differ: a float16
