@@ -256,6 +256,27 @@ class Tokenizer:
         the same text through this stalls the loop ~0.04 s)."""
         return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def encode_keeping_last(
+        self, text: str, max_length: int, add_special_tokens: bool = True, release_gil: bool = False
+    ) -> tuple[list[int], bool]:
+        """The ids of `text` cut from the left to at most `max_length` (vLLM's
+        `truncate_prompt_tokens`: transformers' `truncation=True, max_length` with
+        `truncation_side="left"`): the text's own tokens lose their start, and the
+        special tokens the tokenizer adds (a BOS) stay, counted in `max_length`. Also
+        whether any token was cut. `release_gil`: encode through `encode_batch`, as
+        `encode_releasing_gil` does."""
+        if release_gil:
+            encoding = self._tok.encode_batch([text], add_special_tokens=False)[0]
+        else:
+            encoding = self._tok.encode(text, add_special_tokens=False)
+        specials = self._tok.num_special_tokens_to_add(False) if add_special_tokens else 0
+        room = max(max_length - specials, 0)
+        cut = len(encoding.ids) > room
+        encoding.truncate(room, direction="left")
+        if add_special_tokens:
+            encoding = self._tok.post_process(encoding, add_special_tokens=True)
+        return encoding.ids, cut
+
     @functools.cached_property
     def max_token_bytes(self) -> int:
         """The longest token's length in UTF-8 bytes (of its vocabulary string: for a

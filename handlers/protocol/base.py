@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from handlers.errors import BadRequestError
 
@@ -50,6 +50,17 @@ class OpenAIBaseModel(BaseModel):
                         _logged_unknown_fields.add(key)
                         logger.warning("ignoring unknown request field %r (%s)", name, cls.__name__)
         return data
+
+
+def _not_zero(value: int) -> int:
+    if value == 0:
+        raise FieldError(None, "must be -1 (the context length) or at least 1")
+    return value
+
+
+TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_not_zero)]
+"""vLLM's `truncate_prompt_tokens`: keep only a prompt's last k tokens (-1: as many as the
+context holds); `ServedModel.truncation_size` resolves it against the model."""
 
 
 def reject_unsupported(data: Any, table: Mapping[str, str]) -> None:

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from handlers.protocol.base import (
     OpenAIBaseModel,
+    TruncatePromptTokens,
     UsageInfo,
     WireModel,
     limits_from,
@@ -20,9 +21,6 @@ from handlers.protocol.completion import Prompt, check_prompts, prompt_list
 from handlers.protocol.sampling import INT64_MAX
 
 _UNSUPPORTED_EMBEDDING_FIELDS: Mapping[str, str] = {
-    "truncate_prompt_tokens": (
-        "truncate_prompt_tokens is not supported; send at most the model's context length"
-    ),
     "messages": "chat-style embedding input (messages) is not supported; send input",
 }
 
@@ -45,6 +43,8 @@ class EmbeddingRequest(OpenAIBaseModel):
     priority: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
     """Lower runs first under --scheduling-policy priority."""
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    """vLLM: embed each input's last k tokens only (-1: the context length)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from handlers.errors import BadRequestError
 from handlers.protocol.base import (
     FieldError,
     StreamOptions,
+    TruncatePromptTokens,
     limits_from,
     reject_unsupported,
 )
@@ -168,6 +169,8 @@ class SamplingRequest(StructuredOutputFields):
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     prompt_logprobs: int | None = None
     """vLLM: each prompt token's logprob plus the top k (see docs/api.md, Scoring)."""
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    """vLLM: generate from the prompt's last k tokens only (-1: the context length)."""
 
     unsupported_fields: ClassVar[Mapping[str, str]] = {}
     """Parameters (OpenAI's or vLLM's) that would change the output if honoured, with the

@@ -73,6 +73,8 @@ class TGIParameters(OpenAIBaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stop: list[str] = Field(default_factory=list)
     seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    truncate: int | None = Field(default=None, ge=1)
+    """Keep the input's last `truncate` tokens (TGI's left truncation)."""
     do_sample: bool = False
     details: bool = False
     return_full_text: bool = False

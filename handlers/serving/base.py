@@ -207,20 +207,35 @@ class ServingBase:
         return run
 
     async def tokenize_prompts(
-        self, prompts: SequenceT[str | list[int]], *, add_special_tokens: bool, field: str
+        self,
+        prompts: SequenceT[str | list[int]],
+        *,
+        add_special_tokens: bool,
+        field: str,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PromptInput]:
         """Texts tokenized (refused first when too long to fit), token ids checked against
-        the vocabulary; each named `field` or `field[i]` in a 400."""
+        the vocabulary; each named `field` or `field[i]` in a 400. With
+        `truncate_prompt_tokens`, each prompt keeps its last k tokens (vLLM's rule); the
+        echoed text of a cut prompt is then its kept tokens decoded."""
+        keep_last = self.served.truncation_size(truncate_prompt_tokens)
         out = []
         for i, prompt in enumerate(prompts):
             param = field if len(prompts) == 1 else f"{field}[{i}]"
-            if isinstance(prompt, str):
+            if isinstance(prompt, str) and keep_last is not None:
+                ids, cut = await self.served.encode_last(
+                    prompt, keep_last, add_special_tokens=add_special_tokens
+                )
+                out.append(PromptInput(ids, param, None if cut else prompt))
+            elif isinstance(prompt, str):
                 ids = await self.served.encode(
                     prompt, add_special_tokens=add_special_tokens, param=param
                 )
                 out.append(PromptInput(ids, param, prompt))
             else:
                 self.served.check_token_ids(prompt, param)
+                if keep_last is not None:
+                    prompt = prompt[-keep_last:]
                 out.append(PromptInput(prompt, param))
         return out
 

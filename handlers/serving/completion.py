@@ -51,7 +51,10 @@ class ServingCompletion(ServingBase):
 
     async def _tokenize(self, request: CompletionRequest) -> list[PromptInput]:
         return await self.tokenize_prompts(
-            request.prompts(), add_special_tokens=request.add_special_tokens, field="prompt"
+            request.prompts(),
+            add_special_tokens=request.add_special_tokens,
+            field="prompt",
+            truncate_prompt_tokens=request.truncate_prompt_tokens,
         )
 
     def _echo_text(self, request: CompletionRequest, prompt: PromptInput) -> str:

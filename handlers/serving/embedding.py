@@ -42,7 +42,10 @@ class ServingEmbedding(ServingBase):
         model_name = self.model_name(request.model)
         pooling = self._pooling_params(request)
         inputs = await self.tokenize_prompts(
-            request.inputs(), add_special_tokens=request.add_special_tokens, field="input"
+            request.inputs(),
+            add_special_tokens=request.add_special_tokens,
+            field="input",
+            truncate_prompt_tokens=request.truncate_prompt_tokens,
         )
         for prompt in inputs:
             self.served.check_input_len(len(prompt.token_ids), prompt.param)

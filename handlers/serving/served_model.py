@@ -111,6 +111,44 @@ class ServedModel:
             return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens)
         return tokenizer.encode(text, add_special_tokens)
 
+    async def encode_last(
+        self, text: str, keep_last: int, *, add_special_tokens: bool
+    ) -> tuple[list[int], bool]:
+        """`encode` keeping only the last `keep_last` tokens (a `truncation_size`), and
+        whether the text lost any. A text too long to fit is not refused here: it is cut
+        to its last max_model_len x `max_token_bytes` characters before tokenizing, so a
+        truncated prompt costs no more than the longest prompt that fits. That cut can
+        change only the tokens at it, which are further from the end than `keep_last`
+        tokens (the characters kept hold at least max_model_len tokens)."""
+        tokenizer = self.tokenizer()
+        bound = self.info().max_model_len * tokenizer.max_token_bytes
+        tail = text[-bound:]
+        encode = tokenizer.encode_keeping_last
+        if len(tail) > _THREAD_ENCODE_CHARS:
+            ids, cut = await asyncio.to_thread(encode, tail, keep_last, add_special_tokens, True)
+        else:
+            ids, cut = encode(tail, keep_last, add_special_tokens)
+        return ids, cut or len(tail) < len(text)
+
+    def truncation_size(
+        self, truncate_prompt_tokens: int | None, param: str = "truncate_prompt_tokens"
+    ) -> int | None:
+        """vLLM's `truncate_prompt_tokens` (TGI's `truncate`): keep a prompt's last k
+        tokens; -1 means the context length; more than the context length is a 400
+        (vLLM's message), reported against `param`."""
+        if truncate_prompt_tokens is None:
+            return None
+        max_model_len = self.info().max_model_len
+        if truncate_prompt_tokens == -1:
+            return max_model_len
+        if truncate_prompt_tokens > max_model_len:
+            raise BadRequestError(
+                f"{param} value ({truncate_prompt_tokens}) is greater than "
+                f"max_model_len ({max_model_len}). Please, select a smaller truncation size.",
+                param=param,
+            )
+        return truncate_prompt_tokens
+
     def check_text_fits(self, text: str, param: str) -> None:
         """No token stands for more than `max_token_bytes` characters, so a longer text
         than max_model_len times that cannot fit: refused without tokenizing it."""

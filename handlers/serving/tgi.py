@@ -39,13 +39,23 @@ class ServingTGI(ServingBase):
 
     async def generate(self, request: TGIRequest, ctx: RequestContext) -> TGIResponses | SSEStream:
         model_name = self.model_name(None)  # TGI bodies name no model
-        prompt_ids = await self.served.encode(
-            request.inputs, add_special_tokens=True, param="inputs"
+        keep_last = self.served.truncation_size(
+            request.parameters.truncate, param="parameters.truncate"
         )
+        prompt_text: str | None = request.inputs
+        if keep_last is None:
+            prompt_ids = await self.served.encode(
+                request.inputs, add_special_tokens=True, param="inputs"
+            )
+        else:
+            prompt_ids, cut = await self.served.encode_last(
+                request.inputs, keep_last, add_special_tokens=True
+            )
+            prompt_text = None if cut else prompt_text
         run = await self.start_run(
             ctx,
             model_name=model_name,
-            prompts=[PromptInput(prompt_ids, "inputs", request.inputs)],
+            prompts=[PromptInput(prompt_ids, "inputs", prompt_text)],
             build_params=request.to_sampling_params,
             # NOTE: TGI keeps the stop sequence in the generated text.
             options=ChoiceOptions(stop=request.parameters.stop, include_stop_str_in_output=True),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.e2e.clients import async_client, client, sse_data, wait_metric
@@ -589,6 +590,45 @@ def test_prompt_as_token_ids_and_lists(default_server: Server) -> None:
     assert all(c.text.startswith(second) for c in many.choices[2:])
     assert many.usage.prompt_tokens == len(ids) + len(ids2)
     assert many.usage.completion_tokens == 16
+
+
+def test_truncate_prompt_tokens(default_server: Server) -> None:
+    """vLLM's truncate_prompt_tokens through the SDK's extra_body: completions, chat and
+    embeddings run on the prompt's last k tokens, exactly as if those ids were sent."""
+    long = "The quick brown fox jumps over the lazy dog, and then it naps. " * 40
+    ids = tokenize(default_server, prompt=long)["tokens"]
+    assert len(ids) > 100
+    cut = complete(
+        default_server,
+        prompt=long,
+        temperature=0,
+        max_tokens=4,
+        echo=True,
+        extra_body={"truncate_prompt_tokens": 12},
+    )
+    as_ids = complete(default_server, prompt=ids[-12:], temperature=0, max_tokens=4, echo=True)
+    assert cut.usage.prompt_tokens == 12
+    assert cut.choices[0].text == as_ids.choices[0].text  # the echo is the kept tokens too
+    assert len(cut.choices[0].text) < len(long) / 10
+
+    sdk = client(default_server)
+    reply = sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": long}],
+        max_tokens=2,
+        extra_body={"truncate_prompt_tokens": 20},
+    )
+    assert reply.usage.prompt_tokens == 20
+
+    vectors = sdk.embeddings.create(
+        model=MODEL, input=long, extra_body={"truncate_prompt_tokens": 16}
+    )
+    same = sdk.embeddings.create(model=MODEL, input=ids[-16:])
+    assert vectors.usage.prompt_tokens == 16
+    assert vectors.data[0].embedding == same.data[0].embedding
+
+    with pytest.raises(openai.BadRequestError, match="select a smaller truncation size"):
+        complete(default_server, prompt=long, extra_body={"truncate_prompt_tokens": 10**6})
 
 
 # -- ops routes ---------------------------------------------------------------------------------

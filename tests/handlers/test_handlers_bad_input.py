@@ -702,8 +702,8 @@ CASES = [
     ),
     Case("embed-unknown-model", {"input": "a", "model": "gpt-4o"}, 404, "model", path=EMBEDDINGS),
     Case(
-        "embed-truncate-prompt-tokens",
-        {"input": "a", "truncate_prompt_tokens": 5},
+        "embed-truncate-prompt-tokens-past-context",
+        {"input": "a", "truncate_prompt_tokens": 100_000},
         400,
         "truncate_prompt_tokens",
         path=EMBEDDINGS,

@@ -1,0 +1,72 @@
+"""`Tokenizer.encode_keeping_last` (vLLM's `truncate_prompt_tokens`) against transformers'
+own left truncation (`truncation=True, max_length=k`, `truncation_side="left"`), on the
+embedded SmolLM2 tokenizer (which adds no special tokens) and on the same vocabulary with
+a BOS-adding post-processor, where the BOS must stay and count in k."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.processors import TemplateProcessing
+from transformers import PreTrainedTokenizerFast
+
+from engine.tokenizer import Tokenizer
+
+TEXT = "The quick brown fox jumps over the lazy dog, then naps. " * 3
+
+
+@pytest.fixture(scope="module", params=["no-specials", "bos"])
+def tokenizers_pair(
+    request: pytest.FixtureRequest, model_smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Tokenizer, PreTrainedTokenizerFast]:
+    directory = tmp_path_factory.mktemp(request.param)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(Path(model_smollm2_dir) / name, directory / name)
+    if request.param == "bos":
+        raw = HFTokenizer.from_file(str(directory / "tokenizer.json"))
+        bos = "<|im_start|>"
+        raw.post_processor = TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, raw.token_to_id(bos))]
+        )
+        raw.save(str(directory / "tokenizer.json"))
+    reference = PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"), truncation_side="left"
+    )
+    return Tokenizer(directory), reference
+
+
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+@pytest.mark.parametrize("k", [1, 2, 7, 30, 10_000])
+def test_keeps_what_transformers_keeps(
+    tokenizers_pair: tuple[Tokenizer, PreTrainedTokenizerFast], k: int, add_special_tokens: bool
+) -> None:
+    ours, reference = tokenizers_pair
+    full = ours.encode(TEXT, add_special_tokens)
+    expected = reference(
+        TEXT, truncation=True, max_length=k, add_special_tokens=add_special_tokens
+    )["input_ids"]
+    for release_gil in (False, True):
+        ids, cut = ours.encode_keeping_last(TEXT, k, add_special_tokens, release_gil)
+        assert ids == expected
+        assert cut == (len(full) > k)
+    if k >= len(full):
+        assert ids == full
+
+
+def test_the_bos_stays_and_counts(
+    request: pytest.FixtureRequest, tokenizers_pair: tuple[Tokenizer, PreTrainedTokenizerFast]
+) -> None:
+    ours, _ = tokenizers_pair
+    full = ours.encode(TEXT, True)
+    plain = ours.encode(TEXT, False)
+    ids, cut = ours.encode_keeping_last(TEXT, 5, True)
+    assert cut and len(ids) == 5
+    if "bos" in request.node.callspec.id:
+        assert full == [ours.token_to_id("<|im_start|>"), *plain]
+        assert ids == [full[0], *plain[-4:]]
+    else:
+        assert full == plain
+        assert ids == plain[-5:]
