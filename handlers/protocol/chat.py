@@ -350,6 +350,8 @@ class ChatCompletionResponseChoice(WireModel):
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
     """vLLM: the stop string or stop token id that ended the choice (None for EOS/length)."""
+    token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: the generated token ids (a stop token included)."""
 
 
 class ChatCompletionResponse(WireModel):
@@ -361,6 +363,8 @@ class ChatCompletionResponse(WireModel):
     usage: UsageInfo
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
     """vLLM: the rendered prompt's tokens with their logprobs (see CompletionResponseChoice)."""
+    prompt_token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: the rendered prompt's token ids."""
 
 
 class DeltaFunctionCall(WireModel):
@@ -391,6 +395,8 @@ class ChatCompletionChunkChoice(WireModel):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: this chunk's generated token ids."""
 
 
 class ChatCompletionChunk(ChunkModel):
@@ -402,3 +408,5 @@ class ChatCompletionChunk(ChunkModel):
     model: str
     choices: list[ChatCompletionChunkChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: in the stream's first chunk only."""

@@ -160,9 +160,13 @@ class CompletionResponseChoice(WireModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: the generated token ids (a stop token included)."""
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
     """vLLM: per prompt token (the first is null), `{token_id: {logprob, rank,
     decoded_token}}` for the token itself and the top k; null unless asked for."""
+    prompt_token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: the prompt's token ids (after any truncation)."""
 
 
 class CompletionResponse(WireModel):
@@ -180,6 +184,10 @@ class CompletionResponseStreamChoice(WireModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: in a choice's first chunk only."""
+    token_ids: list[int] | None = None
+    """vLLM, with `return_token_ids`: this chunk's generated token ids."""
 
 
 class CompletionStreamResponse(ChunkModel):

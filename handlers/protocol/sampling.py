@@ -171,6 +171,13 @@ class SamplingRequest(StructuredOutputFields):
     """vLLM: each prompt token's logprob plus the top k (see docs/api.md, Scoring)."""
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     """vLLM: generate from the prompt's last k tokens only (-1: the context length)."""
+    return_token_ids: bool = False
+    """vLLM: each choice carries its generated token ids (`token_ids`) and the answer the
+    prompt's (`prompt_token_ids`); streamed, the prompt's come in the first chunk (chat)
+    or a choice's first chunk (completion) and each chunk has its delta's ids."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM: logprob tokens are written `token_id:<id>` (text that may not be valid UTF-8
+    on its own stays identifiable)."""
 
     unsupported_fields: ClassVar[Mapping[str, str]] = {}
     """Parameters (OpenAI's or vLLM's) that would change the output if honoured, with the

@@ -201,6 +201,7 @@ class ServingBase:
             choice_of={f"{engine_id}-{i}": seq for i, seq in enumerate(sequences)},
             tracker=tracker,
             prompt_lens=[len(prompt.token_ids) for prompt in prompts],
+            prompt_token_ids=[prompt.token_ids for prompt in prompts],
             n=n,
         )
         run.deadline = self.arm_deadline(ctx, collector)
@@ -404,6 +405,8 @@ class Run:
     tracker: RequestTracker
     prompt_lens: list[int]
     """Prompt tokens of each prompt (one for chat; one per prompt of a batch)."""
+    prompt_token_ids: list[list[int]]
+    """Each prompt's token ids, as admitted (`return_token_ids` answers with them)."""
     n: int
     """Choices per prompt; choice i belongs to prompt i // n."""
     created: int = field(default_factory=lambda: int(time.time()))

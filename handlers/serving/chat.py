@@ -115,7 +115,9 @@ class ServingChat(ServingBase):
         if not request.logprobs:
             return None
         content = chat_logprobs(
-            delta_logprobs or [], self.served.token_texts(), request.top_logprobs or 0
+            delta_logprobs or [],
+            self.served.token_texts(request.return_tokens_as_token_ids),
+            request.top_logprobs or 0,
         )
         return ChatCompletionLogProbs(content=content)
 
@@ -131,6 +133,7 @@ class ServingChat(ServingBase):
             **self.envelope(run),
             choices=choices,
             prompt_logprobs=prompt_logprobs(first, self.served.token_texts()) if first else None,
+            prompt_token_ids=run.prompt_token_ids[0] if request.return_token_ids else None,
         )
 
     def _choice(
@@ -170,6 +173,7 @@ class ServingChat(ServingBase):
             logprobs=self._logprobs(request, seq.logprobs),
             finish_reason=finish,
             stop_reason=seq.stop_reason,
+            token_ids=list(seq.token_ids) if request.return_token_ids else None,
         )
 
     # -- streaming --------------------------------------------------------------------
@@ -191,6 +195,9 @@ class ServingChat(ServingBase):
         chunk, running_usage = chunks.chunk, chunks.running_usage
         role = self.served.config.response_role
         for seq in run.sequences:
+            first: dict[str, Any] = {}
+            if request.return_token_ids and seq is run.sequences[0]:
+                first["prompt_token_ids"] = run.prompt_token_ids[0]
             yield chunk(
                 [
                     ChatCompletionChunkChoice(
@@ -201,6 +208,7 @@ class ServingChat(ServingBase):
                     )
                 ],
                 running_usage(),
+                **first,
             )
         echo = self._echo_text(request)
         if echo:
@@ -229,6 +237,8 @@ class ServingChat(ServingBase):
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
+            if request.return_token_ids:
+                choice_fields["token_ids"] = delta.token_ids
             yield chunk([ChatCompletionChunkChoice(**choice_fields)], running_usage())
         for payload in chunks.tail():
             yield payload
@@ -252,7 +262,10 @@ class ServingChat(ServingBase):
                 yield None
                 continue
             seq, delta = item
-            if not (delta.text or delta.logprobs or delta.finish_reason):
+            # a delta with only token ids (a byte of a character still incomplete) says
+            # nothing, unless the client asked for the ids
+            ids_asked = request.return_token_ids and delta.token_ids
+            if not (delta.text or delta.logprobs or delta.finish_reason or ids_asked):
                 continue
             if harmony is not None:
                 message, finish = _harmony_delta_message(delta, harmony[seq.index])

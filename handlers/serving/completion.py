@@ -75,10 +75,23 @@ class ServingCompletion(ServingBase):
         return completion_logprobs(
             out.logprobs or [],
             out.token_ids,
-            self.served.token_texts(),
+            self.served.token_texts(request.return_tokens_as_token_ids),
             request.logprobs,
             offset,
         )
+
+    @staticmethod
+    def _token_ids(
+        request: CompletionRequest, prompt_ids: list[int] | None, token_ids: list[int]
+    ) -> dict[str, list[int]]:
+        """vLLM's `return_token_ids` fields of a choice (or of a streamed chunk: the
+        prompt's ids only in a choice's first)."""
+        if not request.return_token_ids:
+            return {}
+        fields = {"token_ids": list(token_ids)}
+        if prompt_ids is not None:
+            fields["prompt_token_ids"] = list(prompt_ids)
+        return fields
 
     def _echo_logprobs(
         self, request: CompletionRequest, prompt_ids: list[int], out: Choice | ChoiceDelta
@@ -92,7 +105,7 @@ class ServingCompletion(ServingBase):
         return completion_logprobs(
             [*out.prompt_logprobs, *(out.logprobs or [])],
             [*prompt_ids, *out.token_ids],
-            self.served.token_texts(),
+            self.served.token_texts(request.return_tokens_as_token_ids),
             request.logprobs,
             0,
         )
@@ -124,6 +137,7 @@ class ServingCompletion(ServingBase):
                     prompt_logprobs=prompt_logprobs(seq.prompt_logprobs, texts)
                     if request.engine_prompt_logprobs is not None and seq.prompt_logprobs
                     else None,
+                    **self._token_ids(request, prompt_ids[seq.index // run.n], seq.token_ids),
                 )
             )
         return CompletionResponse(**self.envelope(run), choices=choices)
@@ -163,7 +177,8 @@ class ServingCompletion(ServingBase):
             first = seq.index in pending_echo
             echo = pending_echo.pop(seq.index, "")
             text = echo + delta.text
-            if not (text or delta.logprobs or delta.finish_reason):
+            ids_asked = request.return_token_ids and delta.token_ids
+            if not (text or delta.logprobs or delta.finish_reason or ids_asked):
                 pending_echo[seq.index] = echo
                 continue
             if first and request.echo_logprobs:
@@ -182,6 +197,9 @@ class ServingCompletion(ServingBase):
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
+            if request.return_token_ids:
+                prompt = prompt_ids[seq.index // run.n] if first else None
+                choice_fields |= self._token_ids(request, prompt, delta.token_ids)
             yield chunks.chunk(
                 [CompletionResponseStreamChoice(**choice_fields)], chunks.running_usage()
             )

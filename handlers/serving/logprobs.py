@@ -84,6 +84,21 @@ class TokenTexts:
         return text, list(text.encode("utf-8"))
 
 
+class TokenIdTexts(TokenTexts):
+    """vLLM's `return_tokens_as_token_ids`: every token is written `token_id:<id>` (its
+    bytes those of that text), whatever it decodes to."""
+
+    def __init__(self) -> None:
+        pass
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        text = f"token_id:{token_id}"
+        return text, list(text.encode("ascii"))
+
+
+TOKEN_ID_TEXTS = TokenIdTexts()
+
+
 def chat_logprobs(
     entries: list[TokenLogprob], texts: TokenTexts, num_top: int
 ) -> list[ChatCompletionLogProbsContent]:

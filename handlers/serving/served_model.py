@@ -20,7 +20,7 @@ from engine.tokenizer import Tokenizer
 from handlers.config import ServerConfig
 from handlers.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS, check_in_vocabulary
-from handlers.serving.logprobs import TokenTexts
+from handlers.serving.logprobs import TOKEN_ID_TEXTS, TokenTexts
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,11 @@ class ServedModel:
             self._tokenizer = Tokenizer(self.model_dir)
         return self._tokenizer
 
-    def token_texts(self) -> TokenTexts:
+    def token_texts(self, as_token_ids: bool = False) -> TokenTexts:
+        """How logprob tokens are written: decoded (cached per token), or `token_id:<id>`
+        (`as_token_ids`: vLLM's `return_tokens_as_token_ids`)."""
+        if as_token_ids:
+            return TOKEN_ID_TEXTS
         if self._token_texts is None:
             self._token_texts = TokenTexts(self.tokenizer())
         return self._token_texts

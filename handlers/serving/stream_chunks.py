@@ -31,13 +31,15 @@ class StreamChunks:
         self.continuous = bool(options and options.include_usage and options.continuous_usage_stats)
         self.include_cached = include_cached
 
-    def chunk(self, choices: list[Any], usage: UsageInfo | None) -> bytes:
-        """One chunk; `usage` is left unset (so absent from the JSON) when None."""
+    def chunk(self, choices: list[Any], usage: UsageInfo | None, **extra: Any) -> bytes:
+        """One chunk; `usage` is left unset (so absent from the JSON) when None; `extra`:
+        more envelope fields of this chunk (chat's first `prompt_token_ids`)."""
         fields: dict[str, Any] = {
             "id": self.run.response_id,
             "created": self.run.created,
             "model": self.run.model_name,
             "choices": choices,
+            **extra,
         }
         if usage is not None:
             fields["usage"] = usage

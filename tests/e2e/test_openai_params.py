@@ -631,6 +631,43 @@ def test_truncate_prompt_tokens(default_server: Server) -> None:
         complete(default_server, prompt=long, extra_body={"truncate_prompt_tokens": 10**6})
 
 
+def test_return_token_ids(default_server: Server, france: Greedy) -> None:
+    """vLLM's return_token_ids through the SDK: the ids are the answer's (detokenized they
+    are its text, the stop token last) and the prompt's are what /tokenize renders."""
+    reply = chat(
+        default_server, messages=FRANCE, temperature=0, extra_body={"return_token_ids": True}
+    )
+    ids = extra(reply.choices[0], "token_ids")
+    assert len(ids) == reply.usage.completion_tokens
+    text = httpx.post(
+        default_server.url + "/detokenize", json={"model": MODEL, "tokens": ids[:-1]}, timeout=60
+    ).json()["prompt"]
+    assert text == reply.choices[0].message.content == france.text
+    rendered = tokenize(default_server, model=MODEL, messages=FRANCE)["tokens"]
+    assert extra(reply, "prompt_token_ids") == rendered
+
+    stream = client(default_server).completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True},
+        logprobs=1,
+    )
+    streamed: list[int] = []
+    tokens: list[str] = []
+    prompt_ids = None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        streamed += extra(choice, "token_ids") or []
+        prompt_ids = prompt_ids or extra(choice, "prompt_token_ids")
+        tokens += choice.logprobs.tokens if choice.logprobs else []
+    assert len(streamed) == 6
+    assert tokens == [f"token_id:{t}" for t in streamed]
+    assert prompt_ids == tokenize(default_server, prompt=PROMPT)["tokens"]
+
+
 # -- ops routes ---------------------------------------------------------------------------------
 def test_tokenize_detokenize_round_trip(default_server: Server, france: Greedy) -> None:
     text = "Hello 你好\uff0c世界 🌍🚀 world"

@@ -1,0 +1,100 @@
+"""vLLM's `return_token_ids` and `return_tokens_as_token_ids` on chat and completions:
+every generated id comes back (a stop token and the ids of a character split across
+tokens included, streamed or not), the prompt's ids once, and logprob tokens as
+`token_id:<id>`."""
+
+from __future__ import annotations
+
+import pytest
+from fake_engine import FakeEngine, Script
+from handlers_testing import EOS_ID, call_asgi, encode
+
+from engine.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "Say hi"}]
+ANSWER = "Hi 😀 there"
+
+
+@pytest.fixture
+def answer_ids(engine: FakeEngine, tokenizer: Tokenizer) -> list[int]:
+    tokens = encode(tokenizer, ANSWER)
+    assert any("\ufffd" in tokenizer.decode([t]) for t in tokens), "the emoji must be split"
+    engine.script = Script(token_ids=[*tokens, EOS_ID])
+    return [*tokens, EOS_ID]
+
+
+def streamed_ids(events: list, key: str = "token_ids") -> dict[int, list[int]]:
+    ids: dict[int, list[int]] = {}
+    for event in events[:-1]:
+        for choice in event["choices"]:
+            ids.setdefault(choice["index"], []).extend(choice.get(key) or [])
+    return ids
+
+
+async def test_chat_answers_with_the_ids(client, engine, answer_ids):
+    body = {"messages": MESSAGES, "return_token_ids": True}
+    result = await call_asgi(client.app, CHAT, body)
+    assert result.status == 200, result.json
+    assert result.json["choices"][0]["token_ids"] == answer_ids
+    assert result.json["prompt_token_ids"] == engine.added[0].prompt_token_ids
+    assert result.json["choices"][0]["message"]["content"] == ANSWER
+
+    streamed = await call_asgi(client.app, CHAT, {**body, "stream": True, "n": 2})
+    chunks = streamed.events[:-1]
+    assert chunks[0]["prompt_token_ids"] == engine.added[1].prompt_token_ids
+    assert all("prompt_token_ids" not in chunk for chunk in chunks[1:])
+    assert streamed_ids(streamed.events) == {0: answer_ids, 1: answer_ids}
+
+
+async def test_completion_answers_with_the_ids(client, engine, tokenizer, answer_ids):
+    prompts = ["apple banana", "cherry"]
+    body = {"prompt": prompts, "n": 2, "return_token_ids": True, "max_tokens": 50}
+    result = await call_asgi(client.app, COMPLETIONS, body)
+    assert result.status == 200, result.json
+    for choice in result.json["choices"]:
+        assert choice["token_ids"] == answer_ids
+        assert choice["prompt_token_ids"] == tokenizer.encode(prompts[choice["index"] // 2])
+
+    streamed = await call_asgi(client.app, COMPLETIONS, {**body, "stream": True})
+    assert streamed_ids(streamed.events) == {i: answer_ids for i in range(4)}
+    firsts: dict[int, list[int]] = {}
+    for event in streamed.events[:-1]:
+        for choice in event["choices"]:
+            if "prompt_token_ids" in choice:
+                assert choice["index"] not in firsts, "the prompt's ids come once per choice"
+                firsts[choice["index"]] = choice["prompt_token_ids"]
+    assert firsts == {i: tokenizer.encode(prompts[i // 2]) for i in range(4)}
+
+
+async def test_without_the_flag_there_are_no_ids(client, engine, answer_ids):
+    result = await call_asgi(client.app, CHAT, {"messages": MESSAGES})
+    assert result.json["choices"][0]["token_ids"] is None  # vLLM's null
+    assert result.json["prompt_token_ids"] is None
+    streamed = await call_asgi(client.app, COMPLETIONS, {"prompt": "hi", "stream": True})
+    for event in streamed.events[:-1]:
+        for choice in event["choices"]:
+            assert "token_ids" not in choice and "prompt_token_ids" not in choice
+
+
+async def test_logprob_tokens_as_token_ids(client, engine, answer_ids):
+    body = {
+        "messages": MESSAGES,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "return_tokens_as_token_ids": True,
+    }
+    content = (await call_asgi(client.app, CHAT, body)).json["choices"][0]["logprobs"]["content"]
+    assert [entry["token"] for entry in content] == [f"token_id:{t}" for t in answer_ids]
+    assert all(bytes(e["bytes"]).decode() == e["token"] for e in content)
+    assert all(top["token"].startswith("token_id:") for e in content for top in e["top_logprobs"])
+
+    body = {"prompt": "hi", "logprobs": 1, "return_tokens_as_token_ids": True, "max_tokens": 50}
+    logprobs = (await call_asgi(client.app, COMPLETIONS, body)).json["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == [f"token_id:{t}" for t in answer_ids]
+    plain = {"prompt": "hi", "logprobs": 1, "max_tokens": 50}
+    decoded = (await call_asgi(client.app, COMPLETIONS, plain)).json["choices"][0]["logprobs"]
+    assert decoded["tokens"][0] != logprobs["tokens"][0]
