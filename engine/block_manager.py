@@ -90,8 +90,12 @@ class BlockManager:
             h = hashlib.blake2b(digest_size=16)
             if i:
                 h.update(hashes[i - 1])
-            elif request.lora_key:  # the chain's root: K/V depend on the adapter
-                h.update(request.lora_key)
+            else:  # the chain's root: K/V depend on the adapter; a salt keeps tenants apart
+                if request.lora_key:
+                    h.update(request.lora_key)
+                if request.cache_salt:
+                    h.update(b"salt" + len(request.cache_salt).to_bytes(8, "little"))
+                    h.update(request.cache_salt)
             h.update(array("q", tokens[i * bs : (i + 1) * bs]).tobytes())
             hashes.append(h.digest())
         return hashes

@@ -157,11 +157,13 @@ class EngineClient(ABC):
         lora_name: str | None = None,
         pooling: PoolingParams | None = None,
         session_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> OutputCollector:
         """Admit a request whose outputs go to `collector` (a new one by default; the n
         choices of one API request share one), on the LoRA adapter `lora_name` (None:
         the base), in the stateful session `session_id` (None: none); with `pooling`, an
-        embedding request (one final output carrying the vector). Raises
+        embedding request (one final output carrying the vector); `cache_salt`: shares
+        prefix-cache blocks only with requests of the same salt. Raises
         EngineOverloadedError / EngineDeadError / EngineNotReadyError /
         InvalidEngineRequestError / UnknownAdapterError before any output exists."""
         self._check_serving()
@@ -185,6 +187,7 @@ class EngineClient(ABC):
                         lora_name=lora_name,
                         pooling=pooling,
                         session_id=session_id,
+                        cache_salt=cache_salt,
                     )
                 )
                 admission = await future

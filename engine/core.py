@@ -284,6 +284,8 @@ class EngineCore:
             session_id=msg.session_id,
         )
         request.grammar = grammar
+        if msg.cache_salt:
+            request.cache_salt = msg.cache_salt.encode()
         if lora is not None:
             request.lora_name = msg.lora_name
             request.lora_slot, request.lora_key = lora

@@ -43,6 +43,10 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     """The stateful session the request runs in (`X-Amzn-SageMaker-Session-Id`): the
     engine refuses it ('invalid') unless the session is open, and pins its KV blocks to
     the session when it ends."""
+    cache_salt: str | None = None
+    """vLLM's `cache_salt`: the request's prefix-cache hash chain is seeded with it, so
+    it shares cached KV blocks only with requests of the same salt (a tenant cannot
+    learn from timing whether another tenant sent a prompt)."""
 
 
 class AbortRequest(msgspec.Struct, tag="abort"):

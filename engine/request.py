@@ -33,6 +33,7 @@ class Request:
         "arrival_time",
         "block_hashes",
         "block_ids",
+        "cache_salt",
         "client_id",
         "finish_reason",
         "grammar",
@@ -98,6 +99,9 @@ class Request:
         self.lora_key = b""
         """Seeds the prefix-cache hash chain: KV computed under one adapter is never
         shared with another adapter or the base (engine/block_manager.py)."""
+        self.cache_salt = b""
+        """Seeds the chain too (vLLM's `cache_salt`): blocks are shared only between
+        requests of the same salt."""
         self.grammar: GrammarState | None = None
         """Structured outputs: the matcher the sampler masks with (kept across a
         preemption: recompute only refills the KV cache of tokens it already accepted)."""

@@ -45,6 +45,8 @@ class EmbeddingRequest(OpenAIBaseModel):
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     """vLLM: embed each input's last k tokens only (-1: the context length)."""
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    """vLLM: prefix-cache blocks are shared only with requests of the same salt."""
 
     @model_validator(mode="before")
     @classmethod

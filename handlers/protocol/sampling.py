@@ -171,6 +171,8 @@ class SamplingRequest(StructuredOutputFields):
     """vLLM: each prompt token's logprob plus the top k (see docs/api.md, Scoring)."""
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     """vLLM: generate from the prompt's last k tokens only (-1: the context length)."""
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    """vLLM: prefix-cache blocks are shared only with requests of the same salt."""
     return_token_ids: bool = False
     """vLLM: each choice carries its generated token ids (`token_ids`) and the answer the
     prompt's (`prompt_token_ids`); streamed, the prompt's come in the first chunk (chat)

@@ -104,6 +104,7 @@ class ServingBase:
         pooling: PoolingParams | None = None,
         lora_name: str | None = None,
         session_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> OutputCollector:
         """Admit one engine request per choice (`<engine_id>-<i>`), all or none, into one
         collector (with `pooling`: embedding requests, one per prompt).
@@ -125,6 +126,7 @@ class ServingBase:
                     lora_name=lora_name,
                     pooling=pooling,
                     session_id=session_id,
+                    cache_salt=cache_salt,
                 )
                 for i, (prompt, param) in enumerate(zip(prompts, params, strict=True))
             ),
@@ -157,6 +159,7 @@ class ServingBase:
         client_request_id: str | None = None,
         n: int = 1,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> Run:
         """Check each prompt's length, build its SamplingParams, then name the request,
         log its prompts, start tracking, admit n choices of every prompt (all or none)
@@ -192,6 +195,7 @@ class ServingBase:
             priority,
             lora_name=adapter,
             session_id=ctx.session_id,
+            cache_salt=cache_salt,
         )
         run = Run(
             response_id=response_id,

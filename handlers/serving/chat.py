@@ -97,6 +97,7 @@ class ServingChat(ServingBase):
             client_request_id=request.request_id,
             n=request.n,
             priority=request.priority,
+            cache_salt=request.cache_salt,
         )
         return run, template
 

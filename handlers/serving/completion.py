@@ -42,6 +42,7 @@ class ServingCompletion(ServingBase):
             client_request_id=request.request_id,
             n=request.n,
             priority=request.priority,
+            cache_salt=request.cache_salt,
         )
         echoes = [self._echo_text(request, p) for p in prompts]
         prompt_ids = [p.token_ids for p in prompts]

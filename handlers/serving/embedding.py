@@ -64,6 +64,7 @@ class ServingEmbedding(ServingBase):
                 [_NO_SAMPLING] * len(inputs),
                 request.priority,
                 pooling=pooling,
+                cache_salt=request.cache_salt,
             )
             deadline = self.arm_deadline(ctx, collector)
             vectors: dict[str, bytes] = {}

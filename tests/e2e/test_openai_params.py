@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.clients import async_client, client, sse_data, wait_metric
+from tests.e2e.clients import async_client, client, metric, sse_data, wait_metric
 from tests.e2e.server import Server
 
 pytestmark = pytest.mark.slow
@@ -666,6 +666,27 @@ def test_return_token_ids(default_server: Server, france: Greedy) -> None:
     assert len(streamed) == 6
     assert tokens == [f"token_id:{t}" for t in streamed]
     assert prompt_ids == tokenize(default_server, prompt=PROMPT)["tokens"]
+
+
+def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(default_server: Server) -> None:
+    """vLLM's cache_salt on the real engine: a prompt cached under one salt is a miss
+    under another (the prefix-cache hit counter does not move) and a hit under its own."""
+    messages = [{"role": "user", "content": "Salted prompt: " + "tell me about owls. " * 12}]
+
+    def hits_after(salt: str) -> float:
+        reply = chat(
+            default_server, messages=messages, max_tokens=1, extra_body={"cache_salt": salt}
+        )
+        assert reply.usage.prompt_tokens > 64
+        time.sleep(0.5)  # the engine counts after it sent the last output
+        return metric(default_server, "hearth:prefix_cache_hits_total")
+
+    first = hits_after("tenant-a")
+    assert hits_after("tenant-b") == first
+    assert hits_after("tenant-a") >= first + 64
+
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        chat(default_server, max_tokens=1, extra_body={"cache_salt": ""})
 
 
 # -- ops routes ---------------------------------------------------------------------------------

@@ -48,6 +48,36 @@ def test_prefix_hit_shares_blocks_and_leaves_one_token_to_compute() -> None:
     assert len(bm.find_cached_prefix(third)) == 2
 
 
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt() -> None:
+    """vLLM's cache_salt: the salt seeds the hash chain, so the same prompt under another
+    salt (or none) finds nothing, and under the same salt finds its blocks."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(100, 112))
+    first = _req("a", [*prompt, 1])
+    first.cache_salt = b"tenant-1"
+    assert bm.allocate(first, first.num_tokens)
+    first.num_computed_tokens = first.num_tokens
+    bm.commit(first)
+
+    def lookup(salt: bytes) -> list[int]:
+        other = _req("x", [*prompt, 2])
+        other.cache_salt = salt
+        return bm.find_cached_prefix(other)
+
+    assert lookup(b"tenant-1") == first.block_ids[:3]
+    assert lookup(b"tenant-2") == []
+    assert lookup(b"") == []
+    # a salted chain differs from the unsalted one from its first block on, so a salt
+    # that is a prefix of another's, or a lora key's bytes, cannot collide with it
+    unsalted = _req("u", [*prompt, 3])
+    assert bm.allocate(unsalted, unsalted.num_tokens)
+    unsalted.num_computed_tokens = unsalted.num_tokens
+    bm.commit(unsalted)
+    assert lookup(b"") == unsalted.block_ids[:3]
+    assert lookup(b"tenant-1") == first.block_ids[:3]
+    assert lookup(b"tenant-") == []
+
+
 def test_freed_blocks_stay_cached_until_evicted() -> None:
     bm = BlockManager(num_blocks=4, block_size=4)
     a = _req("a", list(range(9)))

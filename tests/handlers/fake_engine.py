@@ -65,6 +65,7 @@ class AddedRequest:
     pooling: PoolingParams | None = None
     session_id: str | None = None
     lora_name: str | None = None
+    cache_salt: str | None = None
 
 
 def fake_embedding(prompt_token_ids: list[int], size: int) -> list[float]:
@@ -155,6 +156,7 @@ class FakeEngine(EngineClient):
             message.pooling,
             message.session_id,
             message.lora_name,
+            message.cache_salt,
         )
         self.added.append(request)
         # Admission is a round trip in the real clients: answered on a later loop turn.

@@ -1,7 +1,8 @@
-"""vLLM's `return_token_ids` and `return_tokens_as_token_ids` on chat and completions:
-every generated id comes back (a stop token and the ids of a character split across
-tokens included, streamed or not), the prompt's ids once, and logprob tokens as
-`token_id:<id>`."""
+"""vLLM's request extras that change what comes back: `return_token_ids` and
+`return_tokens_as_token_ids` on chat and completions (every generated id, a stop token
+and the ids of a character split across tokens included, streamed or not; the prompt's
+ids once; logprob tokens as `token_id:<id>`), and `cache_salt` on every generating and
+embedding route."""
 
 from __future__ import annotations
 
@@ -98,3 +99,24 @@ async def test_logprob_tokens_as_token_ids(client, engine, answer_ids):
     plain = {"prompt": "hi", "logprobs": 1, "max_tokens": 50}
     decoded = (await call_asgi(client.app, COMPLETIONS, plain)).json["choices"][0]["logprobs"]
     assert decoded["tokens"][0] != logprobs["tokens"][0]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, {"messages": MESSAGES}),
+        (COMPLETIONS, {"prompt": "hi", "n": 2}),
+        ("/v1/embeddings", {"input": ["a", "b"]}),
+    ],
+)
+async def test_cache_salt_reaches_the_engine(client, engine, answer_ids, path, body):
+    """vLLM's cache_salt goes with every engine request of the call (the engine seeds its
+    prefix-cache hash chain with it: tests/engine/test_block_manager.py); an empty or
+    non-string salt is a 400."""
+    result = await call_asgi(client.app, path, {**body, "cache_salt": "tenant-7"})
+    assert result.status == 200, result.json
+    assert len(engine.added) >= 2 or path == CHAT
+    assert {r.cache_salt for r in engine.added} == {"tenant-7"}
+    for bad in ("", 7):
+        result = await call_asgi(client.app, path, {**body, "cache_salt": bad})
+        assert result.status == 400 and result.json["error"]["param"] == "cache_salt"
