@@ -256,15 +256,19 @@ class Tokenizer:
         the same text through this stalls the loop ~0.04 s)."""
         return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
-    def encode_keeping_last(
-        self, text: str, max_length: int, add_special_tokens: bool = True, release_gil: bool = False
+    def encode_truncated(
+        self,
+        text: str,
+        max_length: int,
+        side: str = "left",
+        add_special_tokens: bool = True,
+        release_gil: bool = False,
     ) -> tuple[list[int], bool]:
-        """The ids of `text` cut from the left to at most `max_length` (vLLM's
-        `truncate_prompt_tokens`: transformers' `truncation=True, max_length` with
-        `truncation_side="left"`): the text's own tokens lose their start, and the
-        special tokens the tokenizer adds (a BOS) stay, counted in `max_length`. Also
-        whether any token was cut. `release_gil`: encode through `encode_batch`, as
-        `encode_releasing_gil` does."""
+        """The ids of `text` cut to at most `max_length` (vLLM's `truncate_prompt_tokens`
+        and `truncation_side`: transformers' `truncation=True, max_length`): side "left"
+        keeps the text's last tokens, "right" its first; the special tokens the tokenizer
+        adds (a BOS) stay, counted in `max_length`. Also whether any token was cut.
+        `release_gil`: encode through `encode_batch`, as `encode_releasing_gil` does."""
         if release_gil:
             encoding = self._tok.encode_batch([text], add_special_tokens=False)[0]
         else:
@@ -272,7 +276,7 @@ class Tokenizer:
         specials = self._tok.num_special_tokens_to_add(False) if add_special_tokens else 0
         room = max(max_length - specials, 0)
         cut = len(encoding.ids) > room
-        encoding.truncate(room, direction="left")
+        encoding.truncate(room, direction=side)
         if add_special_tokens:
             encoding = self._tok.post_process(encoding, add_special_tokens=True)
         return encoding.ids, cut

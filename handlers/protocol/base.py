@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -59,8 +59,9 @@ def _not_zero(value: int) -> int:
 
 
 TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_not_zero)]
+TruncationSide = Literal["left", "right"]
 """vLLM's `truncate_prompt_tokens`: keep only a prompt's last k tokens (-1: as many as the
-context holds); `ServedModel.truncation_size` resolves it against the model."""
+context holds); `ServedModel.truncation` resolves it against the model."""
 
 
 def reject_unsupported(data: Any, table: Mapping[str, str]) -> None:

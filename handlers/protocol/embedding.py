@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from handlers.protocol.base import (
     OpenAIBaseModel,
     TruncatePromptTokens,
+    TruncationSide,
     UsageInfo,
     WireModel,
     limits_from,
@@ -45,6 +46,8 @@ class EmbeddingRequest(OpenAIBaseModel):
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     """vLLM: embed each input's last k tokens only (-1: the context length)."""
+    truncation_side: TruncationSide | None = None
+    """vLLM: "right" keeps an input's first k tokens instead."""
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     """vLLM: prefix-cache blocks are shared only with requests of the same salt."""
 

@@ -24,6 +24,7 @@ from handlers.protocol.base import (
     FieldError,
     StreamOptions,
     TruncatePromptTokens,
+    TruncationSide,
     limits_from,
     reject_unsupported,
 )
@@ -171,6 +172,9 @@ class SamplingRequest(StructuredOutputFields):
     """vLLM: each prompt token's logprob plus the top k (see docs/api.md, Scoring)."""
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     """vLLM: generate from the prompt's last k tokens only (-1: the context length)."""
+    truncation_side: TruncationSide | None = None
+    """vLLM: which end `truncate_prompt_tokens` cuts ("left", the default: keep the last
+    k tokens; "right": keep the first k)."""
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     """vLLM: prefix-cache blocks are shared only with requests of the same salt."""
     return_token_ids: bool = False

@@ -34,7 +34,7 @@ from handlers.protocol.base import PromptTokensDetails, UsageInfo
 from handlers.protocol.sampling import SamplingBounds, SamplingRequest, seed_for_choice
 from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
 from handlers.serving.context import RequestContext
-from handlers.serving.served_model import ServedModel
+from handlers.serving.served_model import ServedModel, Truncation
 from handlers.serving.sse import DONE, SSEPayload, SSEStream, encode_error
 from handlers.serving.stats import NullStatsSink, RequestTracker, StatsSink
 
@@ -217,19 +217,18 @@ class ServingBase:
         *,
         add_special_tokens: bool,
         field: str,
-        truncate_prompt_tokens: int | None = None,
+        truncation: Truncation | None = None,
     ) -> list[PromptInput]:
         """Texts tokenized (refused first when too long to fit), token ids checked against
-        the vocabulary; each named `field` or `field[i]` in a 400. With
-        `truncate_prompt_tokens`, each prompt keeps its last k tokens (vLLM's rule); the
-        echoed text of a cut prompt is then its kept tokens decoded."""
-        keep_last = self.served.truncation_size(truncate_prompt_tokens)
+        the vocabulary; each named `field` or `field[i]` in a 400. With a `truncation`
+        (vLLM's `truncate_prompt_tokens`), each prompt keeps that many tokens; the echoed
+        text of a cut prompt is then its kept tokens decoded."""
         out = []
         for i, prompt in enumerate(prompts):
             param = field if len(prompts) == 1 else f"{field}[{i}]"
-            if isinstance(prompt, str) and keep_last is not None:
-                ids, cut = await self.served.encode_last(
-                    prompt, keep_last, add_special_tokens=add_special_tokens
+            if isinstance(prompt, str) and truncation is not None:
+                ids, cut = await self.served.encode_truncated(
+                    prompt, truncation, add_special_tokens=add_special_tokens
                 )
                 out.append(PromptInput(ids, param, None if cut else prompt))
             elif isinstance(prompt, str):
@@ -239,8 +238,8 @@ class ServingBase:
                 out.append(PromptInput(ids, param, prompt))
             else:
                 self.served.check_token_ids(prompt, param)
-                if keep_last is not None:
-                    prompt = prompt[-keep_last:]
+                if truncation is not None:
+                    prompt = truncation.of(prompt)
                 out.append(PromptInput(prompt, param))
         return out
 

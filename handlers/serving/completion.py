@@ -55,7 +55,9 @@ class ServingCompletion(ServingBase):
             request.prompts(),
             add_special_tokens=request.add_special_tokens,
             field="prompt",
-            truncate_prompt_tokens=request.truncate_prompt_tokens,
+            truncation=self.served.truncation(
+                request.truncate_prompt_tokens, request.truncation_side
+            ),
         )
 
     def _echo_text(self, request: CompletionRequest, prompt: PromptInput) -> str:

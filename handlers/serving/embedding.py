@@ -45,7 +45,9 @@ class ServingEmbedding(ServingBase):
             request.inputs(),
             add_special_tokens=request.add_special_tokens,
             field="input",
-            truncate_prompt_tokens=request.truncate_prompt_tokens,
+            truncation=self.served.truncation(
+                request.truncate_prompt_tokens, request.truncation_side
+            ),
         )
         for prompt in inputs:
             self.served.check_input_len(len(prompt.token_ids), prompt.param)

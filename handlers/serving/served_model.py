@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ logger = logging.getLogger(__name__)
 
 _THREAD_ENCODE_CHARS = 32_768
 """Texts longer than this are tokenized in a thread so the event loop keeps streaming."""
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """How much of a prompt to keep (`ServedModel.truncation`): `size` tokens from the
+    end ("left": the first ones are dropped, vLLM's default) or from the start ("right")."""
+
+    size: int
+    side: str
+
+    def of(self, token_ids: list[int]) -> list[int]:
+        """The kept part of a prompt given as token ids."""
+        return token_ids[-self.size :] if self.side == "left" else token_ids[: self.size]
 
 
 class ServedModel:
@@ -115,43 +129,47 @@ class ServedModel:
             return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens)
         return tokenizer.encode(text, add_special_tokens)
 
-    async def encode_last(
-        self, text: str, keep_last: int, *, add_special_tokens: bool
+    async def encode_truncated(
+        self, text: str, truncation: Truncation, *, add_special_tokens: bool
     ) -> tuple[list[int], bool]:
-        """`encode` keeping only the last `keep_last` tokens (a `truncation_size`), and
-        whether the text lost any. A text too long to fit is not refused here: it is cut
-        to its last max_model_len x `max_token_bytes` characters before tokenizing, so a
+        """`encode` keeping only `truncation.size` tokens from its side, and whether the
+        text lost any. A text too long to fit is not refused here: it is first cut to
+        max_model_len x `max_token_bytes` characters on the side truncation drops, so a
         truncated prompt costs no more than the longest prompt that fits. That cut can
-        change only the tokens at it, which are further from the end than `keep_last`
-        tokens (the characters kept hold at least max_model_len tokens)."""
+        change only the tokens at it, which are further than `size` tokens from the kept
+        end (the characters kept hold at least max_model_len tokens)."""
         tokenizer = self.tokenizer()
         bound = self.info().max_model_len * tokenizer.max_token_bytes
-        tail = text[-bound:]
-        encode = tokenizer.encode_keeping_last
-        if len(tail) > _THREAD_ENCODE_CHARS:
-            ids, cut = await asyncio.to_thread(encode, tail, keep_last, add_special_tokens, True)
+        part = text[-bound:] if truncation.side == "left" else text[:bound]
+        encode = tokenizer.encode_truncated
+        args = (part, truncation.size, truncation.side, add_special_tokens)
+        if len(part) > _THREAD_ENCODE_CHARS:
+            ids, cut = await asyncio.to_thread(encode, *args, True)
         else:
-            ids, cut = encode(tail, keep_last, add_special_tokens)
-        return ids, cut or len(tail) < len(text)
+            ids, cut = encode(*args)
+        return ids, cut or len(part) < len(text)
 
-    def truncation_size(
-        self, truncate_prompt_tokens: int | None, param: str = "truncate_prompt_tokens"
-    ) -> int | None:
-        """vLLM's `truncate_prompt_tokens` (TGI's `truncate`): keep a prompt's last k
-        tokens; -1 means the context length; more than the context length is a 400
+    def truncation(
+        self,
+        truncate_prompt_tokens: int | None,
+        side: str | None = None,
+        param: str = "truncate_prompt_tokens",
+    ) -> Truncation | None:
+        """vLLM's `truncate_prompt_tokens` (TGI's `truncate`) and `truncation_side`:
+        keep k tokens of a prompt, its last (side "left", the default) or its first
+        ("right"); -1 means the context length; more than the context length is a 400
         (vLLM's message), reported against `param`."""
         if truncate_prompt_tokens is None:
             return None
         max_model_len = self.info().max_model_len
-        if truncate_prompt_tokens == -1:
-            return max_model_len
         if truncate_prompt_tokens > max_model_len:
             raise BadRequestError(
                 f"{param} value ({truncate_prompt_tokens}) is greater than "
                 f"max_model_len ({max_model_len}). Please, select a smaller truncation size.",
                 param=param,
             )
-        return truncate_prompt_tokens
+        size = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+        return Truncation(size, side or "left")
 
     def check_text_fits(self, text: str, param: str) -> None:
         """No token stands for more than `max_token_bytes` characters, so a longer text

@@ -39,17 +39,17 @@ class ServingTGI(ServingBase):
 
     async def generate(self, request: TGIRequest, ctx: RequestContext) -> TGIResponses | SSEStream:
         model_name = self.model_name(None)  # TGI bodies name no model
-        keep_last = self.served.truncation_size(
+        truncation = self.served.truncation(
             request.parameters.truncate, param="parameters.truncate"
         )
         prompt_text: str | None = request.inputs
-        if keep_last is None:
+        if truncation is None:
             prompt_ids = await self.served.encode(
                 request.inputs, add_special_tokens=True, param="inputs"
             )
         else:
-            prompt_ids, cut = await self.served.encode_last(
-                request.inputs, keep_last, add_special_tokens=True
+            prompt_ids, cut = await self.served.encode_truncated(
+                request.inputs, truncation, add_special_tokens=True
             )
             prompt_text = None if cut else prompt_text
         run = await self.start_run(

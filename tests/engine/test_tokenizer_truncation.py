@@ -1,4 +1,4 @@
-"""`Tokenizer.encode_keeping_last` (vLLM's `truncate_prompt_tokens`) against transformers'
+"""`Tokenizer.encode_truncated` (vLLM's `truncate_prompt_tokens` and `truncation_side`) against transformers'
 own left truncation (`truncation=True, max_length=k`, `truncation_side="left"`), on the
 embedded SmolLM2 tokenizer (which adds no special tokens) and on the same vocabulary with
 a BOS-adding post-processor, where the BOS must stay and count in k."""
@@ -38,22 +38,31 @@ def tokenizers_pair(
     return Tokenizer(directory), reference
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("add_special_tokens", [True, False])
 @pytest.mark.parametrize("k", [1, 2, 7, 30, 10_000])
 def test_keeps_what_transformers_keeps(
-    tokenizers_pair: tuple[Tokenizer, PreTrainedTokenizerFast], k: int, add_special_tokens: bool
+    tokenizers_pair: tuple[Tokenizer, PreTrainedTokenizerFast],
+    k: int,
+    add_special_tokens: bool,
+    side: str,
 ) -> None:
     ours, reference = tokenizers_pair
     full = ours.encode(TEXT, add_special_tokens)
+    reference.truncation_side = side
     expected = reference(
         TEXT, truncation=True, max_length=k, add_special_tokens=add_special_tokens
     )["input_ids"]
     for release_gil in (False, True):
-        ids, cut = ours.encode_keeping_last(TEXT, k, add_special_tokens, release_gil)
+        ids, cut = ours.encode_truncated(TEXT, k, side, add_special_tokens, release_gil)
         assert ids == expected
         assert cut == (len(full) > k)
     if k >= len(full):
         assert ids == full
+    elif k > 2:
+        plain = ours.encode(TEXT, False)
+        kept = [t for t in ids if t in plain]
+        assert kept == (plain[-len(kept) :] if side == "left" else plain[: len(kept)])
 
 
 def test_the_bos_stays_and_counts(
@@ -62,7 +71,7 @@ def test_the_bos_stays_and_counts(
     ours, _ = tokenizers_pair
     full = ours.encode(TEXT, True)
     plain = ours.encode(TEXT, False)
-    ids, cut = ours.encode_keeping_last(TEXT, 5, True)
+    ids, cut = ours.encode_truncated(TEXT, 5, "left", True)
     assert cut and len(ids) == 5
     if "bos" in request.node.callspec.id:
         assert full == [ours.token_to_id("<|im_start|>"), *plain]

@@ -132,3 +132,23 @@ async def test_tgi_truncate(client, engine, tokenizer, answer):
     too_big = {"inputs": PROMPT, "parameters": {"truncate": MAX_MODEL_LEN + 1}}
     result = await call_asgi(client.app, "/invocations", too_big)
     assert result.status == 400 and result.json["error"]["param"] == "parameters.truncate"
+
+
+async def test_truncation_side_right_keeps_the_first_tokens(client, engine, tokenizer, answer):
+    """vLLM's `truncation_side`: "right" keeps a prompt's first k tokens (text or ids),
+    and a text too long to fit is then cut at its end before tokenizing."""
+    full = tokenizer.encode(PROMPT)
+    body = {"prompt": PROMPT, "truncate_prompt_tokens": 5, "truncation_side": "right"}
+    result = await call_asgi(client.app, COMPLETIONS, {**body, "echo": True})
+    assert result.status == 200, result.json
+    assert engine.added[0].prompt_token_ids == full[:5]
+    assert result.json["choices"][0]["text"] == tokenizer.decode(full[:5]) + answer
+    ids = encode(tokenizer, PROMPT)
+    embed = {"input": ids, "truncate_prompt_tokens": 5, "truncation_side": "right"}
+    await call_asgi(client.app, "/v1/embeddings", embed)
+    assert engine.added[1].prompt_token_ids == ids[:5]
+    long_text = PROMPT + " banana" * (MAX_MODEL_LEN * tokenizer.max_token_bytes)
+    result = await call_asgi(client.app, COMPLETIONS, {**body, "prompt": long_text})
+    assert engine.added[2].prompt_token_ids == full[:5]
+    result = await call_asgi(client.app, COMPLETIONS, {**body, "truncation_side": "middle"})
+    assert result.status == 400 and result.json["error"]["param"] == "truncation_side"
