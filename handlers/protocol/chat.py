@@ -31,6 +31,7 @@ _UNSUPPORTED_CHAT_FIELDS = {
     "bad_words": "bad_words is not supported yet",
     "logprob_token_ids": "logprob_token_ids is not supported yet",
     "audio": "audio output is not supported",
+    "logits_processors": "custom logits processors are not supported",
 }
 
 
@@ -199,6 +200,9 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     echo: bool = False
     """vLLM: prepend the last message's content when it has the response role."""
+    include_reasoning: bool = True
+    """vLLM: false leaves the reasoning out of the answer (`reasoning_content` null,
+    and no reasoning deltas streamed); the model still reasons."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False

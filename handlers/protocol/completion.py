@@ -27,6 +27,7 @@ _UNSUPPORTED_COMPLETION_FIELDS = {
     "prompt_embeds": "prompt embeddings are not supported",
     "allowed_token_ids": "allowed_token_ids is not supported yet",
     "bad_words": "bad_words is not supported yet",
+    "logits_processors": "custom logits processors are not supported",
 }
 
 Prompt = str | list[int]

@@ -158,6 +158,8 @@ class ServingChat(ServingBase):
         finish = seq.finish_reason
         if calls and finish == "stop":
             finish = "tool_calls"
+        if not request.include_reasoning:
+            reasoning = None
         message = ChatMessage(
             role=self.served.config.response_role,
             content=content if calls else text,
@@ -231,6 +233,11 @@ class ServingChat(ServingBase):
                 yield None
                 continue
             seq, delta, message, finish = item
+            if not request.include_reasoning and "reasoning_content" in message.model_fields_set:
+                kept = message.model_fields_set - {"reasoning_content"}
+                message = DeltaMessage(**{name: getattr(message, name) for name in kept})
+                if not (kept or finish or delta.logprobs or request.return_token_ids):
+                    continue  # a delta of reasoning alone says nothing here
             choice_fields: dict[str, Any] = {
                 "index": seq.index,
                 "delta": message,

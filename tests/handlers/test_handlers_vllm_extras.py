@@ -1,8 +1,8 @@
 """vLLM's request extras that change what comes back: `return_token_ids` and
 `return_tokens_as_token_ids` on chat and completions (every generated id, a stop token
 and the ids of a character split across tokens included, streamed or not; the prompt's
-ids once; logprob tokens as `token_id:<id>`), and `cache_salt` on every generating and
-embedding route."""
+ids once; logprob tokens as `token_id:<id>`), `cache_salt` on every generating and
+embedding route, chat's `include_reasoning`, and `logits_processors` refused."""
 
 from __future__ import annotations
 
@@ -120,3 +120,37 @@ async def test_cache_salt_reaches_the_engine(client, engine, answer_ids, path, b
     for bad in ("", 7):
         result = await call_asgi(client.app, path, {**body, "cache_salt": bad})
         assert result.status == 400 and result.json["error"]["param"] == "cache_salt"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_include_reasoning_false_leaves_the_reasoning_out(
+    make_client, engine, tokenizer, stream
+):
+    client = make_client(reasoning_parser="think")
+    text = "<think>Paris is in France.</think>Paris."
+    engine.script = Script(token_ids=[*encode(tokenizer, text), EOS_ID])
+
+    async def answer(**extra) -> tuple[str | None, str]:
+        body = {"messages": MESSAGES, "stream": stream, **extra}
+        result = await call_asgi(client.app, CHAT, body)
+        assert result.status == 200, result.body
+        if not stream:
+            message = result.json["choices"][0]["message"]
+            return message["reasoning_content"], message["content"]
+        deltas = [c["delta"] for e in result.events[:-1] for c in e["choices"]]
+        thought = [d["reasoning_content"] for d in deltas if "reasoning_content" in d]
+        return ("".join(thought) if thought else None), "".join(
+            d.get("content", "") for d in deltas
+        )
+
+    assert await answer() == ("Paris is in France.", "Paris.")
+    assert await answer(include_reasoning=False) == (None, "Paris.")
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_logits_processors_are_refused(client, engine, path):
+    body = {"logits_processors": ["my_module.MyProcessor"]}
+    body |= {"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}
+    result = await call_asgi(client.app, path, body)
+    assert result.status == 400 and result.json["error"]["param"] == "logits_processors"
+    assert engine.added == []
