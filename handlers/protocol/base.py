@@ -60,6 +60,8 @@ def _not_zero(value: int) -> int:
 
 TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_not_zero)]
 TruncationSide = Literal["left", "right"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+"""vLLM's chat `reasoning_effort` values, passed to the chat template as a variable."""
 """vLLM's `truncate_prompt_tokens`: keep only a prompt's last k tokens (-1: as many as the
 context holds); `ServedModel.truncation` resolves it against the model."""
 

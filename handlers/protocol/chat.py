@@ -14,6 +14,7 @@ from handlers.protocol.base import (
     FieldError,
     OpenAIBaseModel,
     PromptLogprob,
+    ReasoningEffort,
     UsageInfo,
     WireModel,
     limits_from,
@@ -200,6 +201,9 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     echo: bool = False
     """vLLM: prepend the last message's content when it has the response role."""
+    reasoning_effort: ReasoningEffort | None = None
+    """vLLM: given to the chat template as `reasoning_effort` (templates that know it, such
+    as gpt-oss's, use it; a `chat_template_kwargs` entry of that name wins)."""
     include_reasoning: bool = True
     """vLLM: false leaves the reasoning out of the answer (`reasoning_content` null,
     and no reasoning deltas streamed); the model still reasons."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel
+from handlers.protocol.base import FieldError, OpenAIBaseModel, ReasoningEffort, WireModel
 from handlers.protocol.chat import ChatToolParam, MessagesField, check_template_flags
 
 
@@ -29,6 +29,8 @@ class TokenizeChatRequest(OpenAIBaseModel):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatToolParam] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    """As for chat: rendered the same way."""
 
     @model_validator(mode="after")
     def _check_flags(self) -> TokenizeChatRequest:

@@ -31,6 +31,7 @@ class ChatTemplateRequest(Protocol):
     chat_template: str | None
     chat_template_kwargs: dict[str, Any] | None
     tools: list[ChatToolParam] | None
+    reasoning_effort: str | None
 
 
 @dataclass(frozen=True, slots=True)

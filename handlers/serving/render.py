@@ -60,6 +60,8 @@ def _render_chat(
         for k, v in (request.chat_template_kwargs or {}).items()
         if k not in _RESERVED_TEMPLATE_KWARGS
     }
+    if request.reasoning_effort is not None:  # vLLM's: a template variable
+        kwargs.setdefault("reasoning_effort", request.reasoning_effort)
     tokenizer = served.tokenizer()
     tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
     if not template.renders_tools and needs_hermes_rendering(request.messages, request.tools):

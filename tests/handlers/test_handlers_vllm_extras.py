@@ -2,7 +2,8 @@
 `return_tokens_as_token_ids` on chat and completions (every generated id, a stop token
 and the ids of a character split across tokens included, streamed or not; the prompt's
 ids once; logprob tokens as `token_id:<id>`), `cache_salt` on every generating and
-embedding route, chat's `include_reasoning`, and `logits_processors` refused."""
+embedding route, chat's `include_reasoning` and `reasoning_effort`, and `logits_processors`
+refused."""
 
 from __future__ import annotations
 
@@ -154,3 +155,30 @@ async def test_logits_processors_are_refused(client, engine, path):
     result = await call_asgi(client.app, path, body)
     assert result.status == 400 and result.json["error"]["param"] == "logits_processors"
     assert engine.added == []
+
+
+EFFORT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    "|effort={{ reasoning_effort | default('unset') }}"
+)
+
+
+async def test_reasoning_effort_is_a_template_variable(make_client, engine, tokenizer, answer_ids):
+    """vLLM's chat `reasoning_effort` reaches the chat template (gpt-oss's reads it), on
+    chat and on /tokenize alike; a chat_template_kwargs entry of that name wins."""
+    client = make_client(trust_request_chat_template=True)
+    base = {"messages": MESSAGES, "chat_template": EFFORT_TEMPLATE}
+
+    async def rendered(**extra) -> str:
+        result = await call_asgi(client.app, "/tokenize", {**base, **extra})
+        assert result.status == 200, result.json
+        return tokenizer.decode(result.json["tokens"])
+
+    assert (await rendered()).endswith("|effort=unset")
+    assert (await rendered(reasoning_effort="low")).endswith("|effort=low")
+    kwargs = {"chat_template_kwargs": {"reasoning_effort": "high"}}
+    assert (await rendered(reasoning_effort="low", **kwargs)).endswith("|effort=high")
+    await call_asgi(client.app, CHAT, {**base, "reasoning_effort": "medium"})
+    assert tokenizer.decode(engine.added[0].prompt_token_ids).endswith("|effort=medium")
+    result = await call_asgi(client.app, CHAT, {**base, "reasoning_effort": "extreme"})
+    assert result.status == 400 and result.json["error"]["param"] == "reasoning_effort"
