@@ -294,6 +294,8 @@ class ResponsesRequest(OpenAIBaseModel):
     user: str | None = None
     service_tier: str | None = None
     # vLLM's extras on /v1/responses
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    """vLLM: prefix-cache blocks are shared only with requests of the same salt."""
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)

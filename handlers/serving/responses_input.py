@@ -119,6 +119,7 @@ def chat_request(
         "stream": request.stream,
         "priority": request.priority,
         "request_id": request.request_id,
+        "cache_salt": request.cache_salt,
     }
     with responses_params():
         return parse_request(

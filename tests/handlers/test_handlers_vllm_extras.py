@@ -108,6 +108,7 @@ async def test_logprob_tokens_as_token_ids(client, engine, answer_ids):
         (CHAT, {"messages": MESSAGES}),
         (COMPLETIONS, {"prompt": "hi", "n": 2}),
         ("/v1/embeddings", {"input": ["a", "b"]}),
+        ("/v1/responses", {"input": "hi"}),
     ],
 )
 async def test_cache_salt_reaches_the_engine(client, engine, answer_ids, path, body):
@@ -116,7 +117,7 @@ async def test_cache_salt_reaches_the_engine(client, engine, answer_ids, path, b
     non-string salt is a 400."""
     result = await call_asgi(client.app, path, {**body, "cache_salt": "tenant-7"})
     assert result.status == 200, result.json
-    assert len(engine.added) >= 2 or path == CHAT
+    assert len(engine.added) >= 2 or path in (CHAT, "/v1/responses")
     assert {r.cache_salt for r in engine.added} == {"tenant-7"}
     for bad in ("", 7):
         result = await call_asgi(client.app, path, {**body, "cache_salt": bad})
