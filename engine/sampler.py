@@ -34,10 +34,22 @@ class Sampler:
         self._generators: dict[str, torch.Generator] = {}
         self._biases: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         """logit_bias as (ids, values) tensors, built once per request, not per step."""
+        self._allowed: dict[str, torch.Tensor] = {}
+        """allowed_token_ids as a mask of the ids it forbids, built once per request."""
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
         self._biases.pop(request_id, None)
+        self._allowed.pop(request_id, None)
+
+    def _forbidden(self, request: Request, x: torch.Tensor) -> torch.Tensor:
+        cached = self._allowed.get(request.request_id)
+        if cached is None:
+            cached = torch.ones(x.shape[-1], dtype=torch.bool, device=x.device)
+            allowed = request.params.allowed_token_ids or []
+            cached[torch.tensor(allowed, dtype=torch.long, device=x.device)] = False
+            self._allowed[request.request_id] = cached
+        return cached
 
     def _bias(self, request: Request, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cached = self._biases.get(request.request_id)
@@ -99,7 +111,7 @@ class Sampler:
                 or p.repetition_penalty != 1.0
             )
             needs_min_tokens = p.min_tokens > 0 and request.num_output_tokens < p.min_tokens
-            if not (needs_penalty or p.logit_bias or needs_min_tokens):
+            if not (needs_penalty or p.logit_bias or needs_min_tokens or p.allowed_token_ids):
                 continue
             if not cloned:
                 logits = logits.clone()
@@ -116,6 +128,8 @@ class Sampler:
                     banned += eos_token_ids
                 if banned:
                     x[torch.tensor(banned, device=x.device)] = float("-inf")
+            if p.allowed_token_ids:
+                x.masked_fill_(self._forbidden(request, x), float("-inf"))
         return logits
 
     def _sample_random(

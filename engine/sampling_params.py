@@ -56,6 +56,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    """vLLM's: only these ids can be sampled (every other logit is -inf after the
+    penalties and the bias); None: any."""
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
     structured: StructuredOutputSpec | None = None

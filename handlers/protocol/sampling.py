@@ -31,6 +31,8 @@ from handlers.protocol.base import (
 from handlers.protocol.structured import StructuredOutputFields
 
 INT64_MAX = 2**63 - 1
+MAX_ALLOWED_TOKEN_IDS = 1 << 18
+"""allowed_token_ids entries (more than any vocabulary has): bounds the request's cost."""
 
 MIN_TEMPERATURE = 1e-2
 """vLLM's floor for a sampling temperature (0 < t < 0.01 becomes 0.01): dividing logits
@@ -96,6 +98,7 @@ def make_sampling_params(
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
     logit_bias: Mapping[str, float] | None = None,
+    allowed_token_ids: Iterable[int] | None = None,
     seed: int | None = None,
     logprobs: int | None = None,
     structured: StructuredOutputSpec | None = None,
@@ -109,6 +112,15 @@ def make_sampling_params(
     bias = {int(key): float(value) for key, value in (logit_bias or {}).items()}
     check_in_vocabulary(stop_token_ids, vocab_size, "stop_token_ids")
     check_in_vocabulary(bias, vocab_size, "logit_bias")
+    allowed = sorted(set(allowed_token_ids)) if allowed_token_ids is not None else None
+    if allowed is not None:
+        check_in_vocabulary(allowed, vocab_size, "allowed_token_ids")
+        if structured is not None:
+            raise BadRequestError(
+                "allowed_token_ids cannot be combined with structured outputs or a forced "
+                "tool call (the two masks could leave no token to sample)",
+                param="allowed_token_ids",
+            )
     if min_tokens > max_tokens:
         raise BadRequestError(
             f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})",
@@ -131,6 +143,7 @@ def make_sampling_params(
         frequency_penalty=float(frequency_penalty),
         repetition_penalty=repetition_penalty,
         logit_bias=bias or None,
+        allowed_token_ids=allowed,
         logprobs=logprobs,
         structured=structured,
         prompt_logprobs=prompt_logprobs,
@@ -157,6 +170,8 @@ class SamplingRequest(StructuredOutputFields):
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    """vLLM: only these token ids can be generated (at most the vocabulary, each inside it)."""
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     """Accepted for vLLM compatibility; the tokenizer's decoder decides spacing."""
@@ -227,6 +242,19 @@ class SamplingRequest(StructuredOutputFields):
             raise FieldError(None, "token ids must be >= 0")
         return value
 
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _check_allowed_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if not value:
+            raise FieldError(None, "must not be empty (leave it out to allow every token)")
+        if len(value) > MAX_ALLOWED_TOKEN_IDS:
+            raise FieldError(None, f"at most {MAX_ALLOWED_TOKEN_IDS} ids are allowed")
+        if any(t < 0 for t in value):
+            raise FieldError(None, "token ids must be >= 0")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _check_logit_bias(
@@ -293,6 +321,7 @@ class SamplingRequest(StructuredOutputFields):
             stop_token_ids=self.stop_token_ids or (),
             ignore_eos=self.ignore_eos,
             logit_bias=self.logit_bias,
+            allowed_token_ids=self.allowed_token_ids,
             seed=self.seed,
             logprobs=logprobs,
             structured=structured if structured is not None else self.structured_spec(),

@@ -689,6 +689,23 @@ def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(default_server: Server
         chat(default_server, max_tokens=1, extra_body={"cache_salt": ""})
 
 
+def test_allowed_token_ids_restrict_the_output(default_server: Server) -> None:
+    """vLLM's allowed_token_ids on the real engine: every generated id is one of them
+    (seen through return_token_ids), sampled or greedy."""
+    allowed = [token_id(default_server, word) for word in (" yes", " no", " maybe")]
+    for temperature in (0.0, 1.0):
+        out = complete(
+            default_server,
+            prompt="Is the sky blue? Answer:",
+            max_tokens=5,
+            temperature=temperature,
+            seed=4,
+            extra_body={"allowed_token_ids": allowed, "return_token_ids": True},
+        )
+        ids = extra(out.choices[0], "token_ids")
+        assert len(ids) == 5 and set(ids) <= set(allowed), ids
+
+
 # -- ops routes ---------------------------------------------------------------------------------
 def test_tokenize_detokenize_round_trip(default_server: Server, france: Greedy) -> None:
     text = "Hello 你好\uff0c世界 🌍🚀 world"

@@ -115,6 +115,30 @@ def test_logit_bias_forces_and_bans_tokens() -> None:
     assert out.token_ids[0] != best[0] and out.token_ids[1] == 3
 
 
+def test_allowed_token_ids_are_the_only_choices() -> None:
+    """vLLM's allowed_token_ids: greedy takes the best allowed token, sampling never
+    leaves the set (even against a bias for another token), logprobs are of the masked
+    distribution, and a row without the field in the same batch is untouched."""
+    logits = _logits(3)
+    allowed = [4, 9, 17]
+    best_allowed = max(allowed, key=lambda t: logits[0, t].item())
+    sampler = Sampler(torch.device("cpu"))
+    reqs = [
+        _req("g", temperature=0, allowed_token_ids=allowed, logprobs=2),
+        _req("s", temperature=1.0, seed=3, allowed_token_ids=allowed, logit_bias={5: 100.0}),
+        _req("free", temperature=0),
+    ]
+    for _ in range(50):
+        out = sampler(logits, reqs, EOS)
+        assert out.token_ids[0] == best_allowed
+        assert out.token_ids[1] in allowed
+        assert out.token_ids[2] == logits[2].argmax().item()
+    entry = out.logprobs[0]
+    assert {t for t, _ in entry.top} <= set(allowed)
+    expected = torch.log_softmax(logits[0, allowed], -1).max().item()
+    assert entry.logprob == pytest.approx(expected, abs=1e-6)
+
+
 def test_min_tokens_masks_eos_and_stop_tokens_until_reached() -> None:
     logits = torch.zeros(1, VOCAB)
     logits[0, 0] = 10.0  # EOS is the greedy choice

@@ -2,8 +2,8 @@
 `return_tokens_as_token_ids` on chat and completions (every generated id, a stop token
 and the ids of a character split across tokens included, streamed or not; the prompt's
 ids once; logprob tokens as `token_id:<id>`), `cache_salt` on every generating and
-embedding route, chat's `include_reasoning` and `reasoning_effort`, and `logits_processors`
-refused."""
+embedding route, chat's `include_reasoning` and `reasoning_effort`, `allowed_token_ids`, and
+`logits_processors` refused."""
 
 from __future__ import annotations
 
@@ -183,3 +183,21 @@ async def test_reasoning_effort_is_a_template_variable(make_client, engine, toke
     assert tokenizer.decode(engine.added[0].prompt_token_ids).endswith("|effort=medium")
     result = await call_asgi(client.app, CHAT, {**base, "reasoning_effort": "extreme"})
     assert result.status == 400 and result.json["error"]["param"] == "reasoning_effort"
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_allowed_token_ids_reach_the_engine(client, engine, tokenizer, answer_ids, path):
+    """vLLM's allowed_token_ids: deduplicated into the engine's params (the sampler masks
+    the rest: tests/engine/test_sampler.py); out of the vocabulary, empty, negative, or
+    with structured outputs (two masks could leave nothing) a 400 naming the field."""
+    base = {"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}
+    result = await call_asgi(client.app, path, {**base, "allowed_token_ids": [9, 4, 9]})
+    assert result.status == 200, result.json
+    assert engine.added[0].params.allowed_token_ids == [4, 9]
+    for bad in ([], [-1], [tokenizer.vocab_size], "4"):
+        result = await call_asgi(client.app, path, {**base, "allowed_token_ids": bad})
+        assert result.status == 400 and result.json["error"]["param"] == "allowed_token_ids"
+    json_mode = {"response_format": {"type": "json_object"}, "allowed_token_ids": [4]}
+    result = await call_asgi(client.app, path, {**base, **json_mode})
+    assert result.status == 400 and result.json["error"]["param"] == "allowed_token_ids"
+    assert len(engine.added) == 1
