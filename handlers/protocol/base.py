@@ -59,11 +59,13 @@ def _not_zero(value: int) -> int:
 
 
 TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_not_zero)]
+"""vLLM's `truncate_prompt_tokens`: keep only k of a prompt's tokens (-1: as many as the
+context holds); `ServedModel.truncation` resolves it against the model."""
 TruncationSide = Literal["left", "right"]
+"""vLLM's `truncation_side`: "left" drops a prompt's first tokens (the default), "right"
+its last."""
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 """vLLM's chat `reasoning_effort` values, passed to the chat template as a variable."""
-"""vLLM's `truncate_prompt_tokens`: keep only a prompt's last k tokens (-1: as many as the
-context holds); `ServedModel.truncation` resolves it against the model."""
 
 
 def reject_unsupported(data: Any, table: Mapping[str, str]) -> None:

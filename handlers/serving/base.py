@@ -226,16 +226,11 @@ class ServingBase:
         out = []
         for i, prompt in enumerate(prompts):
             param = field if len(prompts) == 1 else f"{field}[{i}]"
-            if isinstance(prompt, str) and truncation is not None:
-                ids, cut = await self.served.encode_truncated(
-                    prompt, truncation, add_special_tokens=add_special_tokens
+            if isinstance(prompt, str):
+                ids, cut = await self.served.encode_prompt(
+                    prompt, truncation, add_special_tokens=add_special_tokens, param=param
                 )
                 out.append(PromptInput(ids, param, None if cut else prompt))
-            elif isinstance(prompt, str):
-                ids = await self.served.encode(
-                    prompt, add_special_tokens=add_special_tokens, param=param
-                )
-                out.append(PromptInput(ids, param, prompt))
             else:
                 self.served.check_token_ids(prompt, param)
                 if truncation is not None:

@@ -60,17 +60,14 @@ class ServingChat(ServingBase):
         served = self.served
         template = choose_chat_template(served, request)
         prompt_text = await render_chat(served, request, template, documents=request.documents)
-        truncation = served.truncation(request.truncate_prompt_tokens, request.truncation_side)
-        if truncation is None:
-            prompt_ids = await served.encode(
-                prompt_text, add_special_tokens=request.add_special_tokens, param="messages"
-            )
-            return template, prompt_text, prompt_ids
         # vLLM's truncation of a chat: the rendered prompt keeps k tokens (by default its
         # last: the system prompt and the oldest turns go first); the text is then what
         # is kept.
-        prompt_ids, cut = await served.encode_truncated(
-            prompt_text, truncation, add_special_tokens=request.add_special_tokens
+        prompt_ids, cut = await served.encode_prompt(
+            prompt_text,
+            served.truncation(request.truncate_prompt_tokens, request.truncation_side),
+            add_special_tokens=request.add_special_tokens,
+            param="messages",
         )
         if cut:
             prompt_text = served.tokenizer().decode(prompt_ids, skip_special_tokens=False)

@@ -200,9 +200,8 @@ class ServingCompletion(ServingBase):
             }
             if delta.finish_reason is not None:
                 choice_fields["stop_reason"] = delta.stop_reason
-            if request.return_token_ids:
-                prompt = prompt_ids[seq.index // run.n] if first else None
-                choice_fields |= self._token_ids(request, prompt, delta.token_ids)
+            prompt = prompt_ids[seq.index // run.n] if first else None
+            choice_fields |= self._token_ids(request, prompt, delta.token_ids)
             yield chunks.chunk(
                 [CompletionResponseStreamChoice(**choice_fields)], chunks.running_usage()
             )

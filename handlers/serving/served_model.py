@@ -20,6 +20,7 @@ from engine.config import ModelInfo
 from engine.tokenizer import Tokenizer
 from handlers.config import ServerConfig
 from handlers.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from handlers.protocol.base import TruncationSide
 from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS, check_in_vocabulary
 from handlers.serving.logprobs import TOKEN_ID_TEXTS, TokenTexts
 
@@ -35,7 +36,7 @@ class Truncation:
     end ("left": the first ones are dropped, vLLM's default) or from the start ("right")."""
 
     size: int
-    side: str
+    side: TruncationSide
 
     def of(self, token_ids: list[int]) -> list[int]:
         """The kept part of a prompt given as token ids."""
@@ -129,15 +130,26 @@ class ServedModel:
             return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens)
         return tokenizer.encode(text, add_special_tokens)
 
-    async def encode_truncated(
-        self, text: str, truncation: Truncation, *, add_special_tokens: bool
+    async def encode_prompt(
+        self,
+        text: str,
+        truncation: Truncation | None,
+        *,
+        add_special_tokens: bool,
+        param: str,
     ) -> tuple[list[int], bool]:
-        """`encode` keeping only `truncation.size` tokens from its side, and whether the
-        text lost any. A text too long to fit is not refused here: it is first cut to
-        max_model_len x `max_token_bytes` characters on the side truncation drops, so a
-        truncated prompt costs no more than the longest prompt that fits. That cut can
-        change only the tokens at it, which are further than `size` tokens from the kept
-        end (the characters kept hold at least max_model_len tokens)."""
+        """A prompt's ids, and whether `truncation` cut any (without one: `encode`, a
+        text too long to fit refused before it is tokenized). With one, only
+        `truncation.size` tokens from its side are kept, and a text too long to fit is
+        not refused: it is first cut to max_model_len x `max_token_bytes` characters on
+        the side truncation drops, so a truncated prompt costs no more than the longest
+        prompt that fits. That cut can change only the tokens at it, which are further
+        than `size` tokens from the kept end (the characters kept hold at least
+        max_model_len tokens)."""
+        if truncation is None:
+            return await self.encode(
+                text, add_special_tokens=add_special_tokens, param=param
+            ), False
         tokenizer = self.tokenizer()
         bound = self.info().max_model_len * tokenizer.max_token_bytes
         part = text[-bound:] if truncation.side == "left" else text[:bound]
@@ -152,7 +164,7 @@ class ServedModel:
     def truncation(
         self,
         truncate_prompt_tokens: int | None,
-        side: str | None = None,
+        side: TruncationSide | None = None,
         param: str = "truncate_prompt_tokens",
     ) -> Truncation | None:
         """vLLM's `truncate_prompt_tokens` (TGI's `truncate`) and `truncation_side`:

@@ -17,7 +17,7 @@ from handlers.protocol.tgi import (
     TGIStreamResponse,
     TGIToken,
 )
-from handlers.serving.base import PromptInput, Run, ServingBase
+from handlers.serving.base import Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceOptions
 from handlers.serving.context import RequestContext
 from handlers.serving.sse import SSEPayload, SSEStream, encode_chunk
@@ -39,23 +39,18 @@ class ServingTGI(ServingBase):
 
     async def generate(self, request: TGIRequest, ctx: RequestContext) -> TGIResponses | SSEStream:
         model_name = self.model_name(None)  # TGI bodies name no model
-        truncation = self.served.truncation(
-            request.parameters.truncate, param="parameters.truncate"
+        prompts = await self.tokenize_prompts(
+            [request.inputs],
+            add_special_tokens=True,
+            field="inputs",
+            truncation=self.served.truncation(
+                request.parameters.truncate, param="parameters.truncate"
+            ),
         )
-        prompt_text: str | None = request.inputs
-        if truncation is None:
-            prompt_ids = await self.served.encode(
-                request.inputs, add_special_tokens=True, param="inputs"
-            )
-        else:
-            prompt_ids, cut = await self.served.encode_truncated(
-                request.inputs, truncation, add_special_tokens=True
-            )
-            prompt_text = None if cut else prompt_text
         run = await self.start_run(
             ctx,
             model_name=model_name,
-            prompts=[PromptInput(prompt_ids, "inputs", prompt_text)],
+            prompts=prompts,
             build_params=request.to_sampling_params,
             # NOTE: TGI keeps the stop sequence in the generated text.
             options=ChoiceOptions(stop=request.parameters.stop, include_stop_str_in_output=True),

@@ -221,9 +221,9 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
     const int64_t groups = n / GROUP;
     const int64_t pairs = (groups + groups_per_tile - 1) / groups_per_tile;
     const int64_t group_bytes = nb * block_bytes;
+    if (t_count <= 0) return;
     /* Token tiles of near-equal size (16 tokens: 4 x 4, not 5 + 5 + 5 + 1): a tile's time
      * is set by its FMA chains, so a lone token's tile costs ~1.5 of a full tile's tokens. */
-    if (t_count <= 0) return;
     const int64_t tiles_t = (t_count + TILE - 1) / TILE;
     const int64_t tile_base = t_count / tiles_t, tile_rem = t_count % tiles_t;
     /* Per token and block, the sum of its 32 inputs (Q4_1's min term), in a fixed order. */
