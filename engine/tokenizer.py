@@ -263,19 +263,26 @@ class Tokenizer:
         side: str = "left",
         add_special_tokens: bool = True,
         release_gil: bool = False,
+        head: int | None = None,
     ) -> tuple[list[int], bool]:
         """The ids of `text` cut to at most `max_length` (vLLM's `truncate_prompt_tokens`
         and `truncation_side`: transformers' `truncation=True, max_length`): side "left"
         keeps the text's last tokens, "right" its first; the special tokens the tokenizer
         adds (a BOS) stay, counted in `max_length`. Also whether any token was cut.
+        `head`: first keep only the text's first `head` tokens, special tokens not counted
+        (vLLM's `max_tokens_per_query` / `max_tokens_per_doc` of the score APIs).
         `release_gil`: encode through `encode_batch`, as `encode_releasing_gil` does."""
         if release_gil:
             encoding = self._tok.encode_batch([text], add_special_tokens=False)[0]
         else:
             encoding = self._tok.encode(text, add_special_tokens=False)
+        cut = False
+        if head is not None and len(encoding.ids) > head:
+            encoding.truncate(head, direction="right")
+            cut = True
         specials = self._tok.num_special_tokens_to_add(False) if add_special_tokens else 0
         room = max(max_length - specials, 0)
-        cut = len(encoding.ids) > room
+        cut = cut or len(encoding.ids) > room
         encoding.truncate(room, direction=side)
         if add_special_tokens:
             encoding = self._tok.post_process(encoding, add_special_tokens=True)

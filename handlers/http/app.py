@@ -39,6 +39,7 @@ from handlers.serving import (
 from handlers.serving.jsonlines import ServingJsonLines
 from handlers.serving.response_store import ResponseStore
 from handlers.serving.responses import ServingResponses
+from handlers.serving.score import ServingScores
 from handlers.serving.sessions import ServingSessions
 
 
@@ -64,6 +65,7 @@ def create_app(
     completion = ServingCompletion(served, stats)
     tgi = ServingTGI(served, stats)
     embedding = ServingEmbedding(served, stats)
+    scores = ServingScores(served, stats)
     messages = ServingMessages(chat)
     tokenization = ServingTokenization(served)
     responses = ServingResponses(
@@ -88,6 +90,12 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
+    score = resources.Score(config, scores)
+    for route in ("/score", "/v1/score"):
+        app.add_route(route, score)
+    rerank = resources.Rerank(config, scores)
+    for route in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.add_route(route, rerank)
     adapters = ServingAdapters(served)
     app.add_route("/v1/models", resources.Models(ServingModels(served, adapters)))
     if config.enable_lora:
@@ -103,7 +111,7 @@ def create_app(
     app.add_route("/v1/responses/{response_id}", response_by_id)
     app.add_route("/v1/responses/{response_id}/cancel", response_by_id, suffix="cancel")
     invocations = ServingInvocations(
-        chat, completion, tgi, embedding, messages=messages, responses=responses
+        chat, completion, tgi, embedding, messages=messages, responses=responses, scores=scores
     )
     app.add_route(
         "/invocations",

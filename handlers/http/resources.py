@@ -33,6 +33,7 @@ from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import EmbeddingRequest
 from handlers.protocol.responses import ResponsesRequest
+from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -48,6 +49,7 @@ from handlers.serving.jsonlines import JSONLINES_MEDIA_TYPE, ServingJsonLines, i
 from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
 from handlers.serving.responses import ServingResponses
+from handlers.serving.score import ServingScores
 from handlers.serving.sessions import SESSION_ID_HEADER, ServingSessions
 from handlers.serving.sse import SSEEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
@@ -148,6 +150,30 @@ class Embeddings(_JsonBody):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = parse_request(EmbeddingRequest, await self.body(req), self._serving.served.limits)
         send_model(resp, await self._serving.create(request, request_context(req)))
+
+
+class Score(_JsonBody):
+    """vLLM's `POST /score` (and `/v1/score`)."""
+
+    def __init__(self, config: ServerConfig, serving: ServingScores) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(ScoreRequest, await self.body(req), self._serving.served.limits)
+        send_model(resp, await self._serving.score(request, request_context(req)))
+
+
+class Rerank(_JsonBody):
+    """vLLM's `POST /rerank` (and `/v1/rerank`, `/v2/rerank`: Jina's and Cohere's API)."""
+
+    def __init__(self, config: ServerConfig, serving: ServingScores) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(RerankRequest, await self.body(req), self._serving.served.limits)
+        send_model(resp, await self._serving.rerank(request, request_context(req)))
 
 
 class Messages(_JsonBody):

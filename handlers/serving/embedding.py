@@ -12,6 +12,7 @@ import base64
 import logging
 import sys
 from array import array
+from dataclasses import dataclass
 
 from engine.messages import PoolingParams, RequestOutput
 from engine.pooling_config import PoolingConfig
@@ -19,7 +20,7 @@ from engine.sampling_params import SamplingParams
 from handlers.errors import BadRequestError, InternalServerError, from_engine_error
 from handlers.protocol.base import UsageInfo
 from handlers.protocol.embedding import EmbeddingData, EmbeddingRequest, EmbeddingResponse
-from handlers.serving.base import ServingBase
+from handlers.serving.base import PromptInput, ServingBase
 from handlers.serving.context import RequestContext
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class ServingEmbedding(ServingBase):
 
     async def create(self, request: EmbeddingRequest, ctx: RequestContext) -> EmbeddingResponse:
         model_name = self.model_name(request.model)
-        pooling = self._pooling_params(request)
+        pooling = self.pooling_params(request.dimensions)
         inputs = await self.tokenize_prompts(
             request.inputs(),
             add_special_tokens=request.add_special_tokens,
@@ -49,9 +50,42 @@ class ServingEmbedding(ServingBase):
                 request.truncate_prompt_tokens, request.truncation_side
             ),
         )
+        pooled = await self.pool(
+            inputs,
+            pooling,
+            ctx,
+            request_id=request.request_id,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+        )
+        encode = _base64 if request.encoding_format == "base64" else _floats
+        data = [
+            EmbeddingData(index=i, embedding=encode(vector))
+            for i, vector in enumerate(pooled.vectors)
+        ]
+        tokens = pooled.num_prompt_tokens
+        return EmbeddingResponse(
+            id=pooled.response_id,
+            model=model_name,
+            data=data,
+            usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens),
+        )
+
+    async def pool(
+        self,
+        inputs: list[PromptInput],
+        pooling: PoolingParams,
+        ctx: RequestContext,
+        *,
+        request_id: str | None,
+        priority: int,
+        cache_salt: str | None,
+    ) -> PooledBatch:
+        """Run each input as one prefill-only engine request, admitted all or none, and
+        collect its pooled vector (float32 bytes, little endian), in input order."""
         for prompt in inputs:
             self.served.check_input_len(len(prompt.token_ids), prompt.param)
-        response_id, engine_id = self.request_ids(self.id_prefix, ctx, request.request_id)
+        response_id, engine_id = self.request_ids(self.id_prefix, ctx, request_id)
         for prompt in inputs:
             self.served.log_prompt(response_id, prompt.logged)
         tracker = self.tracker(response_id, ctx)
@@ -64,9 +98,9 @@ class ServingEmbedding(ServingBase):
                 engine_id,
                 [prompt.token_ids for prompt in inputs],
                 [_NO_SAMPLING] * len(inputs),
-                request.priority,
+                priority,
                 pooling=pooling,
-                cache_salt=request.cache_salt,
+                cache_salt=cache_salt,
             )
             deadline = self.arm_deadline(ctx, collector)
             vectors: dict[str, bytes] = {}
@@ -92,19 +126,13 @@ class ServingEmbedding(ServingBase):
                 num_cached_tokens=0,
                 finish_reasons=["stop" if status == "ok" else status] * len(inputs),
             )
-        encode = _base64 if request.encoding_format == "base64" else _floats
-        data = [
-            EmbeddingData(index=i, embedding=encode(vectors[f"{engine_id}-{i}"]))
-            for i in range(len(inputs))
-        ]
-        return EmbeddingResponse(
-            id=response_id,
-            model=model_name,
-            data=data,
-            usage=UsageInfo(prompt_tokens=num_prompt_tokens, total_tokens=num_prompt_tokens),
+        return PooledBatch(
+            response_id,
+            [vectors[f"{engine_id}-{i}"] for i in range(len(inputs))],
+            num_prompt_tokens,
         )
 
-    def _pooling_params(self, request: EmbeddingRequest) -> PoolingParams:
+    def pooling_params(self, dimensions: int | None = None) -> PoolingParams:
         """400 when the model serves no embeddings or cannot give `dimensions`."""
         config: PoolingConfig | None = self.served.info().pooling
         if config is None:
@@ -113,10 +141,29 @@ class ServingEmbedding(ServingBase):
             raise BadRequestError(
                 f"Embeddings are not available: {config.unsupported}.", param="model"
             )
-        problem = config.check_dimensions(request.dimensions)
+        problem = config.check_dimensions(dimensions)
         if problem is not None:
             raise BadRequestError(f"dimensions: {problem}", param="dimensions")
-        return PoolingParams(dimensions=request.dimensions)
+        return PoolingParams(dimensions=dimensions)
+
+
+@dataclass(frozen=True, slots=True)
+class PooledBatch:
+    """What `ServingEmbedding.pool` returns."""
+
+    response_id: str
+    vectors: list[bytes]
+    """Each input's vector: float32, little endian, in input order."""
+    num_prompt_tokens: int
+
+
+def vector_values(vector: bytes) -> array[float]:
+    """A pooled vector's float32 values."""
+    values = array("f")
+    values.frombytes(vector)
+    if sys.byteorder == "big":
+        values.byteswap()  # the engine sends little endian
+    return values
 
 
 def _vector_of(output: RequestOutput) -> bytes:
@@ -127,11 +174,7 @@ def _vector_of(output: RequestOutput) -> bytes:
 
 
 def _floats(vector: bytes) -> list[float]:
-    values = array("f")
-    values.frombytes(vector)
-    if sys.byteorder == "big":
-        values.byteswap()  # the engine sends little endian
-    return values.tolist()
+    return vector_values(vector).tolist()
 
 
 def _base64(vector: bytes) -> str:

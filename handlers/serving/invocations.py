@@ -9,11 +9,14 @@ headers to the container. Dispatching on the key rather than on "the first model
 validates" (vLLM's way) keeps the precise 400 of the intended API instead of a generic
 "matches nothing".
 
-The rules are tried in order: the embeddings marker, then an Anthropic Messages body
-(`is_anthropic_body`): one with `anthropic_version` (what Bedrock and Vertex bodies
-carry), or one with `messages` and a field only Anthropic's API has at the top level
-(`system`, `stop_sequences`, `thinking`); then `input` (Responses), then `messages`,
-`prompt` and `inputs`. A body with only `messages` and `max_tokens` stays chat, as it
+vLLM's score and rerank bodies are known by their keys: `query` with `documents` is a
+rerank request, `text_1`, `data_1` or `queries` (their second sides too) a score request.
+
+The rules are tried in order: the embeddings marker, rerank, score, then an Anthropic
+Messages body (`is_anthropic_body`): one with `anthropic_version` (what Bedrock and
+Vertex bodies carry), or one with `messages` and a field only Anthropic's API has at the
+top level (`system`, `stop_sequences`, `thinking`); then `input` (Responses), then
+`messages`, `prompt` and `inputs`. A body with only `messages` and `max_tokens` stays chat, as it
 always was.
 """
 
@@ -29,6 +32,7 @@ from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import EmbeddingRequest
 from handlers.protocol.responses import ResponsesRequest
+from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tgi import TGIRequest
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
@@ -36,6 +40,7 @@ from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
 from handlers.serving.messages import ServingMessages
 from handlers.serving.responses import ServingResponses
+from handlers.serving.score import ServingScores
 from handlers.serving.sse import SSEStream
 from handlers.serving.tgi import ServingTGI
 
@@ -44,6 +49,9 @@ ANTHROPIC_ONLY_FIELDS = ("system", "stop_sequences", "thinking")
 
 ACCEPTED_KINDS = (
     "an embeddings request (with 'input' and \"task\": \"embeddings\" or 'encoding_format')",
+    "a rerank request (with 'query' and 'documents')",
+    "a score request (with 'text_1' and 'text_2', 'queries' and 'documents' or 'items', "
+    "or 'data_1' and 'data_2')",
     "an Anthropic Messages request (with 'anthropic_version', or 'messages' and 'system', "
     "'stop_sequences' or 'thinking')",
     "a Responses request (with 'input')",
@@ -58,6 +66,18 @@ EMBEDDINGS_TASK = "embeddings"
 
 def is_embeddings_body(body: dict[str, Any]) -> bool:
     return body.get("task") == EMBEDDINGS_TASK or "encoding_format" in body
+
+
+SCORE_KEYS = ("text_1", "text_2", "data_1", "data_2", "queries")
+"""Keys only vLLM's score request has (its `documents` and `items` come with `queries`)."""
+
+
+def is_rerank_body(body: dict[str, Any]) -> bool:
+    return "query" in body and "documents" in body
+
+
+def is_score_body(body: dict[str, Any]) -> bool:
+    return any(key in body for key in SCORE_KEYS)
 
 
 def is_anthropic_body(body: dict[str, Any]) -> bool:
@@ -77,6 +97,7 @@ class ServingInvocations:
         *,
         messages: ServingMessages | None = None,
         responses: ServingResponses | None = None,
+        scores: ServingScores | None = None,
     ) -> None:
         self.chat = chat
         self.completion = completion
@@ -84,6 +105,7 @@ class ServingInvocations:
         self.embedding = embedding
         self.messages = messages or ServingMessages(chat)
         self.responses = responses
+        self.scores = scores or ServingScores(embedding.served, embedding.stats)
 
     async def invoke(self, body: Any, ctx: RequestContext) -> BaseModel | SSEStream:
         """Streams iff the body says `"stream": true`, whatever the API."""
@@ -93,6 +115,12 @@ class ServingInvocations:
                 fields = {key: value for key, value in body.items() if key != "task"}
                 embed = parse_request(EmbeddingRequest, fields, limits)
                 return await self.embedding.create(embed, ctx)
+            if is_rerank_body(body):
+                rerank = parse_request(RerankRequest, body, limits)
+                return await self.scores.rerank(rerank, ctx)
+            if is_score_body(body):
+                score = parse_request(ScoreRequest, body, limits)
+                return await self.scores.score(score, ctx)
             if is_anthropic_body(body):
                 return await self.messages.create_from_body(body, ctx)
             if "input" in body and self.responses is not None:

@@ -9,6 +9,7 @@ sampling parameters of the model's generation_config.json.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -33,13 +34,18 @@ _THREAD_ENCODE_CHARS = 32_768
 @dataclass(frozen=True, slots=True)
 class Truncation:
     """How much of a prompt to keep (`ServedModel.truncation`): `size` tokens from the
-    end ("left": the first ones are dropped, vLLM's default) or from the start ("right")."""
+    end ("left": the first ones are dropped, vLLM's default) or from the start ("right");
+    before that, with `head`, only the text's first `head` tokens (special tokens not
+    counted: the score APIs' `max_tokens_per_query` / `max_tokens_per_doc`)."""
 
     size: int
     side: TruncationSide
+    head: int | None = None
 
     def of(self, token_ids: list[int]) -> list[int]:
         """The kept part of a prompt given as token ids."""
+        if self.head is not None:
+            token_ids = token_ids[: self.head]
         return token_ids[-self.size :] if self.side == "left" else token_ids[: self.size]
 
 
@@ -151,14 +157,26 @@ class ServedModel:
                 text, add_special_tokens=add_special_tokens, param=param
             ), False
         tokenizer = self.tokenizer()
-        bound = self.info().max_model_len * tokenizer.max_token_bytes
-        part = text[-bound:] if truncation.side == "left" else text[:bound]
-        encode = tokenizer.encode_truncated
-        args = (part, truncation.size, truncation.side, add_special_tokens)
-        if len(part) > _THREAD_ENCODE_CHARS:
-            ids, cut = await asyncio.to_thread(encode, *args, True)
+        max_model_len = self.info().max_model_len
+        bound = max_model_len * tokenizer.max_token_bytes
+        if truncation.head is not None:
+            # Only the text's first `head` tokens can be kept, and they lie in its first
+            # head x max_token_bytes characters.
+            part = text[: min(truncation.head, max_model_len) * tokenizer.max_token_bytes]
         else:
-            ids, cut = encode(*args)
+            part = text[-bound:] if truncation.side == "left" else text[:bound]
+        encode = functools.partial(
+            tokenizer.encode_truncated,
+            part,
+            truncation.size,
+            truncation.side,
+            add_special_tokens,
+            head=truncation.head,
+        )
+        if len(part) > _THREAD_ENCODE_CHARS:
+            ids, cut = await asyncio.to_thread(encode, release_gil=True)
+        else:
+            ids, cut = encode()
         return ids, cut or len(part) < len(text)
 
     def truncation(

@@ -79,3 +79,25 @@ def test_the_bos_stays_and_counts(
     else:
         assert full == plain
         assert ids == plain[-5:]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize(("head", "k"), [(1, 10_000), (6, 10_000), (6, 4), (6, 2), (10_000, 5)])
+def test_head_keeps_the_first_tokens_before_truncating(
+    tokenizers_pair: tuple[Tokenizer, PreTrainedTokenizerFast], head: int, k: int, side: str
+) -> None:
+    """The score APIs' max_tokens_per_query / _doc: the text's first `head` tokens, its
+    special tokens added after and not counted; truncate_prompt_tokens then cuts those
+    to k on its side, as transformers would cut the headed text's ids."""
+    ours, reference = tokenizers_pair
+    plain = reference(TEXT, add_special_tokens=False)["input_ids"]
+    full = reference(TEXT)["input_ids"]
+    specials = len(full) - len(plain)  # a prefix here: none, or the BOS
+    kept = plain[:head]
+    room = k - specials
+    kept = kept[-room:] if side == "left" else kept[:room]
+    expected = full[:specials] + kept
+    ids, cut = ours.encode_truncated(TEXT, k, side, True, head=head)
+    assert ids == expected
+    assert cut == (len(plain) > len(kept))
+    assert ours.encode_truncated(TEXT, k, side, True, True, head=head) == (ids, cut)
