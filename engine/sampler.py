@@ -111,7 +111,13 @@ class Sampler:
                 or p.repetition_penalty != 1.0
             )
             needs_min_tokens = p.min_tokens > 0 and request.num_output_tokens < p.min_tokens
-            if not (needs_penalty or p.logit_bias or needs_min_tokens or p.allowed_token_ids):
+            if not (
+                needs_penalty
+                or p.logit_bias
+                or needs_min_tokens
+                or p.allowed_token_ids
+                or p.bad_words_token_ids
+            ):
                 continue
             if not cloned:
                 logits = logits.clone()
@@ -130,6 +136,8 @@ class Sampler:
                     x[torch.tensor(banned, device=x.device)] = float("-inf")
             if p.allowed_token_ids:
                 x.masked_fill_(self._forbidden(request, x), float("-inf"))
+            if p.bad_words_token_ids:
+                _ban_bad_words(x, p.bad_words_token_ids, request.output_token_ids)
         return logits
 
     def _sample_random(
@@ -203,6 +211,25 @@ def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
     threads, Sapphire Rapids: 0.83 vs 2.15 ms, a few per cent of a batch-64 decode step).
     """
     return scores.max(dim=-1).indices
+
+
+def _ban_bad_words(x: torch.Tensor, sequences: list[list[int]], output: list[int]) -> None:
+    """vLLM's bad words: ban each sequence's last id where the output ends with the ids
+    before it. When that would leave the row nothing to sample (allowed_token_ids or
+    min_tokens already banned the rest), the bad words give way: a token is always
+    sampled from what the other rules allow."""
+    banned = [
+        ids[-1]
+        for ids in sequences
+        if len(ids) == 1 or (len(ids) - 1 <= len(output) and output[1 - len(ids) :] == ids[:-1])
+    ]
+    if not banned:
+        return
+    index = torch.tensor(banned, dtype=torch.long, device=x.device)
+    kept = x[index]
+    x[index] = float("-inf")
+    if bool(torch.isneginf(x).all()):
+        x[index] = kept
 
 
 def _apply_penalties(x: torch.Tensor, request: Request, vocab: int) -> None:

@@ -59,6 +59,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     allowed_token_ids: list[int] | None = None
     """vLLM's: only these ids can be sampled (every other logit is -inf after the
     penalties and the bias); None: any."""
+    bad_words_token_ids: list[list[int]] | None = None
+    """vLLM's `bad_words`, tokenized: a sequence's last id is banned wherever the
+    generated tokens end with the ids before it (a one-id sequence: always)."""
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
     structured: StructuredOutputSpec | None = None

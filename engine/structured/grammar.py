@@ -124,8 +124,8 @@ def apply_grammar_masks(logits: torch.Tensor, requests: list[Request]) -> torch.
     """Mask, in place, the rows whose sequence is constrained; others stay untouched.
 
     A row that the mask would leave with no token at all (the grammar allows only EOS
-    while min_tokens bans it) keeps the grammar's tokens instead: a finished constraint
-    wins over min_tokens, since no further token could still match it.
+    while min_tokens bans it, or only tokens `bad_words` bans) keeps the grammar's tokens
+    instead: the constraint wins, since no other token could still match it.
     """
     # PERF: no gather/scatter of rows and no whole-batch checks: on a loaded CPU every
     # extra pass over [rows, vocab] costs as much as the masking itself.
@@ -145,7 +145,10 @@ def apply_grammar_masks(logits: torch.Tensor, requests: list[Request]) -> torch.
     xgr.apply_token_bitmask_inplace(logits, device_mask, indices=rows)
     for row in rows:
         request = requests[row]
-        if request.params.min_tokens <= request.num_output_tokens:
+        if (
+            request.params.min_tokens <= request.num_output_tokens
+            and not request.params.bad_words_token_ids
+        ):
             continue  # nothing was banned besides the grammar: a token is always left
         if bool(torch.isneginf(logits[row]).all()):
             fallback = torch.zeros_like(logits[row : row + 1])

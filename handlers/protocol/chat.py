@@ -28,7 +28,6 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 _UNSUPPORTED_CHAT_FIELDS = {
     "functions": "the deprecated functions parameter is not supported; use tools",
     "function_call": "the deprecated function_call parameter is not supported; use tool_choice",
-    "bad_words": "bad_words is not supported yet",
     "logprob_token_ids": "logprob_token_ids is not supported yet",
     "audio": "audio output is not supported",
     "logits_processors": "custom logits processors are not supported",

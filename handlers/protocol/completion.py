@@ -25,7 +25,6 @@ MAX_PROMPTS = 256
 _UNSUPPORTED_COMPLETION_FIELDS = {
     "suffix": "suffix (fill-in-the-middle) is not supported",
     "prompt_embeds": "prompt embeddings are not supported",
-    "bad_words": "bad_words is not supported yet",
     "logits_processors": "custom logits processors are not supported",
 }
 

@@ -12,11 +12,11 @@ min_tokens rule and the numerical-safety clamps exist once (docs/architecture.md
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from handlers.errors import BadRequestError
@@ -33,6 +33,15 @@ from handlers.protocol.structured import StructuredOutputFields
 INT64_MAX = 2**63 - 1
 MAX_ALLOWED_TOKEN_IDS = 1 << 18
 """allowed_token_ids entries (more than any vocabulary has): bounds the request's cost."""
+
+MAX_BAD_WORDS = 128
+"""bad_words token sequences per request after tokenization (vLLM's
+VLLM_MAX_NUM_BAD_WORDS default)."""
+MAX_BAD_WORDS_TOKENS = 1024
+"""Their ids summed (vLLM's VLLM_MAX_BAD_WORDS_TOTAL_TOKENS default): bounds the
+sampler's per-step work for the request."""
+MAX_BAD_WORD_CHARS = 1024
+"""Characters of one bad word, checked before it is tokenized."""
 
 MIN_TEMPERATURE = 1e-2
 """vLLM's floor for a sampling temperature (0 < t < 0.01 becomes 0.01): dividing logits
@@ -81,6 +90,40 @@ class SamplingBounds:
     prompt_len: int
     vocab_size: int
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    encode: Callable[[str], list[int]] | None = None
+    """The tokenizer, without special tokens (for `bad_words`)."""
+
+
+def bad_words_token_ids(
+    words: Iterable[str], encode: Callable[[str], list[int]]
+) -> list[list[int]]:
+    """vLLM's tokenization of `bad_words` (`SamplingParams.update_from_tokenizer`): each
+    word without its leading whitespace, and again after one space (the form it takes
+    inside a text) when that starts with another token and has as many tokens; 400 for
+    a word that is no token at all, or when the sequences pass vLLM's caps."""
+    sequences: list[list[int]] = []
+    for word in dict.fromkeys(w.lstrip() for w in words):  # " x" is "x": the same ids
+        bare = encode(word)
+        if not bare:
+            raise BadRequestError(
+                "bad_words entries must tokenize to at least one token.", param="bad_words"
+            )
+        sequences.append(bare)
+        spaced = encode(" " + word)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            sequences.append(spaced)
+        if len(sequences) > MAX_BAD_WORDS:
+            raise BadRequestError(
+                f"Too many bad words after tokenization: more than {MAX_BAD_WORDS}.",
+                param="bad_words",
+            )
+    total = sum(map(len, sequences))
+    if total > MAX_BAD_WORDS_TOKENS:
+        raise BadRequestError(
+            f"bad_words tokenize to {total} tokens; at most {MAX_BAD_WORDS_TOKENS} are allowed.",
+            param="bad_words",
+        )
+    return sequences
 
 
 def make_sampling_params(
@@ -99,6 +142,7 @@ def make_sampling_params(
     ignore_eos: bool = False,
     logit_bias: Mapping[str, float] | None = None,
     allowed_token_ids: Iterable[int] | None = None,
+    bad_words: list[list[int]] | None = None,
     seed: int | None = None,
     logprobs: int | None = None,
     structured: StructuredOutputSpec | None = None,
@@ -112,6 +156,7 @@ def make_sampling_params(
     bias = {int(key): float(value) for key, value in (logit_bias or {}).items()}
     check_in_vocabulary(stop_token_ids, vocab_size, "stop_token_ids")
     check_in_vocabulary(bias, vocab_size, "logit_bias")
+    check_in_vocabulary((t for ids in bad_words or () for t in ids), vocab_size, "bad_words")
     allowed = sorted(set(allowed_token_ids)) if allowed_token_ids is not None else None
     if allowed is not None:
         check_in_vocabulary(allowed, vocab_size, "allowed_token_ids")
@@ -144,6 +189,7 @@ def make_sampling_params(
         repetition_penalty=repetition_penalty,
         logit_bias=bias or None,
         allowed_token_ids=allowed,
+        bad_words_token_ids=bad_words or None,
         logprobs=logprobs,
         structured=structured,
         prompt_logprobs=prompt_logprobs,
@@ -171,6 +217,9 @@ class SamplingRequest(StructuredOutputFields):
     ignore_eos: bool = False
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    """vLLM's: words (strings) that are never generated; see `bad_words_token_ids`."""
+    _bad_words_ids: list[list[int]] | None = PrivateAttr(default=None)
     """vLLM: only these token ids can be generated (at most the vocabulary, each inside it)."""
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -255,6 +304,20 @@ class SamplingRequest(StructuredOutputFields):
             raise FieldError(None, "token ids must be >= 0")
         return value
 
+    @field_validator("bad_words")
+    @classmethod
+    def _check_bad_words(cls, value: list[str] | None) -> list[str] | None:
+        if not value:
+            return None
+        if len(value) > MAX_BAD_WORDS:
+            raise FieldError(None, f"at most {MAX_BAD_WORDS} bad words are allowed")
+        for i, word in enumerate(value):
+            if not word.strip():
+                raise FieldError(i, "bad_words cannot contain an empty string")
+            if len(word) > MAX_BAD_WORD_CHARS:
+                raise FieldError(i, f"a bad word is at most {MAX_BAD_WORD_CHARS} characters")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _check_logit_bias(
@@ -322,11 +385,22 @@ class SamplingRequest(StructuredOutputFields):
             ignore_eos=self.ignore_eos,
             logit_bias=self.logit_bias,
             allowed_token_ids=self.allowed_token_ids,
+            bad_words=self._bad_words_token_ids(bounds),
             seed=self.seed,
             logprobs=logprobs,
             structured=structured if structured is not None else self.structured_spec(),
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _bad_words_token_ids(self, bounds: SamplingBounds) -> list[list[int]] | None:
+        """`bad_words` tokenized once per request (every prompt's params share it)."""
+        if not self.bad_words:
+            return None
+        if self._bad_words_ids is None:
+            if bounds.encode is None:
+                raise BadRequestError("bad_words needs the model's tokenizer", param="bad_words")
+            self._bad_words_ids = bad_words_token_ids(self.bad_words, bounds.encode)
+        return self._bad_words_ids
 
 
 def check_prompt_logprobs(value: int, stream: bool, max_logprobs: int) -> None:

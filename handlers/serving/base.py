@@ -177,10 +177,13 @@ class ServingBase:
         max_model_len = served.info().max_model_len
         vocab_size = served.vocab_size()
         defaults = served.sampling_defaults()
+        encode = served.encode_plain
         params = []
         for prompt in prompts:
             served.check_prompt_len(len(prompt.token_ids), prompt.param)
-            bounds = SamplingBounds(max_model_len, len(prompt.token_ids), vocab_size, defaults)
+            bounds = SamplingBounds(
+                max_model_len, len(prompt.token_ids), vocab_size, defaults, encode
+            )
             params.append(build_params(bounds))
         sequences = self.new_sequences(len(prompts) * n, options)
         response_id, engine_id = self.request_ids(self.id_prefix, ctx, client_request_id)

@@ -136,6 +136,11 @@ class ServedModel:
             return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens)
         return tokenizer.encode(text, add_special_tokens)
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of a short text (a bad word), without special tokens, on the
+        caller's thread (the text's length is capped by the request schema)."""
+        return self.tokenizer().encode(text, add_special_tokens=False)
+
     async def encode_prompt(
         self,
         text: str,

@@ -706,6 +706,39 @@ def test_allowed_token_ids_restrict_the_output(default_server: Server) -> None:
         assert len(ids) == 5 and set(ids) <= set(allowed), ids
 
 
+def _contains(ids: list[int], seq: list[int]) -> bool:
+    return any(ids[i : i + len(seq)] == seq for i in range(len(ids) - len(seq) + 1))
+
+
+def test_bad_words_are_never_generated(default_server: Server) -> None:
+    """vLLM's bad_words on the real engine: the greedy answer's words, banned, no longer
+    appear as their token sequences (bare or after a space), and the answer changes."""
+    prompt = "The capital of France is"
+    free = complete(
+        default_server, prompt=prompt, max_tokens=12, temperature=0,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    words = free.choices[0].text.split()[:2]
+    assert words, free.choices[0].text
+    banned = [
+        tokenize(default_server, prompt=form, add_special_tokens=False)["tokens"]
+        for word in words
+        for form in (word, " " + word)
+    ]
+    assert any(_contains(extra(free.choices[0], "token_ids"), seq) for seq in banned)
+    for temperature in (0.0, 1.0):
+        out = complete(
+            default_server, prompt=prompt, max_tokens=12, temperature=temperature, seed=2,
+            extra_body={"bad_words": words, "return_token_ids": True},
+        )  # fmt: skip
+        ids = extra(out.choices[0], "token_ids")
+        assert not any(_contains(ids, seq) for seq in banned), (out.choices[0].text, words)
+        if temperature == 0.0:
+            assert out.choices[0].text != free.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="bad_words"):
+        complete(default_server, prompt=prompt, max_tokens=1, extra_body={"bad_words": [""]})
+
+
 # -- ops routes ---------------------------------------------------------------------------------
 def test_tokenize_detokenize_round_trip(default_server: Server, france: Greedy) -> None:
     text = "Hello 你好\uff0c世界 🌍🚀 world"

@@ -139,6 +139,36 @@ def test_allowed_token_ids_are_the_only_choices() -> None:
     assert entry.logprob == pytest.approx(expected, abs=1e-6)
 
 
+def test_bad_words_ban_a_sequence_s_last_token_after_its_prefix() -> None:
+    """vLLM's bad words: a one-token word is never sampled; a longer one's last token is
+    banned only right after its other tokens were generated; other rows untouched."""
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 7] = 5.0  # the greedy choice everywhere
+    logits[:, 8] = 4.0
+    sampler = Sampler(torch.device("cpu"))
+    single = _req("single", temperature=0, bad_words_token_ids=[[7]])
+    after_prefix = _req("after", output=[3, 1, 2], temperature=0, bad_words_token_ids=[[1, 2, 7]])
+    other_prefix = _req("other", output=[3, 2, 2], temperature=0, bad_words_token_ids=[[1, 2, 7]])
+    out = sampler(logits, [single, after_prefix, other_prefix], EOS)
+    assert out.token_ids == [8, 8, 7]
+    # Too short an output for the prefix: nothing banned.
+    short = _req("short", output=[2], temperature=0, bad_words_token_ids=[[1, 2, 7]])
+    assert sampler(logits[:1], [short], EOS).token_ids == [7]
+    # Sampled rows never draw a banned token either.
+    hot = _req("hot", temperature=1.0, seed=1, bad_words_token_ids=[[7], [8]])
+    for _ in range(50):
+        assert sampler(logits[:1], [hot], EOS).token_ids[0] not in (7, 8)
+
+
+def test_bad_words_give_way_when_nothing_else_is_allowed() -> None:
+    logits = _logits(1)
+    sampler = Sampler(torch.device("cpu"))
+    req = _req("r", temperature=0, allowed_token_ids=[4, 9], bad_words_token_ids=[[4], [9]])
+    assert sampler(logits, [req], EOS).token_ids[0] in (4, 9)
+    some = _req("s", temperature=0, allowed_token_ids=[4, 9], bad_words_token_ids=[[4]])
+    assert sampler(logits, [some], EOS).token_ids == [9]
+
+
 def test_min_tokens_masks_eos_and_stop_tokens_until_reached() -> None:
     logits = torch.zeros(1, VOCAB)
     logits[0, 0] = 10.0  # EOS is the greedy choice

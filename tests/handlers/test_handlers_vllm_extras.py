@@ -201,3 +201,37 @@ async def test_allowed_token_ids_reach_the_engine(client, engine, tokenizer, ans
     result = await call_asgi(client.app, path, {**base, **json_mode})
     assert result.status == 400 and result.json["error"]["param"] == "allowed_token_ids"
     assert len(engine.added) == 1
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_bad_words_reach_the_engine_tokenized(client, engine, tokenizer, answer_ids, path):
+    """vLLM's bad_words: each word tokenized without special tokens, bare and (when that
+    is a different first token of the same length) after a space, deduplicated, into the
+    engine's params (the sampler bans them: tests/engine/test_sampler.py); an empty or
+    blank word, too many words or too long a word is a 400 naming the field."""
+    base = {"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}
+    words = ["Paris", " Paris", "Hello world"]
+    result = await call_asgi(client.app, path, {**base, "bad_words": words})
+    assert result.status == 200, result.json
+    expected = []
+    for word in ("Paris", "Hello world"):
+        bare = tokenizer.encode(word, add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word, add_special_tokens=False)
+        expected.append(bare)
+        if spaced[0] != bare[0] and len(spaced) == len(bare):
+            expected.append(spaced)
+    assert len(expected) > 2, "the tiny vocabulary should give a spaced form too"
+    assert engine.added[0].params.bad_words_token_ids == expected
+    for bad, param in (
+        ([""], "bad_words[0]"),
+        (["ok", "  "], "bad_words[1]"),
+        (["x" * 1025], "bad_words[0]"),
+        ([f"w{i}" for i in range(129)], "bad_words"),
+        ("banana", "bad_words"),
+    ):
+        result = await call_asgi(client.app, path, {**base, "bad_words": bad})
+        assert result.status == 400 and result.json["error"]["param"] == param, (bad, result.json)
+    many = [f"word{i} other{i} more{i}" for i in range(128)]
+    result = await call_asgi(client.app, path, {**base, "bad_words": many})
+    assert result.status == 400 and result.json["error"]["param"] == "bad_words"
+    assert len(engine.added) == 1
