@@ -401,6 +401,10 @@ class EngineCore:
             return f"prompt_logprobs must be in [0, {self.vocab_size}]"
         if p.max_tokens < 0:
             return "max_tokens must be at least 0 (0: prefill and score the prompt only)"
+        if p.logprob_token_ids and (
+            min(p.logprob_token_ids) < 0 or max(p.logprob_token_ids) >= self.vocab_size
+        ):
+            return f"logprob_token_ids must be in [0, {self.vocab_size})"
         if p.bad_words_token_ids and any(
             not ids or min(ids) < 0 or max(ids) >= self.vocab_size for ids in p.bad_words_token_ids
         ):

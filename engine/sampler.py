@@ -185,7 +185,11 @@ class Sampler:
         logprobs: torch.Tensor, ids: list[int], requests: list[Request]
     ) -> list[TokenLogprob | None]:
         ks = [r.params.logprobs for r in requests]
-        max_k = max((k for k in ks if k is not None), default=0)
+        chosen_sets = [r.params.logprob_token_ids for r in requests]
+        max_k = max(
+            (k for k, named in zip(ks, chosen_sets, strict=True) if k is not None and not named),
+            default=0,
+        )
         chosen = torch.tensor(ids, device=logprobs.device).unsqueeze(1)
         chosen_lp = logprobs.gather(1, chosen)  # [rows, 1]
         ranks = (logprobs > chosen_lp).sum(dim=-1) + 1
@@ -198,7 +202,14 @@ class Sampler:
             if k is None:
                 result.append(None)
                 continue
-            top = list(zip(top_ids_l[row][:k], top_vals_l[row][:k], strict=True)) if k else []
+            named = chosen_sets[row]
+            if named:
+                index = torch.tensor(named, dtype=torch.long, device=logprobs.device)
+                top = list(zip(named, logprobs[row, index].tolist(), strict=True))
+            elif k:
+                top = list(zip(top_ids_l[row][:k], top_vals_l[row][:k], strict=True))
+            else:
+                top = []
             result.append(TokenLogprob(ids[row], chosen_l[row], ranks_l[row], top))
         return result
 

@@ -64,6 +64,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     generated tokens end with the ids before it (a one-id sequence: always)."""
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k."""
+    logprob_token_ids: list[int] | None = None
+    """vLLM's: with `logprobs`, these ids' logprobs (in this order) instead of the top k."""
     structured: StructuredOutputSpec | None = None
     """A grammar the output must match (structured outputs, forced tool calls)."""
     prompt_logprobs: int | None = None

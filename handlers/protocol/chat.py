@@ -20,7 +20,12 @@ from handlers.protocol.base import (
     limits_from,
 )
 from handlers.protocol.json_schema import check_json_schema, schema_text
-from handlers.protocol.sampling import SamplingBounds, SamplingRequest, resolve_max_tokens
+from handlers.protocol.sampling import (
+    MAX_LOGPROB_TOKEN_IDS,
+    SamplingBounds,
+    SamplingRequest,
+    resolve_max_tokens,
+)
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -28,7 +33,6 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 _UNSUPPORTED_CHAT_FIELDS = {
     "functions": "the deprecated functions parameter is not supported; use tools",
     "function_call": "the deprecated function_call parameter is not supported; use tool_choice",
-    "logprob_token_ids": "logprob_token_ids is not supported yet",
     "audio": "audio output is not supported",
     "logits_processors": "custom logits processors are not supported",
 }
@@ -193,6 +197,9 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
+    logprob_token_ids: list[int] | None = Field(default=None, max_length=MAX_LOGPROB_TOKEN_IDS)
+    """vLLM's: with `logprobs`, each generated position's top_logprobs are these ids'
+    (in this order) instead of the most likely ones."""
     tools: list[ChatToolParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     """None: 'auto' when tools are given, else 'none' (OpenAI's default)."""
@@ -261,6 +268,14 @@ class ChatCompletionRequest(SamplingRequest):
                 raise FieldError(
                     "top_logprobs", "when using top_logprobs, logprobs must be set to true"
                 )
+        if self.logprob_token_ids:
+            if not self.logprobs:
+                raise FieldError(
+                    "logprob_token_ids",
+                    "when using logprob_token_ids, logprobs must be set to true",
+                )
+            if any(t < 0 for t in self.logprob_token_ids):
+                raise FieldError("logprob_token_ids", "token ids must be >= 0")
         check_template_flags(self.continue_final_message, self.add_generation_prompt)
         self._check_tool_choice_fits()
         if self.continue_final_message and self.messages[-1].role != "assistant":
@@ -309,6 +324,7 @@ class ChatCompletionRequest(SamplingRequest):
             max_tokens=max_tokens,
             bounds=bounds,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            logprob_token_ids=self.logprob_token_ids or None,
             structured=structured,
             # A stream never carries prompt_logprobs (0 is all a stream may ask for).
             prompt_logprobs=None if self.stream else self.prompt_logprobs,

@@ -43,6 +43,9 @@ sampler's per-step work for the request."""
 MAX_BAD_WORD_CHARS = 1024
 """Characters of one bad word, checked before it is tokenized."""
 
+MAX_LOGPROB_TOKEN_IDS = 128
+"""vLLM's cap on chat's `logprob_token_ids`."""
+
 MIN_TEMPERATURE = 1e-2
 """vLLM's floor for a sampling temperature (0 < t < 0.01 becomes 0.01): dividing logits
 by less overflows them (1e-320 is 0 in float32) and sampling returns garbage."""
@@ -145,6 +148,7 @@ def make_sampling_params(
     bad_words: list[list[int]] | None = None,
     seed: int | None = None,
     logprobs: int | None = None,
+    logprob_token_ids: list[int] | None = None,
     structured: StructuredOutputSpec | None = None,
     prompt_logprobs: int | None = None,
 ) -> SamplingParams:
@@ -157,6 +161,7 @@ def make_sampling_params(
     check_in_vocabulary(stop_token_ids, vocab_size, "stop_token_ids")
     check_in_vocabulary(bias, vocab_size, "logit_bias")
     check_in_vocabulary((t for ids in bad_words or () for t in ids), vocab_size, "bad_words")
+    check_in_vocabulary(logprob_token_ids or (), vocab_size, "logprob_token_ids")
     allowed = sorted(set(allowed_token_ids)) if allowed_token_ids is not None else None
     if allowed is not None:
         check_in_vocabulary(allowed, vocab_size, "allowed_token_ids")
@@ -190,7 +195,8 @@ def make_sampling_params(
         logit_bias=bias or None,
         allowed_token_ids=allowed,
         bad_words_token_ids=bad_words or None,
-        logprobs=logprobs,
+        logprobs=len(logprob_token_ids) if logprob_token_ids and logprobs is not None else logprobs,
+        logprob_token_ids=logprob_token_ids if logprobs is not None else None,
         structured=structured,
         prompt_logprobs=prompt_logprobs,
     )
@@ -359,6 +365,7 @@ class SamplingRequest(StructuredOutputFields):
         max_tokens: int,
         bounds: SamplingBounds,
         logprobs: int | None,
+        logprob_token_ids: list[int] | None = None,
         structured: StructuredOutputSpec | None = None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
@@ -388,6 +395,7 @@ class SamplingRequest(StructuredOutputFields):
             bad_words=self._bad_words_token_ids(bounds),
             seed=self.seed,
             logprobs=logprobs,
+            logprob_token_ids=logprob_token_ids,
             structured=structured if structured is not None else self.structured_spec(),
             prompt_logprobs=prompt_logprobs,
         )

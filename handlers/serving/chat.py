@@ -116,7 +116,7 @@ class ServingChat(ServingBase):
         content = chat_logprobs(
             delta_logprobs or [],
             self.served.token_texts(request.return_tokens_as_token_ids),
-            request.top_logprobs or 0,
+            len(request.logprob_token_ids or ()) or request.top_logprobs or 0,
         )
         return ChatCompletionLogProbs(content=content)
 

@@ -739,6 +739,35 @@ def test_bad_words_are_never_generated(default_server: Server) -> None:
         complete(default_server, prompt=prompt, max_tokens=1, extra_body={"bad_words": [""]})
 
 
+def test_logprob_token_ids_report_the_named_tokens(default_server: Server) -> None:
+    """Chat's logprob_token_ids on the real engine: each position's top_logprobs are the
+    named tokens, in order; where the sampled token is one of them, the two logprobs
+    agree, and the plain top_logprobs of the same greedy answer agree too."""
+    names = [" yes", " no", "Yes", "No"]
+    ids = [token_id(default_server, name) for name in names]
+    question = [{"role": "user", "content": "Is Paris in France? Answer yes or no."}]
+    named = chat(
+        default_server, messages=question, max_tokens=3, temperature=0, logprobs=True,
+        extra_body={"logprob_token_ids": ids},
+    )  # fmt: skip
+    plain = chat(
+        default_server, messages=question, max_tokens=3, temperature=0, logprobs=True,
+        top_logprobs=20,
+    )  # fmt: skip
+    for got, top in zip(named.choices[0].logprobs.content, plain.choices[0].logprobs.content,
+                        strict=True):  # fmt: skip
+        assert [t.token for t in got.top_logprobs] == [name for name in names]
+        assert all(t.logprob <= 0.0 for t in got.top_logprobs)
+        for t in got.top_logprobs:
+            if t.token == got.token:
+                assert t.logprob == pytest.approx(got.logprob, abs=1e-5)
+            same = [u for u in top.top_logprobs if u.token == t.token]
+            if same:
+                assert t.logprob == pytest.approx(same[0].logprob, abs=1e-5)
+    with pytest.raises(openai.BadRequestError, match="logprob_token_ids"):
+        chat(default_server, max_tokens=1, extra_body={"logprob_token_ids": ids})
+
+
 # -- ops routes ---------------------------------------------------------------------------------
 def test_tokenize_detokenize_round_trip(default_server: Server, france: Greedy) -> None:
     text = "Hello 你好\uff0c世界 🌍🚀 world"

@@ -229,3 +229,22 @@ def test_values_at_the_edge_of_float32_stay_sane() -> None:
     greedy = logits.argmax(-1).tolist()
     assert out.token_ids[:2] == greedy[:2]
     assert 0 <= out.token_ids[2] < VOCAB
+
+
+def test_logprob_token_ids_are_reported_in_their_order() -> None:
+    """vLLM's logprob_token_ids: those ids' logprobs, in the order asked, stand in for
+    the top k (the sampled token's logprob and rank stay); other rows keep their top k."""
+    logits = _logits(2)
+    sampler = Sampler(torch.device("cpu"))
+    named = [17, 3, 3, 0]
+    reqs = [
+        _req("named", temperature=0, logprobs=len(named), logprob_token_ids=named),
+        _req("top", temperature=0, logprobs=2),
+    ]
+    out = sampler(logits, reqs, EOS)
+    full = torch.log_softmax(logits, -1)
+    first, second = out.logprobs
+    assert [t for t, _ in first.top] == named
+    assert [lp for _, lp in first.top] == pytest.approx(full[0, named].tolist(), abs=1e-6)
+    assert first.token_id == logits[0].argmax().item() and first.rank == 1
+    assert [t for t, _ in second.top] == full[1].topk(2).indices.tolist()

@@ -235,3 +235,30 @@ async def test_bad_words_reach_the_engine_tokenized(client, engine, tokenizer, a
     result = await call_asgi(client.app, path, {**base, "bad_words": many})
     assert result.status == 400 and result.json["error"]["param"] == "bad_words"
     assert len(engine.added) == 1
+
+
+async def test_logprob_token_ids_reach_the_engine_and_the_answer(client, engine, answer_ids):
+    """Chat's logprob_token_ids (vLLM): the ids reach the engine with logprobs = their
+    count, and every position's top_logprobs lists as many entries as asked (the
+    engine's entries, in order); without logprobs, out of the vocabulary, negative or
+    more than 128 ids a 400 naming the field."""
+    named = [5, 9, 5]
+    body = {"messages": MESSAGES, "logprobs": True, "logprob_token_ids": named}
+    result = await call_asgi(client.app, CHAT, body)
+    assert result.status == 200, result.json
+    params = engine.added[0].params
+    assert params.logprob_token_ids == named and params.logprobs == len(named)
+    content = result.json["choices"][0]["logprobs"]["content"]
+    assert content and all(len(entry["top_logprobs"]) == len(named) for entry in content)
+    for bad in (
+        {"logprob_token_ids": [5]},
+        {"logprobs": True, "logprob_token_ids": [-1]},
+        {"logprobs": True, "logprob_token_ids": [10**9]},
+        {"logprobs": True, "logprob_token_ids": list(range(129))},
+    ):
+        result = await call_asgi(client.app, CHAT, {"messages": MESSAGES, **bad})
+        assert result.status == 400 and result.json["error"]["param"] == "logprob_token_ids", (
+            bad,
+            result.json,
+        )
+    assert len(engine.added) == 1
