@@ -25,6 +25,8 @@ class PoolingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     dimensions: int | None = None
     """Keep the first `dimensions` values (Matryoshka), before normalising; None: all."""
+    normalize: bool | None = None
+    """vLLM's `use_activation`: whether to L2-normalise; None: as the model prescribes."""
 
 
 class AddRequest(msgspec.Struct, tag="add", kw_only=True):

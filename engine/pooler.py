@@ -14,8 +14,8 @@ shape `[prompt_len, hidden]` is kept:
 A chunk that starts at position 0 starts the state afresh, which is what makes a
 preempted request (recomputed from scratch) pool each token once. When the prompt's
 last chunk has run, the vector is truncated to `dimensions` (Matryoshka), normalised
-when the model prescribes it, and returned as float32 bytes (little endian); the core
-then finishes the request, which frees its blocks (they never enter the prefix cache:
+when the model prescribes it (or the request says so: `PoolingParams.normalize`), and
+returned as float32 bytes (little endian); the core then finishes the request, which frees its blocks (they never enter the prefix cache:
 `engine/scheduler.py` `commit_step`).
 
 Row bookkeeping follows `engine/prompt_logprobs.py`: `ordered` is the step's sequences
@@ -96,7 +96,8 @@ class Pooler:
         dimensions = request.pooling.dimensions
         if dimensions is not None:
             vector = vector[:dimensions]
-        if self.config.normalize:
+        normalize = request.pooling.normalize
+        if self.config.normalize if normalize is None else normalize:
             vector = F.normalize(vector, p=2, dim=-1)
         request.pooled = None
         return vector.cpu().numpy().astype("<f4").tobytes()

@@ -37,6 +37,7 @@ from handlers.serving import (
     StatsSink,
 )
 from handlers.serving.jsonlines import ServingJsonLines
+from handlers.serving.pooling import ServingPooling
 from handlers.serving.response_store import ResponseStore
 from handlers.serving.responses import ServingResponses
 from handlers.serving.score import ServingScores
@@ -90,6 +91,7 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
+    app.add_route("/pooling", resources.Pooling(config, ServingPooling(served, stats)))
     score = resources.Score(config, scores)
     for route in ("/score", "/v1/score"):
         app.add_route(route, score)

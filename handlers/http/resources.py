@@ -31,7 +31,7 @@ from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
 from handlers.protocol.base import ModelT, parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
-from handlers.protocol.embedding import EmbeddingRequest
+from handlers.protocol.embedding import EmbeddingRequest, PoolingRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tokenize import (
@@ -48,6 +48,7 @@ from handlers.serving.invocations import ServingInvocations
 from handlers.serving.jsonlines import JSONLINES_MEDIA_TYPE, ServingJsonLines, is_jsonlines
 from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
+from handlers.serving.pooling import ServingPooling
 from handlers.serving.responses import ServingResponses
 from handlers.serving.score import ServingScores
 from handlers.serving.sessions import SESSION_ID_HEADER, ServingSessions
@@ -150,6 +151,18 @@ class Embeddings(_JsonBody):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = parse_request(EmbeddingRequest, await self.body(req), self._serving.served.limits)
         send_model(resp, await self._serving.create(request, request_context(req)))
+
+
+class Pooling(_JsonBody):
+    """vLLM's `POST /pooling`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingPooling) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(PoolingRequest, await self.body(req), self._serving.served.limits)
+        send_model(resp, await self._serving.create_pooling(request, request_context(req)))
 
 
 class Score(_JsonBody):

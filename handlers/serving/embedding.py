@@ -3,7 +3,8 @@ recipe (`engine/pooling_config.py`, announced by the engine in `ModelInfo.poolin
 
 The engine sends each vector as float32 bytes (little endian), so `encoding_format:
 base64` is those bytes base64-encoded, and `float` is the same values as JSON numbers:
-the two formats carry bit-identical vectors. A request is never streamed.
+the two formats carry bit-identical vectors (unless the request asks base64 for another
+`embed_dtype` or byte order: `vector_encoder`). A request is never streamed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import base64
 import logging
 import sys
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from engine.messages import PoolingParams, RequestOutput
 from engine.pooling_config import PoolingConfig
@@ -21,7 +25,9 @@ from handlers.errors import BadRequestError, InternalServerError, from_engine_er
 from handlers.protocol.base import UsageInfo
 from handlers.protocol.embedding import EmbeddingData, EmbeddingRequest, EmbeddingResponse
 from handlers.serving.base import PromptInput, ServingBase
+from handlers.serving.chat_template import choose_chat_template
 from handlers.serving.context import RequestContext
+from handlers.serving.render import render_chat
 
 logger = logging.getLogger(__name__)
 
@@ -40,25 +46,8 @@ class ServingEmbedding(ServingBase):
     id_prefix = "embd"
 
     async def create(self, request: EmbeddingRequest, ctx: RequestContext) -> EmbeddingResponse:
-        model_name = self.model_name(request.model)
-        pooling = self.pooling_params(request.dimensions)
-        inputs = await self.tokenize_prompts(
-            request.inputs(),
-            add_special_tokens=request.add_special_tokens,
-            field="input",
-            truncation=self.served.truncation(
-                request.truncate_prompt_tokens, request.truncation_side
-            ),
-        )
-        pooled = await self.pool(
-            inputs,
-            pooling,
-            ctx,
-            request_id=request.request_id,
-            priority=request.priority,
-            cache_salt=request.cache_salt,
-        )
-        encode = _base64 if request.encoding_format == "base64" else _floats
+        model_name, pooled = await self.embed(request, ctx)
+        encode = vector_encoder(request)
         data = [
             EmbeddingData(index=i, embedding=encode(vector))
             for i, vector in enumerate(pooled.vectors)
@@ -70,6 +59,35 @@ class ServingEmbedding(ServingBase):
             data=data,
             usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens),
         )
+
+    async def embed(
+        self, request: EmbeddingRequest, ctx: RequestContext
+    ) -> tuple[str, PooledBatch]:
+        """(the model name to report, the pooled vectors) of an embeddings-shaped request:
+        its inputs, or its messages rendered by the chat template as one input."""
+        model_name = self.model_name(request.model)
+        pooling = self.pooling_params(request.dimensions, normalize=request.use_activation)
+        truncation = self.served.truncation(request.truncate_prompt_tokens, request.truncation_side)
+        if request.messages is not None:
+            text = await render_chat(
+                self.served, request, choose_chat_template(self.served, request)
+            )
+            prompts: list[str | list[int]] = [text]
+            field = "messages"
+        else:
+            prompts, field = request.inputs(), "input"
+        inputs = await self.tokenize_prompts(
+            prompts, add_special_tokens=request.special_tokens, field=field, truncation=truncation
+        )
+        pooled = await self.pool(
+            inputs,
+            pooling,
+            ctx,
+            request_id=request.request_id,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+        )
+        return model_name, pooled
 
     async def pool(
         self,
@@ -132,7 +150,9 @@ class ServingEmbedding(ServingBase):
             num_prompt_tokens,
         )
 
-    def pooling_params(self, dimensions: int | None = None) -> PoolingParams:
+    def pooling_params(
+        self, dimensions: int | None = None, *, normalize: bool | None = None
+    ) -> PoolingParams:
         """400 when the model serves no embeddings or cannot give `dimensions`."""
         config: PoolingConfig | None = self.served.info().pooling
         if config is None:
@@ -144,7 +164,7 @@ class ServingEmbedding(ServingBase):
         problem = config.check_dimensions(dimensions)
         if problem is not None:
             raise BadRequestError(f"dimensions: {problem}", param="dimensions")
-        return PoolingParams(dimensions=dimensions)
+        return PoolingParams(dimensions=dimensions, normalize=normalize)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +193,39 @@ def _vector_of(output: RequestOutput) -> bytes:
     return output.embedding
 
 
+def vector_encoder(request: EmbeddingRequest) -> Callable[[bytes], list[float] | str]:
+    """How a request wants each vector: JSON numbers, or base64 of its values in
+    `embed_dtype` and `endianness` (vLLM's)."""
+    if request.encoding_format != "base64":
+        return _floats
+    dtype = request.embed_dtype
+    order = sys.byteorder if request.endianness == "native" else request.endianness
+
+    def encode(vector: bytes) -> str:
+        return _base64(_as_bytes(vector, dtype, order))
+
+    return encode
+
+
 def _floats(vector: bytes) -> list[float]:
     return vector_values(vector).tolist()
+
+
+def _as_bytes(vector: bytes, dtype: str, order: str) -> bytes:
+    """The engine's float32 little-endian vector as `dtype` elements in byte `order`;
+    bfloat16 rounds to nearest even, as torch's conversion does."""
+    values = np.frombuffer(vector, dtype="<f4")
+    if dtype == "float16":
+        out = values.astype(np.float16)
+    elif dtype == "bfloat16":
+        bits = values.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        out = rounded.astype(np.uint16)
+        nan = np.isnan(values)
+        out[nan] = 0x7FC0
+    else:
+        out = values
+    return out.astype(out.dtype.newbyteorder("<" if order == "little" else ">")).tobytes()
 
 
 def _base64(vector: bytes) -> str:

@@ -172,3 +172,51 @@ def test_embeddings_beside_generation_change_no_token(invariant_server: Server) 
         assert embedder.result() >= 1
     assert mixed == alone
     assert wait_metric(invariant_server, "hearth:kv_cache_used_blocks", 0) == 0
+
+
+def test_vllm_extras_on_the_real_server(
+    invariant_server: Server, batch: Any, model_smollm2_dir: str, tokenizer: Tokenizer
+) -> None:
+    """vLLM's embedding extras: `messages` embeds the rendered conversation (equal to
+    embedding its /tokenize ids), `use_activation: false` returns transformers' raw
+    last-token state, base64 in float16 / big-endian decodes to the float vector, and
+    `/pooling` answers the same vectors in vLLM's pooling shape."""
+    import torch
+    from transformers import AutoModel
+
+    url = invariant_server.url
+    conversation = [{"role": "user", "content": TEXTS[0]}]
+    chat = httpx.post(url + "/v1/embeddings", json={"model": MODEL, "messages": conversation},
+                      timeout=TIMEOUT)  # fmt: skip
+    assert chat.status_code == 200, chat.text
+    ids = httpx.post(url + "/tokenize", json={"messages": conversation,
+                     "add_generation_prompt": False}, timeout=TIMEOUT).json()["tokens"]  # fmt: skip
+    by_ids = client(invariant_server).embeddings.create(
+        model=MODEL, input=ids, encoding_format="float"
+    )
+    assert np.array_equal(np.array(chat.json()["data"][0]["embedding"]), vectors(by_ids)[0])
+
+    raw = httpx.post(url + "/v1/embeddings", json={"model": MODEL, "input": TEXTS[:2],
+                     "use_activation": False}, timeout=TIMEOUT).json()  # fmt: skip
+    model = AutoModel.from_pretrained(model_smollm2_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = np.stack([
+            model(torch.tensor([tokenizer.encode(t, add_special_tokens=True)]))
+            .last_hidden_state[0, -1].numpy()
+            for t in TEXTS[:2]
+        ])  # fmt: skip
+    got = np.array([d["embedding"] for d in raw["data"]])
+    scale = float(np.abs(expected).max())
+    assert np.abs(got - expected).max() <= TOL * scale
+    assert abs(float(np.linalg.norm(got[0])) - 1.0) > 1e-2
+
+    half = httpx.post(url + "/v1/embeddings", json={"model": MODEL, "input": TEXTS[0],
+                      "encoding_format": "base64", "embed_dtype": "float16",
+                      "endianness": "big"}, timeout=TIMEOUT).json()  # fmt: skip
+    decoded = np.frombuffer(base64.b64decode(half["data"][0]["embedding"]), dtype=">f2")
+    assert np.array_equal(decoded, vectors(batch)[0].astype(np.float16))
+
+    pooled = httpx.post(url + "/pooling", json={"model": MODEL, "input": TEXTS}, timeout=TIMEOUT)
+    assert pooled.status_code == 200, pooled.text
+    assert pooled.json()["id"].startswith("pool-")
+    assert np.array_equal(np.array([d["data"] for d in pooled.json()["data"]]), vectors(batch))

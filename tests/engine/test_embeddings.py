@@ -134,24 +134,29 @@ def as_vector(out: RequestOutput) -> torch.Tensor:
 
 
 def embed(
-    core, prompts: list[list[int]], tag: str, dimensions: int | None = None
+    core,
+    prompts: list[list[int]],
+    tag: str,
+    dimensions: int | None = None,
+    normalize: bool | None = None,
 ) -> list[torch.Tensor]:
     """Admit every prompt at once as an embedding request; run to the end."""
-    outs = run(core, [(f"{tag}-{i}", ids, None, dimensions) for i, ids in enumerate(prompts)])
+    pooling = PoolingParams(dimensions=dimensions, normalize=normalize)
+    outs = run(core, [(f"{tag}-{i}", ids, None, pooling) for i, ids in enumerate(prompts)])
     return [as_vector(outs[f"{tag}-{i}"][-1]) for i in range(len(prompts))]
 
 
 def run(
-    core, work: list[tuple[str, list[int], SamplingParams | None, int | None]]
+    core, work: list[tuple[str, list[int], SamplingParams | None, PoolingParams | None]]
 ) -> dict[str, list[RequestOutput]]:
-    """Admit `(id, prompt, params or None for an embedding, dimensions)` all at once and
+    """Admit `(id, prompt, params or None for an embedding, its pooling)` all at once and
     step until idle; every output per request. Asserts no KV block is left in use."""
-    for rid, ids, params, dimensions in work:
+    for rid, ids, params, pooling in work:
         msg = AddRequest(
             request_id=rid,
             prompt_token_ids=ids,
             params=params or SamplingParams(),
-            pooling=None if params is not None else PoolingParams(dimensions=dimensions),
+            pooling=None if params is not None else pooling or PoolingParams(),
         )
         admission = core.add_request(msg)
         assert admission is not None and admission.accepted, admission
@@ -224,6 +229,25 @@ def test_causal_lm_without_config_pools_the_last_token(base_dir: Path) -> None:
             ]
         )
     assert_close(got, expected)
+
+
+def test_the_request_overrides_normalisation(base_dir: Path, tmp_path: Path) -> None:
+    """vLLM's use_activation: false gives a normalising model's raw vector, true
+    normalises a model that does not."""
+    from transformers import AutoModel
+
+    prompts = encode_all(base_dir)
+    raw = embed(make_core(base_dir), prompts, "raw", normalize=False)
+    hf = AutoModel.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = torch.stack(
+            [hf(torch.tensor([ids])).last_hidden_state[0, -1] for ids in prompts]
+        )
+    assert_close(raw, expected)
+    assert any(abs(float(v.norm()) - 1.0) > 1e-2 for v in raw)
+    model_dir = add_sentence_transformers(base_dir, tmp_path / "unit", "mean", normalize=False)
+    unit = embed(make_core(model_dir), encode_all(model_dir), "unit", normalize=True)
+    assert_close(unit, st_encode(model_dir, normalize_embeddings=True))
 
 
 def test_matryoshka_dimensions_match_truncate_dim(base_dir: Path, tmp_path: Path) -> None:

@@ -153,3 +153,108 @@ async def test_a_client_that_leaves_aborts_every_input(client, engine: FakeEngin
     assert sorted(engine.aborted) == sorted(a.request_id for a in engine.added)
     assert len(engine.added) == len(TEXTS)
     assert engine.live == set() and engine.num_in_flight == 0
+
+
+# -- vLLM's extras: messages, embed_dtype / endianness, use_activation, /pooling ---------
+CONVERSATION = [
+    {"role": "system", "content": "Represent the question for retrieval."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+def test_messages_are_rendered_and_embedded_as_one_input(
+    client, engine: FakeEngine, tokenizer: Tokenizer
+) -> None:
+    """vLLM's chat-style embeddings: the conversation rendered as /tokenize renders it
+    (no generation prompt unless asked, no special tokens added), one engine request."""
+    seen = []
+    for extra in ({}, {"add_generation_prompt": True}):
+        engine.added.clear()
+        body = client.simulate_post(EMBEDDINGS, json={"messages": CONVERSATION, **extra}).json
+        rendered = client.simulate_post(
+            "/tokenize",
+            json={"messages": CONVERSATION, "add_generation_prompt": False, **extra},
+        ).json["tokens"]
+        (added,) = engine.added
+        assert added.prompt_token_ids == rendered
+        assert body["data"][0]["embedding"] == fake_embedding(rendered, EMBEDDING_SIZE)
+        assert body["usage"]["prompt_tokens"] == len(rendered)
+        seen.append(rendered)
+    assert len(seen[1]) > len(seen[0]) and seen[1][: len(seen[0])] == seen[0]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "x", "messages": CONVERSATION}, "messages"),
+        ({}, "input"),
+        ({"input": "x", "add_generation_prompt": True}, "add_generation_prompt"),
+        ({"input": "x", "chat_template_kwargs": {}}, "chat_template_kwargs"),
+        ({"messages": []}, "messages"),
+        (
+            {
+                "messages": CONVERSATION,
+                "add_generation_prompt": True,
+                "continue_final_message": True,
+            },
+            "continue_final_message",
+        ),
+        ({"input": "x", "embed_dtype": "fp8_e4m3"}, "embed_dtype"),
+        ({"input": "x", "embed_dtype": "int8"}, "embed_dtype"),
+        ({"input": "x", "endianness": "middle"}, "endianness"),
+        ({"input": "x", "use_activation": "yes"}, "use_activation"),
+    ],
+)
+def test_bad_extras_are_400_naming_the_field(client, engine: FakeEngine, body, param) -> None:
+    assert_openai_error(client.simulate_post(EMBEDDINGS, json=body), 400, param)
+    assert engine.added == []
+
+
+@pytest.mark.parametrize(
+    ("dtype", "numpy_dtype"), [("float32", "f4"), ("float16", "f2"), ("bfloat16", None)]
+)
+@pytest.mark.parametrize("endianness", ["little", "big", "native"])
+def test_base64_in_the_asked_dtype_and_byte_order(client, dtype, numpy_dtype, endianness) -> None:
+    import numpy as np
+    import torch
+
+    floats = client.simulate_post(EMBEDDINGS, json={"input": TEXTS}).json["data"]
+    body = {"input": TEXTS, "encoding_format": "base64", "embed_dtype": dtype}
+    encoded = client.simulate_post(EMBEDDINGS, json={**body, "endianness": endianness}).json["data"]
+    order = {"little": "<", "big": ">", "native": "="}[endianness]
+    for want, got in zip(floats, encoded, strict=True):
+        raw = base64.b64decode(got["embedding"])
+        reference = torch.tensor(want["embedding"], dtype=torch.float32)
+        if numpy_dtype is None:  # bfloat16: the top 16 bits, rounded as torch rounds
+            bits = np.frombuffer(raw, dtype=order + "u2").astype(np.int32)
+            expected = reference.to(torch.bfloat16).view(torch.int16).numpy().astype(np.int32)
+            assert np.array_equal(bits & 0xFFFF, expected & 0xFFFF)
+        else:
+            values = np.frombuffer(raw, dtype=order + numpy_dtype)
+            expected = reference.numpy().astype(numpy_dtype)
+            assert np.array_equal(values, expected)
+
+
+def test_use_activation_reaches_the_engine(client, engine: FakeEngine) -> None:
+    for value in (True, False, None):
+        engine.added.clear()
+        body = {"input": "x"} if value is None else {"input": "x", "use_activation": value}
+        assert client.simulate_post(EMBEDDINGS, json=body).status_code == 200
+        assert engine.added[0].pooling.normalize is value
+
+
+def test_pooling_route_answers_in_vllm_s_shape(client, engine: FakeEngine, tokenizer) -> None:
+    embedded = client.simulate_post(EMBEDDINGS, json={"input": TEXTS[:2]}).json
+    for task in ({}, {"task": "embed"}):
+        result = client.simulate_post("/pooling", json={"input": TEXTS[:2], **task})
+        assert result.status_code == 200, result.text
+        body = result.json
+        assert body["id"].startswith("pool-") and body["object"] == "list"
+        assert [d["object"] for d in body["data"]] == ["pooling", "pooling"]
+        assert [d["data"] for d in body["data"]] == [d["embedding"] for d in embedded["data"]]
+        assert body["usage"] == embedded["usage"]
+    chat = client.simulate_post("/pooling", json={"messages": CONVERSATION}).json
+    assert len(chat["data"]) == 1
+    for task in ("token_embed", "classify", "score", "bogus"):
+        result = client.simulate_post("/pooling", json={"input": "x", "task": task})
+        assert_openai_error(result, 400, "task")
