@@ -33,6 +33,7 @@ from engine.messages import (
     AdapterReply,
     AddRequest,
     Admission,
+    PoolingParams,
     RequestOutput,
     SessionCommand,
     SessionReply,
@@ -389,6 +390,11 @@ class EngineCore:
             return SESSION_GONE
         if msg.pooling is not None:
             return self._validate_embedding(msg)
+        if self.pooling.classifier is not None:
+            return (
+                "this model is a sequence classifier: it generates no text (it serves "
+                "/classify, /score and /rerank)"
+            )
         if len(ids) >= self.max_model_len:
             return (
                 f"The prompt has {len(ids)} tokens; this model's maximum context length is "
@@ -414,7 +420,7 @@ class EngineCore:
     def _validate_embedding(self, msg: AddRequest) -> str | None:
         """An embedding request generates nothing, so its prompt may fill the context."""
         ids = msg.prompt_token_ids
-        if self.pooling.unsupported is not None:
+        if self.pooling.unsupported is not None and self.pooling.classifier is None:
             return self.pooling.unsupported
         if len(ids) > self.max_model_len:
             return (
@@ -636,6 +642,13 @@ class EngineCore:
         n = min(self.max_num_batched_tokens, self.max_model_len - 8, 64)
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         msg = AddRequest(request_id="__warmup__", prompt_token_ids=[1] * max(n, 1), params=params)
+        if self.pooling.classifier is not None:  # it generates nothing: one prompt pooled
+            msg = AddRequest(
+                request_id="__warmup__",
+                prompt_token_ids=[1] * max(n, 1),
+                params=SamplingParams(max_tokens=0),
+                pooling=PoolingParams(),
+            )
         admission = self.add_request(msg)
         if admission is None or not admission.accepted:
             raise RuntimeError(f"warm-up request refused: {admission.message}")

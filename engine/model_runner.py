@@ -20,6 +20,7 @@ from engine.cuda_graphs import CudaGraphRunner
 from engine.layers.attention import bind_attention
 from engine.lora.manager import LoRAManager
 from engine.messages import TokenLogprob
+from engine.models.classifier import is_classifier
 from engine.pooler import Pooler
 from engine.pooling_config import PoolingConfig
 from engine.request import Request
@@ -105,7 +106,9 @@ class ModelRunner:
             self.kv_caches = [(k[i], v[i]) for i in range(model.num_layers)]
         bind_attention(model, self.kv_caches, attention)
         self.sampler = Sampler(device)
-        self.pooler = Pooler(pooling or PoolingConfig())
+        self.pooler = Pooler(
+            pooling or PoolingConfig(), head=model.classify if is_classifier(model) else None
+        )
         self.cuda_graphs: CudaGraphRunner | None = None
         """Set by the core after capture (GPU, no --enforce-eager); see engine/cuda_graphs.py."""
         self.lora: LoRAManager | None = None

@@ -15,7 +15,8 @@ A chunk that starts at position 0 starts the state afresh, which is what makes a
 preempted request (recomputed from scratch) pool each token once. When the prompt's
 last chunk has run, the vector is truncated to `dimensions` (Matryoshka), normalised
 when the model prescribes it (or the request says so: `PoolingParams.normalize`), and
-returned as float32 bytes (little endian); the core then finishes the request, which frees its blocks (they never enter the prefix cache:
+returned as float32 bytes (little endian); a sequence classifier's row goes through its
+head instead, and its logits are returned. The core then finishes the request, which frees its blocks (they never enter the prefix cache:
 `engine/scheduler.py` `commit_step`).
 
 Row bookkeeping follows `engine/prompt_logprobs.py`: `ordered` is the step's sequences
@@ -24,6 +25,7 @@ in the order their tokens were flattened into `hidden`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,8 +49,15 @@ class PoolingState:
 class Pooler:
     """Folds each step's hidden rows into the embedding requests' states."""
 
-    def __init__(self, config: PoolingConfig) -> None:
+    def __init__(
+        self,
+        config: PoolingConfig,
+        head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.config = config
+        self.head = head
+        """A sequence classifier's `classify` (engine/models/classifier.py): a pooled
+        row becomes its float32 logits, returned as they are."""
 
     def pool_step(
         self, hidden: torch.Tensor, ordered: list[ScheduledRequest]
@@ -91,6 +100,9 @@ class Pooler:
         state = request.pooled
         assert state is not None and state.value is not None and request.pooling is not None
         vector = state.value
+        if self.head is not None:
+            request.pooled = None
+            return self.head(vector.unsqueeze(0))[0].cpu().numpy().astype("<f4").tobytes()
         if self.config.method == "mean":
             vector = vector / request.num_prompt_tokens
         dimensions = request.pooling.dimensions

@@ -12,6 +12,11 @@ reading of the files. The rules, in order (docs/api.md, "Embeddings"):
 2. No pipeline: last-token pooling, normalised, which is how causal-LM embedders (e5-
    mistral, gte-Qwen, Qwen3-Embedding) are used, and vLLM's default for them.
 
+A sequence classifier (`config.json` names a `*ForSequenceClassification` architecture:
+engine/models/classifier.py) pools the last token and runs its head on it: its
+`ClassifierConfig` (labels, activation) replaces the embedding recipe, and it serves
+classification and cross-encoder scores, not embeddings.
+
 Matryoshka truncation (`dimensions`) follows vLLM: allowed when `config.json` has
 `is_matryoshka: true` (any size up to the hidden size) or `matryoshka_dimensions` (only
 those sizes).
@@ -43,6 +48,25 @@ _ST_POOLING = "Pooling"
 _ST_NORMALIZE = "Normalize"
 
 
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
+
+ACTIVATIONS = ("classify", "sigmoid", "identity")
+"""How a classifier's logits become its answer: "classify" (softmax over two or more
+labels, sigmoid for one), "sigmoid" (each label on its own: multi-label) or "identity"
+(regression, or a cross-encoder trained without one)."""
+
+
+class ClassifierConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """A sequence classifier's head, as its config.json describes it."""
+
+    num_labels: int
+    labels: list[str | None]
+    """Each label's name (`id2label`), by index; None where the config names none."""
+    activation: str = "classify"
+    """One of ACTIVATIONS, read as vLLM reads it (`problem_type`, then
+    sentence-transformers' cross-encoder `activation_fn`)."""
+
+
 class PoolingConfig(msgspec.Struct, kw_only=True, frozen=True):
     """The served model's embedding recipe (one per engine)."""
 
@@ -61,6 +85,8 @@ class PoolingConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Where the recipe came from (the start-up log line)."""
     unsupported: str | None = None
     """Why this model serves no embeddings (None: it does)."""
+    classifier: ClassifierConfig | None = None
+    """Set for a sequence classifier: its pooled rows go through its head."""
 
     def check_dimensions(self, dimensions: int | None) -> str | None:
         """The 400 message for a `dimensions` this model cannot give (None: fine)."""
@@ -98,10 +124,61 @@ def read_pooling_config(model_dir: str | Path) -> PoolingConfig:
         "matryoshka": bool(config.get("is_matryoshka")) or bool(dims),
         "matryoshka_dimensions": dims or None,
     }
+    classifier = _classifier(config)
+    if classifier is not None:
+        return PoolingConfig(
+            **common,
+            normalize=False,
+            classifier=classifier,
+            source=(
+                f"sequence classifier ({classifier.num_labels} labels, "
+                f"{classifier.activation}): last-token pooling, then its score head"
+            ),
+            unsupported=(
+                "this model is a sequence classifier: it serves /classify, /score and "
+                "/rerank, not embeddings"
+            ),
+        )
     modules = _read_json(directory / "modules.json")
     if not isinstance(modules, list):
         return PoolingConfig(**common)
     return _from_pipeline(directory, modules, common)
+
+
+def _classifier(config: dict[str, Any]) -> ClassifierConfig | None:
+    architectures = config.get("architectures")
+    if not (
+        isinstance(architectures, list)
+        and architectures
+        and isinstance(architectures[0], str)
+        and architectures[0].endswith(CLASSIFIER_SUFFIX)
+    ):
+        return None
+    id2label = config.get("id2label")
+    names = id2label if isinstance(id2label, dict) else {}
+    num_labels = _int_or(config.get("num_labels"), len(names) or 2)
+    labels = [names.get(str(i)) if isinstance(names.get(str(i)), str) else None
+              for i in range(num_labels)]  # fmt: skip
+    return ClassifierConfig(num_labels=num_labels, labels=labels, activation=_activation(config))
+
+
+def _activation(config: dict[str, Any]) -> str:
+    """vLLM's reading (`get_act_fn`): `problem_type` first, then a sentence-transformers
+    cross-encoder's `activation_fn`, else classify."""
+    problem = config.get("problem_type")
+    if problem == "regression":
+        return "identity"
+    if problem == "multi_label_classification":
+        return "sigmoid"
+    if problem == "single_label_classification":
+        return "classify"
+    st = config.get("sentence_transformers")
+    name = st.get("activation_fn") if isinstance(st, dict) else None
+    if name is None:
+        name = config.get("sbert_ce_default_activation_function")
+    if isinstance(name, str) and name.rsplit(".", 1)[-1] == "Identity":
+        return "identity"
+    return "classify"
 
 
 def _from_pipeline(directory: Path, modules: list[Any], common: dict[str, Any]) -> PoolingConfig:

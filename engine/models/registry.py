@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from engine.models.classifier import sequence_classifier
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
@@ -28,6 +29,19 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "GptOssForCausalLM": GptOssForCausalLM,
 }
 """Every architecture hearth serves natively; SmolLM/SmolLM2 checkpoints say LlamaForCausalLM."""
+
+CLASSIFIER_BASES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
+)
+"""Decoders served with transformers' sequence-classification head too
+(`Qwen3ForSequenceClassification`, ...: engine/models/classifier.py)."""
+for _base in CLASSIFIER_BASES:
+    _classifier = sequence_classifier(ARCHITECTURES[_base])
+    ARCHITECTURES[_classifier.__name__] = _classifier
 
 _BY_MODEL_TYPE: dict[str, str] = {
     "llama": "LlamaForCausalLM",

@@ -203,3 +203,30 @@ def save_servable_tiny(name: str, directory: Path) -> torch.nn.Module:
 
     build_tiny_model(directory)  # tokenizer files (and a config.json, replaced below)
     return save_tiny(name, directory, vocab_size=SERVED_VOCAB)
+
+
+def save_servable_classifier(
+    name: str, directory: Path, num_labels: int, **config_fields: Any
+) -> torch.nn.Module:
+    """A `*ForSequenceClassification` checkpoint on config `name`'s decoder: random
+    weights (score head included), `num_labels` labels named ``LABEL_i`` unless
+    `config_fields` says otherwise (`id2label`, `problem_type`, ...), and the servable
+    tokenizer of `save_servable_tiny`; returns the transformers oracle (float32, eval)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.handlers.handlers_testing import build_tiny_model
+
+    build_tiny_model(directory)
+    config = CONFIGS[name]()
+    config.vocab_size = SERVED_VOCAB
+    config.num_labels = num_labels
+    for key, value in config_fields.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    hf = AutoModelForSequenceClassification.from_config(
+        config, dtype=torch.float32, attn_implementation="eager"
+    )
+    randomize(hf, seed=2)
+    hf.eval()
+    hf.save_pretrained(directory)
+    return hf

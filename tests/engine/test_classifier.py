@@ -1,0 +1,123 @@
+"""Sequence classifiers (`*ForSequenceClassification`, engine/models/classifier.py) in
+the engine: each prompt, pooled at its last token through the score head, gives
+transformers' float32 logits (tied and untied decoders, one and several labels, chunked
+prefill, beside each other in one step); the pooling config reads the labels and the
+activation as vLLM does; a generation request is refused, and nothing is left in the KV
+cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.messages import AddRequest, PoolingParams
+from engine.pooling_config import read_pooling_config
+from engine.sampling_params import SamplingParams
+from tests.engine.tiny_models import save_servable_classifier
+
+PROMPTS = [[5, 17, 33, 2, 9], [44, 3, 120, 7, 7, 81, 12, 19, 250, 31, 8, 6, 77], [300]]
+TOL = 1e-5
+
+
+def make_core(model_dir: Path, **overrides: Any):
+    from engine.core import EngineCore
+
+    overrides.setdefault("max_num_seqs", 8)
+    config = EngineConfig(model=str(model_dir), max_model_len=128, **overrides)
+    return EngineCore(config, progress=lambda _: None)
+
+
+def classify(core, prompts: list[list[int]]) -> list[np.ndarray]:
+    for i, ids in enumerate(prompts):
+        msg = AddRequest(
+            request_id=f"c{i}",
+            prompt_token_ids=ids,
+            params=SamplingParams(max_tokens=0),
+            pooling=PoolingParams(),
+        )
+        admission = core.add_request(msg)
+        assert admission is not None and admission.accepted, admission
+    outs = {}
+    while core.has_work():
+        for _, out in core.step():
+            outs[out.request_id] = out
+    assert core.block_manager.num_used_blocks == 0
+    return [np.frombuffer(outs[f"c{i}"].embedding, dtype="<f4") for i in range(len(prompts))]
+
+
+def reference(hf: torch.nn.Module, prompts: list[list[int]]) -> np.ndarray:
+    with torch.inference_mode():
+        return np.stack([hf(torch.tensor([ids])).logits[0].numpy() for ids in prompts])
+
+
+@pytest.mark.parametrize(
+    ("name", "num_labels"),
+    [("llama-gqa-tied", 3), ("llama-untied-bias-headdim", 1), ("qwen3", 2), ("qwen2-qkv-bias", 1)],
+)
+def test_logits_match_transformers(tmp_path: Path, name: str, num_labels: int) -> None:
+    hf = save_servable_classifier(name, tmp_path, num_labels)
+    core = make_core(tmp_path)
+    assert core.pooling.classifier is not None and core.pooling.classifier.num_labels == num_labels
+    got = np.stack(classify(core, PROMPTS))
+    expected = reference(hf, PROMPTS)
+    assert got.shape == (len(PROMPTS), num_labels)
+    worst = float(np.abs(got - expected).max())
+    print(f"\n{name}: max |hearth - transformers| = {worst:.2e}")
+    assert worst <= TOL
+
+
+def test_chunked_prefill_pools_the_last_chunk(tmp_path: Path) -> None:
+    hf = save_servable_classifier("qwen3", tmp_path, 2)
+    core = make_core(tmp_path, max_num_batched_tokens=16, max_prefill_chunk=4)
+    long = [(7 * i) % 500 + 1 for i in range(60)]
+    got = classify(core, [long, PROMPTS[0]])
+    assert np.abs(np.stack(got) - reference(hf, [long, PROMPTS[0]])).max() <= TOL
+
+
+def test_generation_is_refused(tmp_path: Path) -> None:
+    save_servable_classifier("llama-gqa-tied", tmp_path, 2)
+    core = make_core(tmp_path)
+    admission = core.add_request(
+        AddRequest(request_id="g", prompt_token_ids=[5, 6], params=SamplingParams(max_tokens=3))
+    )
+    assert admission is not None and not admission.accepted
+    assert "sequence classifier" in admission.message
+    core.warm_up()  # a pooled prompt, not a generation
+    assert core.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "activation"),
+    [
+        ({}, "classify"),
+        ({"problem_type": "regression"}, "identity"),
+        ({"problem_type": "multi_label_classification"}, "sigmoid"),
+        (
+            {"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}},
+            "identity",
+        ),
+        (
+            {"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}},
+            "classify",
+        ),
+    ],
+)
+def test_labels_and_activation_are_read_as_vllm_reads_them(
+    tmp_path: Path, fields: dict[str, Any], activation: str
+) -> None:
+    save_servable_classifier("llama-gqa-tied", tmp_path, 2, id2label={0: "negative", 1: "positive"})
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(fields)
+    config_path.write_text(json.dumps(config))
+    pooling = read_pooling_config(tmp_path)
+    assert pooling.classifier is not None
+    assert pooling.classifier.labels == ["negative", "positive"]
+    assert pooling.classifier.activation == activation
+    assert pooling.unsupported is not None and "classif" in pooling.unsupported
