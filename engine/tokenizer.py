@@ -288,6 +288,23 @@ class Tokenizer:
             encoding = self._tok.post_process(encoding, add_special_tokens=True)
         return encoding.ids, cut
 
+    def leading_text(self, text: str, max_tokens: int) -> str:
+        """The start of `text` that holds at most `max_tokens` tokens (special tokens not
+        counted), cut at a token boundary of the original characters: vLLM's
+        `truncate_text_to_tokens` for a cross-encoder's query and document, which are
+        cut as text before the pair is composed. Re-tokenizing a cut text can merge
+        differently, so it is checked again (a few rounds, then the kept ids decoded)."""
+        for _ in range(8):
+            encoding = self._tok.encode(text, add_special_tokens=False)
+            if len(encoding.ids) <= max_tokens:
+                return text
+            if max_tokens <= 0:
+                return ""
+            offsets = encoding.offsets
+            end = min(offsets[max_tokens - 1][1], offsets[max_tokens][0])
+            text = text[: min(end, len(text) - 1)]
+        return self.decode(encoding.ids[:max_tokens])
+
     @functools.cached_property
     def max_token_bytes(self) -> int:
         """The longest token's length in UTF-8 bytes (of its vocabulary string: for a

@@ -31,7 +31,7 @@ from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
 from handlers.protocol.base import ModelT, parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
-from handlers.protocol.embedding import EmbeddingRequest, PoolingRequest
+from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest, PoolingRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tokenize import (
@@ -41,6 +41,7 @@ from handlers.protocol.tokenize import (
 )
 from handlers.serving.adapters import ServingAdapters
 from handlers.serving.chat import ServingChat
+from handlers.serving.classification import ServingClassification
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
@@ -163,6 +164,20 @@ class Pooling(_JsonBody):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = parse_request(PoolingRequest, await self.body(req), self._serving.served.limits)
         send_model(resp, await self._serving.create_pooling(request, request_context(req)))
+
+
+class Classify(_JsonBody):
+    """vLLM's `POST /classify`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingClassification) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            ClassificationRequest, await self.body(req), self._serving.served.limits
+        )
+        send_model(resp, await self._serving.create_classification(request, request_context(req)))
 
 
 class Score(_JsonBody):

@@ -29,30 +29,20 @@ Endianness = Literal["native", "little", "big"]
 """vLLM's `endianness` of a base64 vector's elements ("native": this host's)."""
 
 
-class EmbeddingRequest(OpenAIBaseModel):
-    """OpenAI's embedding request plus vLLM's extras. Either `input` (one text, a list
-    of texts, one list of token ids or a list of them, one kind; each is one engine
-    request) or vLLM's `messages` (one conversation rendered by the chat template, one
-    engine request)."""
+class PooledInputRequest(OpenAIBaseModel):
+    """What vLLM's pooling requests (embeddings, /pooling, /classify) share: either
+    `input` (one text, a list of texts, one list of token ids or a list of them, one
+    kind; each is one engine request) or `messages` (one conversation rendered by the
+    chat template, one engine request), and how to tokenize and schedule them."""
 
     input: str | list[str] | list[int] | list[list[int]] | None = None
     messages: MessagesField | None = None
     """vLLM's chat-style input: rendered like /tokenize renders it (no generation prompt
-    by default), then embedded as one text."""
+    by default), then pooled as one text."""
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    """'float': a JSON array of numbers; 'base64': the values as bytes (`embed_dtype`,
-    `endianness`), base64-encoded (what the openai SDK asks for by default)."""
-    embed_dtype: EmbedDType = "float32"
-    """vLLM's: the element type of a base64 vector (a float one is always float32)."""
-    endianness: Endianness = "native"
-    """vLLM's: the byte order of a base64 vector's elements."""
-    dimensions: int | None = Field(default=None, ge=1)
-    """Keep the first `dimensions` values (Matryoshka models only), then normalise."""
     use_activation: bool | None = None
-    """vLLM's: false returns the pooled vector unnormalised, true normalises it; None:
-    the model's own choice (its sentence-transformers Normalize module, or normalised
-    for a causal LM)."""
+    """vLLM's: embeddings: false returns the pooled vector unnormalised, true normalises
+    it (None: the model's own choice); classification: false returns the raw logits."""
     user: str | None = None
     add_special_tokens: bool | None = None
     """Default: true for `input`, false for `messages` (the template adds them)."""
@@ -64,7 +54,7 @@ class EmbeddingRequest(OpenAIBaseModel):
     """Lower runs first under --scheduling-policy priority."""
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     truncate_prompt_tokens: TruncatePromptTokens | None = None
-    """vLLM: embed each input's last k tokens only (-1: the context length)."""
+    """vLLM: pool each input's last k tokens only (-1: the context length)."""
     truncation_side: TruncationSide | None = None
     """vLLM: "right" keeps an input's first k tokens instead."""
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
@@ -74,13 +64,6 @@ class EmbeddingRequest(OpenAIBaseModel):
     tools: ClassVar[None] = None
     reasoning_effort: ClassVar[None] = None
 
-    @field_validator("embed_dtype", mode="before")
-    @classmethod
-    def _check_embed_dtype(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.startswith("fp8"):
-            raise FieldError(None, f"{value} is not supported; use float32, float16 or bfloat16")
-        return value
-
     @field_validator("input", mode="before")
     @classmethod
     def _check_input(cls, value: Any, info: ValidationInfo) -> Any:
@@ -89,7 +72,7 @@ class EmbeddingRequest(OpenAIBaseModel):
         return check_prompts(value, limits_from(info.context).max_sequences_per_request)
 
     @model_validator(mode="after")
-    def _one_input_kind(self) -> EmbeddingRequest:
+    def _one_input_kind(self) -> PooledInputRequest:
         if (self.input is None) == (self.messages is None):
             raise FieldError(
                 "input" if self.input is None else "messages",
@@ -117,13 +100,36 @@ class EmbeddingRequest(OpenAIBaseModel):
         return self.messages is None
 
 
+class EmbeddingRequest(PooledInputRequest):
+    """OpenAI's embedding request plus vLLM's extras (`messages`, `embed_dtype`,
+    `endianness`, `use_activation`, ...)."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+    """'float': a JSON array of numbers; 'base64': the values as bytes (`embed_dtype`,
+    `endianness`), base64-encoded (what the openai SDK asks for by default)."""
+    embed_dtype: EmbedDType = "float32"
+    """vLLM's: the element type of a base64 vector (a float one is always float32)."""
+    endianness: Endianness = "native"
+    """vLLM's: the byte order of a base64 vector's elements."""
+    dimensions: int | None = Field(default=None, ge=1)
+    """Keep the first `dimensions` values (Matryoshka models only), then normalise."""
+
+    @field_validator("embed_dtype", mode="before")
+    @classmethod
+    def _check_embed_dtype(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("fp8"):
+            raise FieldError(None, f"{value} is not supported; use float32, float16 or bfloat16")
+        return value
+
+
 POOLING_TASKS = ("embed", "token_embed", "classify", "token_classify", "score", "plugin")
 """vLLM's pooling tasks; hearth's pooled vector is the "embed" one."""
 
 
 class PoolingRequest(EmbeddingRequest):
     """vLLM's `/pooling` request: an embedding request whose answer is vLLM's pooling
-    shape; `task` may only be "embed" (hearth has no token-level or classifier heads)."""
+    shape; `task` may only be "embed" (hearth has no token-level heads, and serves a
+    classifier's answers on /classify)."""
 
     task: Literal["embed"] | None = None
 
@@ -133,8 +139,8 @@ class PoolingRequest(EmbeddingRequest):
         if isinstance(value, str) and value != "embed" and value in POOLING_TASKS:
             raise FieldError(
                 None,
-                f"task {value!r} is not supported: this server pools one vector per input "
-                "(task 'embed')",
+                f"task {value!r} is not supported: this route pools one vector per input "
+                "(task 'embed'); a sequence classifier answers on /classify",
             )
         return value
 
@@ -169,4 +175,28 @@ class PoolingResponse(WireModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     data: list[PoolingData]
+    usage: UsageInfo
+
+
+class ClassificationRequest(PooledInputRequest):
+    """vLLM's `/classify` request: each input's class probabilities from a sequence
+    classifier."""
+
+
+class ClassificationData(WireModel):
+    index: int
+    label: str | None
+    """The most probable class's name (`id2label`), None where the model names none."""
+    probs: list[float]
+    """Each class's probability (softmax; sigmoid for one label or a multi-label
+    model; the raw logits with `use_activation: false` or a regression model)."""
+    num_classes: int
+
+
+class ClassificationResponse(WireModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ClassificationData]
     usage: UsageInfo

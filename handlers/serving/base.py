@@ -25,6 +25,7 @@ from engine.collector import OutputCollector
 from engine.messages import PoolingParams
 from engine.sampling_params import SamplingParams
 from handlers.errors import (
+    BadRequestError,
     InternalServerError,
     RequestTimeoutError,
     ServingError,
@@ -171,6 +172,13 @@ class ServingBase:
         on always agree.
         """
         served = self.served
+        pooling = served.info().pooling
+        if pooling is not None and pooling.classifier is not None:
+            raise BadRequestError(
+                "This model is a sequence classifier: it generates no text. It serves "
+                "/classify, /score and /rerank.",
+                param="model",
+            )
         if ctx.adapter is not None:  # SageMaker's adapter header names the model run
             model_name = ctx.adapter
         adapter = ctx.adapter or served.adapter_for(model_name)

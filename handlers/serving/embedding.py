@@ -19,11 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.messages import PoolingParams, RequestOutput
-from engine.pooling_config import PoolingConfig
+from engine.pooling_config import ClassifierConfig, PoolingConfig
 from engine.sampling_params import SamplingParams
 from handlers.errors import BadRequestError, InternalServerError, from_engine_error
 from handlers.protocol.base import UsageInfo
-from handlers.protocol.embedding import EmbeddingData, EmbeddingRequest, EmbeddingResponse
+from handlers.protocol.embedding import (
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    PooledInputRequest,
+)
 from handlers.serving.base import PromptInput, ServingBase
 from handlers.serving.chat_template import choose_chat_template
 from handlers.serving.context import RequestContext
@@ -46,7 +51,9 @@ class ServingEmbedding(ServingBase):
     id_prefix = "embd"
 
     async def create(self, request: EmbeddingRequest, ctx: RequestContext) -> EmbeddingResponse:
-        model_name, pooled = await self.embed(request, ctx)
+        self.model_name(request.model)  # 404 first
+        pooling = self.pooling_params(request.dimensions, normalize=request.use_activation)
+        model_name, pooled = await self.embed(request, ctx, pooling)
         encode = vector_encoder(request)
         data = [
             EmbeddingData(index=i, embedding=encode(vector))
@@ -61,12 +68,11 @@ class ServingEmbedding(ServingBase):
         )
 
     async def embed(
-        self, request: EmbeddingRequest, ctx: RequestContext
+        self, request: PooledInputRequest, ctx: RequestContext, pooling: PoolingParams
     ) -> tuple[str, PooledBatch]:
-        """(the model name to report, the pooled vectors) of an embeddings-shaped request:
-        its inputs, or its messages rendered by the chat template as one input."""
+        """(the model name to report, the pooled vectors) of a pooling request: its
+        inputs, or its messages rendered by the chat template as one input."""
         model_name = self.model_name(request.model)
-        pooling = self.pooling_params(request.dimensions, normalize=request.use_activation)
         truncation = self.served.truncation(request.truncate_prompt_tokens, request.truncation_side)
         if request.messages is not None:
             text = await render_chat(
@@ -165,6 +171,17 @@ class ServingEmbedding(ServingBase):
         if problem is not None:
             raise BadRequestError(f"dimensions: {problem}", param="dimensions")
         return PoolingParams(dimensions=dimensions, normalize=normalize)
+
+    def classifier(self, route: str) -> ClassifierConfig:
+        """The served sequence classifier's head; 400 naming `route` for any other model."""
+        config = self.served.info().pooling
+        if config is None or config.classifier is None:
+            raise BadRequestError(
+                f"{route} needs a sequence-classification model (a *ForSequenceClassification "
+                "checkpoint); this server's model has no classifier head.",
+                param="model",
+            )
+        return config.classifier
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,15 @@ validates" (vLLM's way) keeps the precise 400 of the intended API instead of a g
 
 vLLM's score and rerank bodies are known by their keys: `query` with `documents` is a
 rerank request, `text_1`, `data_1` or `queries` (their second sides too) a score request.
+When the served model is a sequence classifier (it generates nothing), an `input` body
+is a `/classify` request.
 
-The rules are tried in order: the embeddings marker, rerank, score, then an Anthropic
-Messages body (`is_anthropic_body`): one with `anthropic_version` (what Bedrock and
-Vertex bodies carry), or one with `messages` and a field only Anthropic's API has at the
-top level (`system`, `stop_sequences`, `thinking`); then `input` (Responses), then
-`messages`, `prompt` and `inputs`. A body with only `messages` and `max_tokens` stays chat, as it
-always was.
+The rules are tried in order: the embeddings marker, rerank, score, classify, then an
+Anthropic Messages body (`is_anthropic_body`): one with `anthropic_version` (what
+Bedrock and Vertex bodies carry), or one with `messages` and a field only Anthropic's
+API has at the top level (`system`, `stop_sequences`, `thinking`); then `input`
+(Responses), then `messages`, `prompt` and `inputs`. A body with only `messages` and
+`max_tokens` stays chat, as it always was.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from handlers.errors import BadRequestError
 from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
-from handlers.protocol.embedding import EmbeddingRequest
+from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tgi import TGIRequest
 from handlers.serving.chat import ServingChat
+from handlers.serving.classification import ServingClassification
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
@@ -106,6 +109,11 @@ class ServingInvocations:
         self.messages = messages or ServingMessages(chat)
         self.responses = responses
         self.scores = scores or ServingScores(embedding.served, embedding.stats)
+        self.classification = ServingClassification(embedding.served, embedding.stats)
+
+    def _serves_classifier(self) -> bool:
+        pooling = self.embedding.served.info().pooling
+        return pooling is not None and pooling.classifier is not None
 
     async def invoke(self, body: Any, ctx: RequestContext) -> BaseModel | SSEStream:
         """Streams iff the body says `"stream": true`, whatever the API."""
@@ -121,6 +129,9 @@ class ServingInvocations:
             if is_score_body(body):
                 score = parse_request(ScoreRequest, body, limits)
                 return await self.scores.score(score, ctx)
+            if "input" in body and self._serves_classifier():
+                classify = parse_request(ClassificationRequest, body, limits)
+                return await self.classification.create_classification(classify, ctx)
             if is_anthropic_body(body):
                 return await self.messages.create_from_body(body, ctx)
             if "input" in body and self.responses is not None:

@@ -16,7 +16,9 @@ class ServingPooling(ServingEmbedding):
     id_prefix = "pool"
 
     async def create_pooling(self, request: PoolingRequest, ctx: RequestContext) -> PoolingResponse:
-        model_name, pooled = await self.embed(request, ctx)
+        self.model_name(request.model)  # 404 first
+        pooling = self.pooling_params(request.dimensions, normalize=request.use_activation)
+        model_name, pooled = await self.embed(request, ctx, pooling)
         encode = vector_encoder(request)
         tokens = pooled.num_prompt_tokens
         return PoolingResponse(

@@ -1,19 +1,23 @@
-"""vLLM's score and rerank APIs over the embedding path: every distinct input (each query,
-each document) is embedded once, as `/v1/embeddings` would embed it, and a pair's score
-is the cosine similarity of its two vectors (vLLM's bi-encoder scoring, what it does for
-an embedding model).
+"""vLLM's score and rerank APIs, in vLLM's two ways:
 
-hearth serves decoder models, whose embeddings are the model's pooled hidden states
-(`engine/pooling_config.py`); it has no cross-encoder (sequence-classification) heads,
-so vLLM's cross-encoder-only fields are refused rather than ignored: `instruction` and
-`chat_template_kwargs` fill a reranker's pair template, and a bi-encoder has none (an
-embedding model's instruction is part of the query text: send it there).
+- **Cross-encoder**, when the served model is a sequence classifier with one label (a
+  reranker: `engine/models/classifier.py`): each pair is one prompt (the query and the
+  document composed by the score template, or joined), and its score is the head's
+  logit through the model's activation (a sigmoid by default).
+- **Bi-encoder**, for any other model: every distinct text (each query, each document)
+  is embedded once, as `/v1/embeddings` would embed it, and a pair's score is the cosine
+  similarity of its two vectors. `instruction` and `chat_template_kwargs`, which fill a
+  cross-encoder's template, are refused rather than ignored here (an embedding model's
+  instruction is part of the query text: send it there).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from engine.messages import PoolingParams
+from engine.pooling_config import ClassifierConfig
+from engine.tokenizer import Tokenizer
 from handlers.errors import BadRequestError
 from handlers.protocol.base import UsageInfo
 from handlers.protocol.score import (
@@ -28,6 +32,7 @@ from handlers.protocol.score import (
     ScoringRequestBase,
 )
 from handlers.serving.base import PromptInput
+from handlers.serving.classification import activate, logits_of
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import PooledBatch, ServingEmbedding
 from handlers.serving.served_model import Truncation
@@ -49,8 +54,9 @@ class ServingScores(ServingEmbedding):
     async def score(self, request: ScoreRequest, ctx: RequestContext) -> ScoreResponse:
         """Side 1 against side 2: 1:1, 1:N (the one text against each) or N:N (pairwise)."""
         model_name = self.model_name(request.model)
-        pooled = await self._embed(request, (request.first, request.second), request.sides, ctx)
-        scores = _pair_scores(pooled.vectors, len(request.first))
+        scores, pooled = await self._scores(
+            request, (request.first, request.second), request.sides, ctx
+        )
         tokens = pooled.num_prompt_tokens
         return ScoreResponse(
             id=pooled.response_id,
@@ -63,8 +69,9 @@ class ServingScores(ServingEmbedding):
         """The documents by relevance to the query, most relevant first (ties keep the
         documents' order); the first `top_n` when it is set."""
         model_name = self.model_name(request.model)
-        pooled = await self._embed(request, ([request.query], request.texts), RERANK_SIDES, ctx)
-        scores = _pair_scores(pooled.vectors, 1)
+        scores, pooled = await self._scores(
+            request, ([request.query], request.texts), RERANK_SIDES, ctx
+        )
         ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
         if request.top_n:
             ranked = ranked[: request.top_n]
@@ -85,6 +92,99 @@ class ServingScores(ServingEmbedding):
             usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
             results=results,
         )
+
+    async def _scores(
+        self,
+        request: ScoringRequestBase,
+        texts: tuple[list[str], list[str]],
+        sides: tuple[str, str],
+        ctx: RequestContext,
+    ) -> tuple[list[float], PooledBatch]:
+        """Each pair's score: a sequence classifier's (cross-encoder) where the model is
+        one, else the cosine of the two texts' embeddings (bi-encoder)."""
+        head = self._cross_encoder()
+        if head is None:
+            pooled = await self._embed(request, texts, sides, ctx)
+            return _pair_scores(pooled.vectors, len(texts[0])), pooled
+        pooled = await self._cross_encode(request, texts, sides, ctx)
+        scores = [
+            float(activate(logits_of(raw), head, request.use_activation)[0])
+            for raw in pooled.vectors
+        ]
+        return scores, pooled
+
+    def _cross_encoder(self) -> ClassifierConfig | None:
+        """The served classifier's head when the model is one (it must have one label:
+        a pair's score is that label's value); None for an embedding model."""
+        config = self.served.info().pooling
+        if config is None or config.classifier is None:
+            return None
+        if config.classifier.num_labels != 1:
+            raise BadRequestError(
+                f"score and rerank need a classifier with one label (a relevance score); "
+                f"this model has {config.classifier.num_labels}: use /classify.",
+                param="model",
+            )
+        return config.classifier
+
+    async def _cross_encode(
+        self,
+        request: ScoringRequestBase,
+        texts: tuple[list[str], list[str]],
+        sides: tuple[str, str],
+        ctx: RequestContext,
+    ) -> PooledBatch:
+        """One engine request per pair, its prompt the query and the document composed
+        as vLLM composes them for a decoder reranker: through the server's
+        `--chat-template` (the score template: messages of roles "query" and
+        "document", with `chat_template_kwargs` and `instruction`) when one is set,
+        else the two texts joined; each text first cut to `max_tokens_per_query` /
+        `max_tokens_per_doc` tokens."""
+        firsts, seconds = texts
+        template = self.served.config.chat_template
+        if template is None:
+            for name in ("instruction", "chat_template_kwargs"):
+                if getattr(request, name):
+                    raise BadRequestError(
+                        f"{name} fills a score template; this server has none (start it "
+                        "with --chat-template, e.g. the model's reranker template).",
+                        param=name,
+                    )
+        queries = await self._leading(firsts, request.max_tokens_per_query, "max_tokens_per_query")
+        documents = await self._leading(seconds, request.max_tokens_per_doc, "max_tokens_per_doc")
+        if len(queries) == 1:
+            queries = queries * len(documents)
+        pairs = zip(queries, documents, strict=True)
+        prompts = [
+            _compose(self.served.tokenizer(), template, query, document, request)
+            for query, document in pairs
+        ]
+        truncation = self.served.truncation(request.truncate_prompt_tokens, request.truncation_side)
+        inputs = await self.tokenize_prompts(
+            prompts, add_special_tokens=True, field=sides[1], truncation=truncation
+        )
+        return await self.pool(
+            inputs,
+            PoolingParams(),
+            ctx,
+            request_id=request.request_id,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+        )
+
+    async def _leading(self, texts: list[str], limit: int, param: str) -> list[str]:
+        if not limit:
+            return texts
+        self._check_limit(limit, param)
+        return [await self.served.leading_text(text, limit) for text in texts]
+
+    def _check_limit(self, limit: int, param: str) -> None:
+        max_model_len = self.served.info().max_model_len
+        if limit >= max_model_len:
+            raise BadRequestError(
+                f"{param} ({limit}) must be less than max_model_len ({max_model_len}).",
+                param=param,
+            )
 
     async def _embed(
         self,
@@ -122,12 +222,8 @@ class ServingScores(ServingEmbedding):
     ) -> list[PromptInput]:
         truncation = self.served.truncation(request.truncate_prompt_tokens, request.truncation_side)
         if head:
+            self._check_limit(head, head_param)
             max_model_len = self.served.info().max_model_len
-            if head >= max_model_len:
-                raise BadRequestError(
-                    f"{head_param} ({head}) must be less than max_model_len ({max_model_len}).",
-                    param=head_param,
-                )
             truncation = (
                 Truncation(max_model_len, "left", head)
                 if truncation is None
@@ -136,6 +232,33 @@ class ServingScores(ServingEmbedding):
         return await self.tokenize_prompts(
             texts, add_special_tokens=True, field=field, truncation=truncation
         )
+
+
+def _compose(
+    tokenizer: Tokenizer,
+    template: str | None,
+    query: str,
+    document: str,
+    request: ScoringRequestBase,
+) -> str:
+    """A cross-encoder's prompt for one pair (see `_cross_encode`)."""
+    if template is None:
+        return query + document
+    kwargs = dict(request.chat_template_kwargs or {})
+    if request.instruction is not None:
+        kwargs.setdefault("instruction", request.instruction)
+    for reserved in ("chat_template", "tools", "tokenize", "add_generation_prompt"):
+        kwargs.pop(reserved, None)
+    messages = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+    try:
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=False, chat_template=template, **kwargs
+        )
+    except Exception as exc:  # a template error is the request's (its kwargs) or the flag's
+        raise BadRequestError(
+            f"the score template (--chat-template) failed to render this pair: {exc}",
+            param="chat_template_kwargs",
+        ) from None
 
 
 def _refuse_cross_encoder_fields(request: ScoringRequestBase) -> None:

@@ -101,3 +101,20 @@ def test_head_keeps_the_first_tokens_before_truncating(
     assert ids == expected
     assert cut == (len(plain) > len(kept))
     assert ours.encode_truncated(TEXT, k, side, True, True, head=head) == (ids, cut)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 8, 20, 10_000])
+def test_leading_text_is_a_prefix_of_at_most_n_tokens(
+    tokenizers_pair: tuple[Tokenizer, PreTrainedTokenizerFast], n: int
+) -> None:
+    """vLLM's truncate_text_to_tokens (a cross-encoder's query and document are cut as
+    text): a prefix of the text, at most n tokens (special tokens not counted), cut at a
+    token boundary, so its tokens are the text's first ones."""
+    ours, _ = tokenizers_pair
+    text = TEXT + " 你好，世界 🌍"
+    kept = ours.leading_text(text, n)
+    assert text.startswith(kept)
+    ids = ours.encode(kept, add_special_tokens=False)
+    full = ours.encode(text, add_special_tokens=False)
+    assert len(ids) == min(n, len(full))
+    assert ids == full[: len(ids)]

@@ -274,7 +274,12 @@ class FakeEngine(EngineClient):
 
     def _embedding_output(self, request: AddedRequest) -> RequestOutput:
         assert request.pooling is not None and self.info.pooling is not None
-        size = request.pooling.dimensions or self.info.pooling.hidden_size
+        classifier = self.info.pooling.classifier  # its "vector" is the head's logits
+        size = (
+            classifier.num_labels
+            if classifier is not None
+            else request.pooling.dimensions or self.info.pooling.hidden_size
+        )
         vector = array("f", fake_embedding(request.prompt_token_ids, size))
         return RequestOutput(
             request_id=request.request_id,
