@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -184,6 +185,18 @@ class UsageInfo(WireModel):
     total_tokens: int = 0
     completion_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class PooledListResponse(WireModel):
+    """What the pooling APIs' answers share (embeddings, /pooling, /classify, /score):
+    OpenAI's list envelope; each subclass adds its `data` items. `usage.prompt_tokens`
+    (= total_tokens) counts every prompt run; completion_tokens is 0."""
+
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    usage: UsageInfo
 
 
 class PromptLogprob(WireModel):

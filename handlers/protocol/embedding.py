@@ -4,7 +4,6 @@ models (OpenAI's, plus vLLM's extras: chat-style `messages`, `embed_dtype`,
 
 from __future__ import annotations
 
-import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -12,9 +11,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from handlers.protocol.base import (
     FieldError,
     OpenAIBaseModel,
+    PooledListResponse,
     TruncatePromptTokens,
     TruncationSide,
-    UsageInfo,
     WireModel,
     limits_from,
 )
@@ -152,14 +151,8 @@ class EmbeddingData(WireModel):
     """The vector, or its base64 form (`encoding_format: base64`)."""
 
 
-class EmbeddingResponse(WireModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class EmbeddingResponse(PooledListResponse):
     data: list[EmbeddingData]
-    usage: UsageInfo
-    """prompt_tokens (= total_tokens): every input's tokens; completion_tokens is 0."""
 
 
 class PoolingData(WireModel):
@@ -169,13 +162,8 @@ class PoolingData(WireModel):
     """The vector, or its base64 form (`encoding_format: base64`)."""
 
 
-class PoolingResponse(WireModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class PoolingResponse(PooledListResponse):
     data: list[PoolingData]
-    usage: UsageInfo
 
 
 class ClassificationRequest(PooledInputRequest):
@@ -193,10 +181,5 @@ class ClassificationData(WireModel):
     num_classes: int
 
 
-class ClassificationResponse(WireModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class ClassificationResponse(PooledListResponse):
     data: list[ClassificationData]
-    usage: UsageInfo

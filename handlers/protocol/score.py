@@ -9,7 +9,6 @@ parts are refused, and a rerank document may also be Cohere's and Jina's `{"text
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
@@ -18,9 +17,9 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_
 from handlers.protocol.base import (
     FieldError,
     OpenAIBaseModel,
+    PooledListResponse,
     TruncatePromptTokens,
     TruncationSide,
-    UsageInfo,
     WireModel,
     limits_from,
     reject_unsupported,
@@ -208,14 +207,8 @@ class ScoreData(WireModel):
     score: float
 
 
-class ScoreResponse(WireModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class ScoreResponse(PooledListResponse):
     data: list[ScoreData]
-    usage: UsageInfo
-    """prompt_tokens (= total_tokens): the tokens of every distinct input embedded."""
 
 
 class RerankDocument(WireModel):

@@ -15,6 +15,7 @@ import sys
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -85,28 +86,19 @@ class ServingEmbedding(ServingBase):
         inputs = await self.tokenize_prompts(
             prompts, add_special_tokens=request.special_tokens, field=field, truncation=truncation
         )
-        pooled = await self.pool(
-            inputs,
-            pooling,
-            ctx,
-            request_id=request.request_id,
-            priority=request.priority,
-            cache_salt=request.cache_salt,
-        )
-        return model_name, pooled
+        return model_name, await self.pool(inputs, pooling, ctx, request)
 
     async def pool(
         self,
         inputs: list[PromptInput],
         pooling: PoolingParams,
         ctx: RequestContext,
-        *,
-        request_id: str | None,
-        priority: int,
-        cache_salt: str | None,
+        request: PoolScheduling,
     ) -> PooledBatch:
         """Run each input as one prefill-only engine request, admitted all or none, and
-        collect its pooled vector (float32 bytes, little endian), in input order."""
+        collect its pooled vector (float32 bytes, little endian), in input order;
+        `request` names it (`request_id`), orders it (`priority`) and salts its cache."""
+        request_id, priority, cache_salt = request.request_id, request.priority, request.cache_salt
         for prompt in inputs:
             self.served.check_input_len(len(prompt.token_ids), prompt.param)
         response_id, engine_id = self.request_ids(self.id_prefix, ctx, request_id)
@@ -182,6 +174,14 @@ class ServingEmbedding(ServingBase):
                 param="model",
             )
         return config.classifier
+
+
+class PoolScheduling(Protocol):
+    """The fields of a pooling request (embeddings, score, classify) that schedule it."""
+
+    request_id: str | None
+    priority: int
+    cache_salt: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,14 +163,7 @@ class ServingScores(ServingEmbedding):
         inputs = await self.tokenize_prompts(
             prompts, add_special_tokens=True, field=sides[1], truncation=truncation
         )
-        return await self.pool(
-            inputs,
-            PoolingParams(),
-            ctx,
-            request_id=request.request_id,
-            priority=request.priority,
-            cache_salt=request.cache_salt,
-        )
+        return await self.pool(inputs, PoolingParams(), ctx, request)
 
     async def _leading(self, texts: list[str], limit: int, param: str) -> list[str]:
         if not limit:
@@ -203,14 +196,7 @@ class ServingScores(ServingEmbedding):
         inputs += await self._tokenize(
             request, texts[1], sides[1], request.max_tokens_per_doc, "max_tokens_per_doc"
         )
-        return await self.pool(
-            inputs,
-            pooling,
-            ctx,
-            request_id=request.request_id,
-            priority=request.priority,
-            cache_salt=request.cache_salt,
-        )
+        return await self.pool(inputs, pooling, ctx, request)
 
     async def _tokenize(
         self,
