@@ -87,6 +87,10 @@ class PoolingConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Why this model serves no embeddings (None: it does)."""
     classifier: ClassifierConfig | None = None
     """Set for a sequence classifier: its pooled rows go through its head."""
+    prompts: dict[str, str] | None = None
+    """Task prefixes by name (sentence-transformers' `prompts` in
+    config_sentence_transformers.json, or config.json's `task_instructions`), which
+    Cohere's embed API selects with `input_type`; None: the model defines none."""
 
     def check_dimensions(self, dimensions: int | None) -> str | None:
         """The 400 message for a `dimensions` this model cannot give (None: fine)."""
@@ -123,6 +127,7 @@ def read_pooling_config(model_dir: str | Path) -> PoolingConfig:
         "hidden_size": hidden_size,
         "matryoshka": bool(config.get("is_matryoshka")) or bool(dims),
         "matryoshka_dimensions": dims or None,
+        "prompts": _prompts(directory, config),
     }
     classifier = _classifier(config)
     if classifier is not None:
@@ -143,6 +148,20 @@ def read_pooling_config(model_dir: str | Path) -> PoolingConfig:
     if not isinstance(modules, list):
         return PoolingConfig(**common)
     return _from_pipeline(directory, modules, common)
+
+
+def _prompts(directory: Path, config: dict[str, Any]) -> dict[str, str] | None:
+    """The model's named task prefixes (vLLM reads the same two places)."""
+    st = _read_json(directory / "config_sentence_transformers.json")
+    for source in (
+        config.get("task_instructions"),
+        st.get("prompts") if isinstance(st, dict) else None,
+    ):
+        if isinstance(source, dict):
+            prompts = {k: v for k, v in source.items() if isinstance(k, str) and isinstance(v, str)}
+            if prompts:
+                return prompts
+    return None
 
 
 def _classifier(config: dict[str, Any]) -> ClassifierConfig | None:

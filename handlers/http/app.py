@@ -37,6 +37,7 @@ from handlers.serving import (
     StatsSink,
 )
 from handlers.serving.classification import ServingClassification
+from handlers.serving.cohere_embed import ServingCohereEmbed
 from handlers.serving.jsonlines import ServingJsonLines
 from handlers.serving.pooling import ServingPooling
 from handlers.serving.response_store import ResponseStore
@@ -93,6 +94,7 @@ def create_app(
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
     app.add_route("/pooling", resources.Pooling(config, ServingPooling(served, stats)))
+    app.add_route("/v2/embed", resources.CohereEmbed(config, ServingCohereEmbed(served, stats)))
     app.add_route("/classify", resources.Classify(config, ServingClassification(served, stats)))
     score = resources.Score(config, scores)
     for route in ("/score", "/v1/score"):

@@ -30,6 +30,7 @@ from handlers.protocol.adapters import (
 from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
 from handlers.protocol.base import ModelT, parse_request
 from handlers.protocol.chat import ChatCompletionRequest
+from handlers.protocol.cohere_embed import CohereEmbedRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest, PoolingRequest
 from handlers.protocol.responses import ResponsesRequest
@@ -42,6 +43,7 @@ from handlers.protocol.tokenize import (
 from handlers.serving.adapters import ServingAdapters
 from handlers.serving.chat import ServingChat
 from handlers.serving.classification import ServingClassification
+from handlers.serving.cohere_embed import ServingCohereEmbed
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
@@ -152,6 +154,20 @@ class Embeddings(_JsonBody):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = parse_request(EmbeddingRequest, await self.body(req), self._serving.served.limits)
         send_model(resp, await self._serving.create(request, request_context(req)))
+
+
+class CohereEmbed(_JsonBody):
+    """Cohere's `POST /v2/embed` (vLLM serves it too)."""
+
+    def __init__(self, config: ServerConfig, serving: ServingCohereEmbed) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            CohereEmbedRequest, await self.body(req), self._serving.served.limits
+        )
+        send_model(resp, await self._serving.create_cohere(request, request_context(req)))
 
 
 class Pooling(_JsonBody):

@@ -131,3 +131,17 @@ def test_bad_bodies_name_the_field(invariant_server: Server) -> None:
         timeout=TIMEOUT,
     )
     assert_openai_error(r, 400, "documents[0]")
+
+
+def test_cohere_embed_through_the_sdk(invariant_server: Server) -> None:
+    """Cohere's /v2/embed through the unmodified SDK (which always sends input_type):
+    float and base64 vectors equal /v1/embeddings', billed tokens counted."""
+    co = cohere.ClientV2(api_key="unused", base_url=invariant_server.url)
+    out = co.embed(
+        model=MODEL, texts=DOCS[:3], input_type="search_document",
+        embedding_types=["float", "base64", "ubinary"],
+    )  # fmt: skip
+    reference = embed(invariant_server, DOCS[:3])
+    assert np.array_equal(np.array(out.embeddings.float_), reference.astype(np.float32))
+    assert out.embeddings.ubinary == np.packbits(reference >= 0, axis=-1).tolist()
+    assert out.meta.billed_units.input_tokens > 0
