@@ -17,6 +17,7 @@ import torch
 from engine.messages import TokenLogprob
 from engine.request import Request
 from engine.structured.grammar import apply_grammar_masks
+from engine.thinking_budget import ThinkingTracker
 
 MIN_TEMPERATURE = 1e-5
 
@@ -36,11 +37,23 @@ class Sampler:
         """logit_bias as (ids, values) tensors, built once per request, not per step."""
         self._allowed: dict[str, torch.Tensor] = {}
         """allowed_token_ids as a mask of the ids it forbids, built once per request."""
+        self._thinking: dict[str, ThinkingTracker] = {}
+        """thinking_token_budget: each request's reasoning-block state."""
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
         self._biases.pop(request_id, None)
         self._allowed.pop(request_id, None)
+        self._thinking.pop(request_id, None)
+
+    def _forced_thinking_token(self, request: Request) -> int | None:
+        spec = request.params.thinking
+        assert spec is not None
+        tracker = self._thinking.get(request.request_id)
+        if tracker is None:
+            tracker = ThinkingTracker(spec, request.all_token_ids[: request.num_prompt_tokens])
+            self._thinking[request.request_id] = tracker
+        return tracker.forced_token(request.output_token_ids)
 
     def _forbidden(self, request: Request, x: torch.Tensor) -> torch.Tensor:
         cached = self._allowed.get(request.request_id)
@@ -117,6 +130,7 @@ class Sampler:
                 or needs_min_tokens
                 or p.allowed_token_ids
                 or p.bad_words_token_ids
+                or p.thinking
             ):
                 continue
             if not cloned:
@@ -138,6 +152,12 @@ class Sampler:
                 x.masked_fill_(self._forbidden(request, x), float("-inf"))
             if p.bad_words_token_ids:
                 _ban_bad_words(x, p.bad_words_token_ids, request.output_token_ids)
+            if p.thinking is not None:
+                forced = self._forced_thinking_token(request)
+                if forced is not None:  # the budget is spent: only the closing tag
+                    value = x[forced].clone()
+                    x.fill_(float("-inf"))
+                    x[forced] = value if bool(torch.isfinite(value)) else 0.0
         return logits
 
     def _sample_random(

@@ -36,6 +36,18 @@ class StructuredOutputSpec(msgspec.Struct, omit_defaults=True, kw_only=True, fro
     """The request field the constraint came from, named in the 400 if it fails to compile."""
 
 
+class ThinkingBudget(msgspec.Struct, kw_only=True, frozen=True):
+    """vLLM's `thinking_token_budget`: at most `budget` tokens inside a reasoning block;
+    when a block reaches it, `end_ids` (the block's closing tag) are forced, one token a
+    step (engine/thinking_budget.py)."""
+
+    budget: int
+    start_ids: list[int]
+    """The opening tag's token ids (`<think>`)."""
+    end_ids: list[int]
+    """The closing tag's token ids (`</think>`)."""
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """What the engine needs to sample and stop one sequence (n is fanned out above)."""
 
@@ -68,6 +80,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """vLLM's: with `logprobs`, these ids' logprobs (in this order) instead of the top k."""
     structured: StructuredOutputSpec | None = None
     """A grammar the output must match (structured outputs, forced tool calls)."""
+    thinking: ThinkingBudget | None = None
+    """A cap on reasoning tokens (None: none)."""
     prompt_logprobs: int | None = None
     """None: none. k >= 0: each prompt token's logprob plus the top k (no prefix-cache hit,
     since cached blocks have nothing to score). max_tokens 0 means prefill only (score)."""

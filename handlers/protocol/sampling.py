@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from engine.sampling_params import SamplingParams, StructuredOutputSpec
+from engine.sampling_params import SamplingParams, StructuredOutputSpec, ThinkingBudget
 from handlers.errors import BadRequestError
 from handlers.protocol.base import (
     FieldError,
@@ -95,6 +95,8 @@ class SamplingBounds:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     encode: Callable[[str], list[int]] | None = None
     """The tokenizer, without special tokens (for `bad_words`)."""
+    thinking: ThinkingBudget | None = None
+    """The request's reasoning cap, resolved against the model's think tags."""
 
 
 def bad_words_token_ids(
@@ -151,6 +153,7 @@ def make_sampling_params(
     logprob_token_ids: list[int] | None = None,
     structured: StructuredOutputSpec | None = None,
     prompt_logprobs: int | None = None,
+    thinking: ThinkingBudget | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams from values every API has validated for range: the
     checks that need the model (token ids in the vocabulary, min_tokens within
@@ -171,6 +174,12 @@ def make_sampling_params(
                 "tool call (the two masks could leave no token to sample)",
                 param="allowed_token_ids",
             )
+    if thinking is not None and structured is not None:
+        raise BadRequestError(
+            "thinking_token_budget cannot be combined with structured outputs or a forced "
+            "tool call (the constraint applies from the first token, reasoning included)",
+            param="thinking_token_budget",
+        )
     if min_tokens > max_tokens:
         raise BadRequestError(
             f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})",
@@ -199,6 +208,7 @@ def make_sampling_params(
         logprob_token_ids=logprob_token_ids if logprobs is not None else None,
         structured=structured,
         prompt_logprobs=prompt_logprobs,
+        thinking=thinking,
     )
 
 
@@ -225,6 +235,9 @@ class SamplingRequest(StructuredOutputFields):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     """vLLM's: words (strings) that are never generated; see `bad_words_token_ids`."""
+    thinking_token_budget: int | None = Field(default=None, ge=-1)
+    """vLLM's: at most this many tokens in a `<think>` block, then it is closed (-1 or
+    absent: no cap); needs a model that reasons in such blocks."""
     _bad_words_ids: list[list[int]] | None = PrivateAttr(default=None)
     """vLLM: only these token ids can be generated (at most the vocabulary, each inside it)."""
     skip_special_tokens: bool = True
@@ -398,7 +411,14 @@ class SamplingRequest(StructuredOutputFields):
             logprob_token_ids=logprob_token_ids,
             structured=structured if structured is not None else self.structured_spec(),
             prompt_logprobs=prompt_logprobs,
+            thinking=bounds.thinking,
         )
+
+    @property
+    def thinking_budget(self) -> int | None:
+        """`thinking_token_budget` with vLLM's -1 (no cap) as None."""
+        budget = self.thinking_token_budget
+        return None if budget is None or budget == -1 else budget
 
     def _bad_words_token_ids(self, bounds: SamplingBounds) -> list[list[int]] | None:
         """`bad_words` tokenized once per request (every prompt's params share it)."""

@@ -23,7 +23,7 @@ import msgspec
 
 from engine.collector import OutputCollector
 from engine.messages import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, ThinkingBudget
 from handlers.errors import (
     BadRequestError,
     InternalServerError,
@@ -142,6 +142,18 @@ class ServingBase:
             raise mapped from None
         raise failure
 
+    @staticmethod
+    def thinking_budget(budget: int | None, reasoning: bool) -> int | None:
+        """`thinking_token_budget` for a model that reasons in `<think>` blocks (400
+        naming the field for one that does not: there is no block to cap)."""
+        if budget is not None and not reasoning:
+            raise BadRequestError(
+                "thinking_token_budget needs a model that reasons in <think> blocks (its "
+                "chat template writes them, or --reasoning-parser think); this one does not.",
+                param="thinking_token_budget",
+            )
+        return budget
+
     def model_name(self, requested: str | None) -> str:
         """The first step of every endpoint: the name to report (404 for a name this
         server does not serve), and a 503 while the engine is loading or gone."""
@@ -161,6 +173,7 @@ class ServingBase:
         n: int = 1,
         priority: int = 0,
         cache_salt: str | None = None,
+        thinking_budget: int | None = None,
     ) -> Run:
         """Check each prompt's length, build its SamplingParams, then name the request,
         log its prompts, start tracking, admit n choices of every prompt (all or none)
@@ -186,11 +199,15 @@ class ServingBase:
         vocab_size = served.vocab_size()
         defaults = served.sampling_defaults()
         encode = served.encode_plain
+        thinking = None
+        if thinking_budget is not None:
+            start_ids, end_ids = served.think_tag_ids()
+            thinking = ThinkingBudget(budget=thinking_budget, start_ids=start_ids, end_ids=end_ids)
         params = []
         for prompt in prompts:
             served.check_prompt_len(len(prompt.token_ids), prompt.param)
             bounds = SamplingBounds(
-                max_model_len, len(prompt.token_ids), vocab_size, defaults, encode
+                max_model_len, len(prompt.token_ids), vocab_size, defaults, encode, thinking
             )
             params.append(build_params(bounds))
         sequences = self.new_sequences(len(prompts) * n, options)

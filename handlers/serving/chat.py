@@ -74,14 +74,23 @@ class ServingChat(ServingBase):
         return template, prompt_text, prompt_ids
 
     async def start(
-        self, request: ChatCompletionRequest, ctx: RequestContext
+        self,
+        request: ChatCompletionRequest,
+        ctx: RequestContext,
+        *,
+        advisory_thinking_budget: int | None = None,
     ) -> tuple[Run, ChatTemplateChoice]:
         """Model check, render, forced-tool constraint, admission: the run and the
         template its output is parsed with. `/v1/messages` and `/v1/responses` start
         their runs here too and read them back through `respond` / `message_deltas` (one
-        renderer, one tool parser, one reasoning split)."""
+        renderer, one tool parser, one reasoning split). `advisory_thinking_budget`
+        (Anthropic's `budget_tokens`) caps reasoning where the model reasons in `<think>`
+        blocks and is dropped elsewhere."""
         model_name = self.model_name(request.model)
         template, prompt_text, prompt_ids = await self.render_prompt(request)
+        budget = self.thinking_budget(request.thinking_budget, template.reasoning)
+        if budget is None and template.reasoning:
+            budget = advisory_thinking_budget
         structured = forced_tool_spec(request)
         options = self.sequence_options(request)
         if template.harmony:  # the parser reads the channels' special tokens
@@ -96,6 +105,7 @@ class ServingChat(ServingBase):
             n=request.n,
             priority=request.priority,
             cache_salt=request.cache_salt,
+            thinking_budget=budget,
         )
         return run, template
 

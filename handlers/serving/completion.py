@@ -18,6 +18,7 @@ from handlers.serving.base import PromptInput, Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import completion_logprobs, prompt_logprobs
+from handlers.serving.reasoning import reasoning_enabled
 from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
@@ -33,6 +34,14 @@ class ServingCompletion(ServingBase):
     ) -> CompletionResponse | SSEStream:
         model_name = self.model_name(request.model)
         prompts = await self._tokenize(request)
+        budget = request.thinking_budget
+        if budget is not None:
+            served = self.served
+            reasons = reasoning_enabled(
+                served.config.reasoning_parser,
+                served.config.chat_template or served.tokenizer().chat_template,
+            )
+            budget = self.thinking_budget(budget, reasons)
         run = await self.start_run(
             ctx,
             model_name=model_name,
@@ -43,6 +52,7 @@ class ServingCompletion(ServingBase):
             n=request.n,
             priority=request.priority,
             cache_salt=request.cache_salt,
+            thinking_budget=budget,
         )
         echoes = [self._echo_text(request, p) for p in prompts]
         prompt_ids = [p.token_ids for p in prompts]

@@ -70,7 +70,9 @@ class ServingMessages:
         chat = self.chat
         with anthropic_dialect():
             chat_request = to_chat_request(request, chat.served.limits)
-            run, template = await chat.start(chat_request, ctx)
+            thinking = request.thinking
+            budget = thinking.budget_tokens if thinking and thinking.type == "enabled" else None
+            run, template = await chat.start(chat_request, ctx, advisory_thinking_budget=budget)
             if request.stream:
                 events = self._events(run, chat_request, template)
                 return chat.sse(run, events, error_for=error_event, done=False)

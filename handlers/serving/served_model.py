@@ -24,6 +24,8 @@ from handlers.errors import BadRequestError, NotFoundError, ServiceUnavailableEr
 from handlers.protocol.base import TruncationSide
 from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS, check_in_vocabulary
 from handlers.serving.logprobs import TOKEN_ID_TEXTS, TokenTexts
+from handlers.serving.reasoning import CLOSE as THINK_CLOSE
+from handlers.serving.reasoning import OPEN as THINK_OPEN
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +137,14 @@ class ServedModel:
         if len(text) > _THREAD_ENCODE_CHARS:
             return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens)
         return tokenizer.encode(text, add_special_tokens)
+
+    def think_tag_ids(self) -> tuple[list[int], list[int]]:
+        """The token ids of the reasoning block's opening and closing tags."""
+        tokenizer = self.tokenizer()
+        return (
+            tokenizer.encode(THINK_OPEN, add_special_tokens=False),
+            tokenizer.encode(THINK_CLOSE, add_special_tokens=False),
+        )
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of a short text (a bad word), without special tokens, on the

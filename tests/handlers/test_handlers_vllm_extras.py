@@ -7,6 +7,7 @@ embedding route, chat's `include_reasoning` and `reasoning_effort`, `allowed_tok
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from fake_engine import FakeEngine, Script
 from handlers_testing import EOS_ID, call_asgi, encode
@@ -262,3 +263,52 @@ async def test_logprob_token_ids_reach_the_engine_and_the_answer(client, engine,
             result.json,
         )
     assert len(engine.added) == 1
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_thinking_token_budget_reaches_the_engine(make_client, engine, tokenizer, path):
+    """vLLM's thinking_token_budget on a model that reasons in <think> blocks: the budget
+    and the tags' ids reach the engine (which forces the closing tag:
+    tests/engine/test_thinking_budget.py); -1 is no cap; on a model that does not reason,
+    with structured outputs, or negative, a 400 naming the field."""
+    base = {"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}
+    reasoning = make_client(reasoning_parser="think")
+    result = await call_asgi(reasoning.app, path, {**base, "thinking_token_budget": 7})
+    assert result.status == 200, result.json
+    spec = engine.added[-1].params.thinking
+    assert spec is not None and spec.budget == 7
+    assert spec.start_ids == tokenizer.encode("<think>", add_special_tokens=False)
+    assert spec.end_ids == tokenizer.encode("</think>", add_special_tokens=False)
+    result = await call_asgi(reasoning.app, path, {**base, "thinking_token_budget": -1})
+    assert result.status == 200 and engine.added[-1].params.thinking is None
+    count = len(engine.added)
+    plain = make_client()
+    for client, extra in (
+        (plain, {"thinking_token_budget": 5}),
+        (reasoning, {"thinking_token_budget": -2}),
+        (reasoning, {"thinking_token_budget": 5, "response_format": {"type": "json_object"}}),
+        (reasoning, {"thinking_token_budget": 1.5}),
+    ):
+        result = await call_asgi(client.app, path, {**base, **extra})
+        assert result.status == 400, (extra, result.json)
+        assert result.json["error"]["param"] == "thinking_token_budget", result.json
+    assert len(engine.added) == count
+
+
+async def test_anthropic_budget_tokens_caps_reasoning_where_the_model_reasons(
+    make_client, engine, tokenizer
+):
+    # Anthropic's budget_tokens is >= 1024 and below max_tokens: a context that fits it.
+    engine.info = msgspec.structs.replace(engine.info, max_model_len=8192)
+    body = {
+        "model": "tiny",
+        "max_tokens": 4096,
+        "messages": [{"role": "user", "content": "hi"}],
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+    }
+    result = await call_asgi(make_client(reasoning_parser="think").app, "/v1/messages", body)
+    assert result.status == 200, result.json
+    assert engine.added[-1].params.thinking.budget == 2048
+    result = await call_asgi(make_client().app, "/v1/messages", body)
+    assert result.status == 200, result.json  # advisory where the model does not reason
+    assert engine.added[-1].params.thinking is None

@@ -1,0 +1,56 @@
+"""thinking_token_budget through a real `hearth serve --reasoning-parser think` (a tiny
+random-weight Qwen3): a completion whose prompt opens a `<think>` block gets the
+closing tag forced after exactly `budget` tokens (seen through return_token_ids), the
+same request without a budget runs on freely, and the tokens before the cut are the
+free run's (forcing changes nothing before it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.tokenizer import Tokenizer
+from tests.e2e.clients import client
+from tests.e2e.server import Server, start_server
+from tests.engine.tiny_models import save_servable_tiny
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Server]]:
+    directory = tmp_path_factory.mktemp("tiny-qwen3")
+    save_servable_tiny("qwen3", directory)
+    server = start_server(
+        tmp_path_factory.mktemp("thinking-logs"), str(directory), "--served-model-name", "tiny",
+        "--max-model-len", "128", "--reasoning-parser", "think",
+    )  # fmt: skip
+    yield directory, server
+    server.stop()
+
+
+def test_the_block_is_closed_at_the_budget(reasoning_server) -> None:
+    directory, server = reasoning_server
+    tokenizer = Tokenizer(directory)
+    prompt = tokenizer.encode("Question: is it safe? <think>", add_special_tokens=False)
+    end_ids = tokenizer.encode("</think>", add_special_tokens=False)
+    sdk = client(server)
+
+    def run(**extra) -> list[int]:
+        out = sdk.completions.create(
+            model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
+        )  # fmt: skip
+        return (out.choices[0].model_extra or {})["token_ids"]
+
+    free = run()
+    assert free[3 : 3 + len(end_ids)] != end_ids
+    budget = 3
+    capped = run(thinking_token_budget=budget)
+    print(f"\nfree {free}\ncapped {capped}")
+    assert capped[:budget] == free[:budget]
+    assert capped[budget : budget + len(end_ids)] == end_ids
+    assert run(thinking_token_budget=-1) == free
