@@ -197,6 +197,9 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
+    return_prompt_text: bool = False
+    """vLLM's: answer with `prompt_text`, the prompt the chat template rendered (a
+    stream sends it in its first chunk)."""
     logprob_token_ids: list[int] | None = Field(default=None, max_length=MAX_LOGPROB_TOKEN_IDS)
     """vLLM's: with `logprobs`, each generated position's top_logprobs are these ids'
     (in this order) instead of the most likely ones."""
@@ -387,6 +390,8 @@ class ChatCompletionResponse(WireModel):
     """vLLM: the rendered prompt's tokens with their logprobs (see CompletionResponseChoice)."""
     prompt_token_ids: list[int] | None = None
     """vLLM, with `return_token_ids`: the rendered prompt's token ids."""
+    prompt_text: str | None = None
+    """vLLM, with `return_prompt_text`: the prompt the chat template rendered."""
 
 
 class DeltaFunctionCall(WireModel):
@@ -432,3 +437,5 @@ class ChatCompletionChunk(ChunkModel):
     usage: UsageInfo | None = None
     prompt_token_ids: list[int] | None = None
     """vLLM, with `return_token_ids`: in the stream's first chunk only."""
+    prompt_text: str | None = None
+    """vLLM, with `return_prompt_text`: in the stream's first chunk only."""

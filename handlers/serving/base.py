@@ -234,6 +234,7 @@ class ServingBase:
             tracker=tracker,
             prompt_lens=[len(prompt.token_ids) for prompt in prompts],
             prompt_token_ids=[prompt.token_ids for prompt in prompts],
+            prompt_texts=[prompt.text for prompt in prompts],
             n=n,
         )
         run.deadline = self.arm_deadline(ctx, collector)
@@ -433,6 +434,9 @@ class Run:
     """Prompt tokens of each prompt (one for chat; one per prompt of a batch)."""
     prompt_token_ids: list[list[int]]
     """Each prompt's token ids, as admitted (`return_token_ids` answers with them)."""
+    prompt_texts: list[str | None]
+    """Each prompt's text where it has one (chat: the rendered prompt,
+    `return_prompt_text` answers with it)."""
     n: int
     """Choices per prompt; choice i belongs to prompt i // n."""
     created: int = field(default_factory=lambda: int(time.time()))

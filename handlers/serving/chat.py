@@ -143,6 +143,7 @@ class ServingChat(ServingBase):
             choices=choices,
             prompt_logprobs=prompt_logprobs(first, self.served.token_texts()) if first else None,
             prompt_token_ids=run.prompt_token_ids[0] if request.return_token_ids else None,
+            prompt_text=run.prompt_texts[0] if request.return_prompt_text else None,
         )
 
     def _choice(
@@ -209,6 +210,8 @@ class ServingChat(ServingBase):
             first: dict[str, Any] = {}
             if request.return_token_ids and seq is run.sequences[0]:
                 first["prompt_token_ids"] = run.prompt_token_ids[0]
+            if request.return_prompt_text and seq is run.sequences[0]:
+                first["prompt_text"] = run.prompt_texts[0]
             yield chunk(
                 [
                     ChatCompletionChunkChoice(

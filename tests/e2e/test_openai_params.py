@@ -768,6 +768,14 @@ def test_logprob_token_ids_report_the_named_tokens(default_server: Server) -> No
         chat(default_server, max_tokens=1, extra_body={"logprob_token_ids": ids})
 
 
+def test_return_prompt_text_is_what_the_model_read(default_server: Server) -> None:
+    out = chat(default_server, max_tokens=2, temperature=0, extra_body={"return_prompt_text": True})
+    text = extra(out, "prompt_text")
+    assert FRANCE[0]["content"] in text
+    tokens = tokenize(default_server, prompt=text, add_special_tokens=False)["tokens"]
+    assert len(tokens) == out.usage.prompt_tokens
+
+
 # -- ops routes ---------------------------------------------------------------------------------
 def test_tokenize_detokenize_round_trip(default_server: Server, france: Greedy) -> None:
     text = "Hello 你好\uff0c世界 🌍🚀 world"

@@ -312,3 +312,20 @@ async def test_anthropic_budget_tokens_caps_reasoning_where_the_model_reasons(
     result = await call_asgi(make_client().app, "/v1/messages", body)
     assert result.status == 200, result.json  # advisory where the model does not reason
     assert engine.added[-1].params.thinking is None
+
+
+async def test_return_prompt_text_is_the_rendered_prompt(client, engine, tokenizer, answer_ids):
+    """vLLM's return_prompt_text on chat: the prompt the template rendered (its tokens
+    are the engine's prompt), in the answer or in the stream's first chunk only."""
+    body = {"messages": MESSAGES, "return_prompt_text": True}
+    result = await call_asgi(client.app, CHAT, body)
+    assert result.status == 200, result.json
+    text = result.json["prompt_text"]
+    assert MESSAGES[0]["content"] in text and text.startswith("<|im_start|>")
+    assert tokenizer.encode(text, add_special_tokens=False) == engine.added[0].prompt_token_ids
+    streamed = await call_asgi(client.app, CHAT, {**body, "stream": True})
+    chunks = streamed.events[:-1]
+    assert chunks[0]["prompt_text"] == text
+    assert all("prompt_text" not in chunk for chunk in chunks[1:])
+    plain = await call_asgi(client.app, CHAT, {"messages": MESSAGES})
+    assert "prompt_text" not in plain.json or plain.json["prompt_text"] is None
