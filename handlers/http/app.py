@@ -91,6 +91,7 @@ def create_app(
     app.req_options.strip_url_path_trailing_slash = True
 
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
+    app.add_route("/v1/chat/completions/batch", resources.BatchChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
     app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
     app.add_route("/pooling", resources.Pooling(config, ServingPooling(served, stats)))

@@ -29,7 +29,7 @@ from handlers.protocol.adapters import (
 )
 from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
 from handlers.protocol.base import ModelT, parse_request
-from handlers.protocol.chat import ChatCompletionRequest
+from handlers.protocol.chat import ChatCompletionRequest, parse_batch_chat
 from handlers.protocol.cohere_embed import CohereEmbedRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest, PoolingRequest
@@ -132,6 +132,18 @@ class ChatCompletions(_JsonBody):
             ChatCompletionRequest, await self.body(req), self._serving.served.limits
         )
         send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class BatchChatCompletions(_JsonBody):
+    """vLLM's `POST /v1/chat/completions/batch`: several conversations, one choice each."""
+
+    def __init__(self, config: ServerConfig, serving: ServingChat) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        requests = parse_batch_chat(await self.body(req), self._serving.served.limits)
+        send_model(resp, await self._serving.create_batch(requests, request_context(req)))
 
 
 class Completions(_JsonBody):

@@ -9,15 +9,18 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
+from handlers.errors import BadRequestError
 from handlers.protocol.base import (
     ChunkModel,
     FieldError,
     OpenAIBaseModel,
     PromptLogprob,
     ReasoningEffort,
+    RequestLimits,
     UsageInfo,
     WireModel,
     limits_from,
+    parse_request,
 )
 from handlers.protocol.json_schema import check_json_schema, schema_text
 from handlers.protocol.sampling import (
@@ -439,3 +442,56 @@ class ChatCompletionChunk(ChunkModel):
     """vLLM, with `return_token_ids`: in the stream's first chunk only."""
     prompt_text: str | None = None
     """vLLM, with `return_prompt_text`: in the stream's first chunk only."""
+
+
+def parse_batch_chat(data: Any, limits: RequestLimits) -> list[ChatCompletionRequest]:
+    """vLLM's `/v1/chat/completions/batch` body: a chat request whose `messages` is a
+    list of conversations, each answered as its own choice. Every conversation is
+    validated as a chat request with the shared fields (so every chat rule applies),
+    and an error inside one is reported under `messages[i]`. Like vLLM's: no streaming,
+    no tools, n = 1."""
+    if not isinstance(data, dict):
+        return [parse_request(ChatCompletionRequest, data, limits)]  # the body-type 400
+    conversations = data.get("messages")
+    if not isinstance(conversations, list) or not conversations:
+        raise BadRequestError(
+            "messages: must be a non-empty list of conversations (each a list of messages)",
+            param="messages",
+        )
+    if len(conversations) > limits.max_sequences_per_request:
+        raise BadRequestError(
+            f"messages: at most {limits.max_sequences_per_request} conversations per request",
+            param="messages",
+        )
+    for name, allowed in (("stream", (None, False)), ("n", (None, 1))):
+        if data.get(name) not in allowed:
+            raise BadRequestError(
+                f"{name}: the batch endpoint answers each conversation once, unstreamed; "
+                "use /v1/chat/completions",
+                param=name,
+            )
+    for name in ("tools", "tool_choice", "functions"):
+        if data.get(name) not in (None, [], "none"):
+            raise BadRequestError(
+                f"{name}: tool calling is not supported on the batch endpoint; use "
+                "/v1/chat/completions",
+                param=name,
+            )
+    requests = []
+    for i, conversation in enumerate(conversations):
+        if not isinstance(conversation, list):
+            raise BadRequestError(
+                f"messages[{i}]: must be a list of messages (a conversation)",
+                param=f"messages[{i}]",
+            )
+        try:
+            requests.append(
+                parse_request(ChatCompletionRequest, {**data, "messages": conversation}, limits)
+            )
+        except BadRequestError as exc:
+            if exc.param is not None and exc.param.startswith("messages"):
+                param = f"messages[{i}]" + exc.param[len("messages") :]
+                message = exc.message.replace(exc.param, param, 1)
+                raise BadRequestError(message, param=param) from None
+            raise
+    return requests

@@ -130,6 +130,40 @@ class ServingChat(ServingBase):
         )
         return ChatCompletionLogProbs(content=content)
 
+    async def create_batch(
+        self, requests: list[ChatCompletionRequest], ctx: RequestContext
+    ) -> ChatCompletionResponse:
+        """vLLM's `/v1/chat/completions/batch`: one request's conversations (validated
+        one by one: `parse_batch_chat`) rendered, admitted together (all or none) and
+        answered as one choice each, in order."""
+        first = requests[0]
+        model_name = self.model_name(first.model)
+        rendered = [await self.render_prompt(request) for request in requests]
+        template = rendered[0][0]
+        options = self.sequence_options(first)
+        if template.harmony:
+            options = dataclasses.replace(options, skip_special_tokens=False)
+        run = await self.start_run(
+            ctx,
+            model_name=model_name,
+            prompts=[
+                PromptInput(ids, f"messages[{i}]", text)
+                for i, (_, text, ids) in enumerate(rendered)
+            ],
+            build_params=first.to_sampling_params,
+            options=options,
+            client_request_id=first.request_id,
+            priority=first.priority,
+            cache_salt=first.cache_salt,
+            thinking_budget=self.thinking_budget(first.thinking_budget, template.reasoning),
+        )
+        await self.collect(run)
+        choices = [
+            self._choice(request, chosen, seq, self._echo_text(request) + seq.text)
+            for request, (chosen, _, _), seq in zip(requests, rendered, run.sequences, strict=True)
+        ]
+        return ChatCompletionResponse(**self.envelope(run), choices=choices)
+
     # -- non-streaming ----------------------------------------------------------------
     async def respond(
         self, run: Run, request: ChatCompletionRequest, template: ChatTemplateChoice

@@ -776,6 +776,24 @@ def test_return_prompt_text_is_what_the_model_read(default_server: Server) -> No
     assert len(tokens) == out.usage.prompt_tokens
 
 
+def test_chat_batch_answers_each_conversation_as_alone(default_server: Server) -> None:
+    """vLLM's /v1/chat/completions/batch: greedy answers equal each conversation's own
+    /v1/chat/completions answer."""
+    conversations = [FRANCE, CHINESE]
+    r = httpx.post(
+        default_server.v1 + "/chat/completions/batch",
+        json={"model": MODEL, "messages": conversations, "max_tokens": 12, "temperature": 0},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    got = [c["message"]["content"] for c in r.json()["choices"]]
+    alone = [
+        chat(default_server, messages=m, max_tokens=12, temperature=0).choices[0].message.content
+        for m in conversations
+    ]
+    assert got == alone
+
+
 # -- ops routes ---------------------------------------------------------------------------------
 def test_tokenize_detokenize_round_trip(default_server: Server, france: Greedy) -> None:
     text = "Hello 你好\uff0c世界 🌍🚀 world"
