@@ -38,6 +38,7 @@ from handlers.serving import (
 )
 from handlers.serving.classification import ServingClassification
 from handlers.serving.cohere_embed import ServingCohereEmbed
+from handlers.serving.generative_scoring import ServingGenerativeScoring
 from handlers.serving.jsonlines import ServingJsonLines
 from handlers.serving.pooling import ServingPooling
 from handlers.serving.response_store import ResponseStore
@@ -97,6 +98,10 @@ def create_app(
     app.add_route("/pooling", resources.Pooling(config, ServingPooling(served, stats)))
     app.add_route("/v2/embed", resources.CohereEmbed(config, ServingCohereEmbed(served, stats)))
     app.add_route("/classify", resources.Classify(config, ServingClassification(served, stats)))
+    app.add_route(
+        "/generative_scoring",
+        resources.GenerativeScoring(config, ServingGenerativeScoring(served, stats)),
+    )
     score = resources.Score(config, scores)
     for route in ("/score", "/v1/score"):
         app.add_route(route, score)

@@ -33,6 +33,7 @@ from handlers.protocol.chat import ChatCompletionRequest, parse_batch_chat
 from handlers.protocol.cohere_embed import CohereEmbedRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest, PoolingRequest
+from handlers.protocol.generative_scoring import GenerativeScoringRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tokenize import (
@@ -47,6 +48,7 @@ from handlers.serving.cohere_embed import ServingCohereEmbed
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
+from handlers.serving.generative_scoring import ServingGenerativeScoring
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.jsonlines import JSONLINES_MEDIA_TYPE, ServingJsonLines, is_jsonlines
 from handlers.serving.messages import ServingMessages, anthropic_dialect
@@ -206,6 +208,20 @@ class Classify(_JsonBody):
             ClassificationRequest, await self.body(req), self._serving.served.limits
         )
         send_model(resp, await self._serving.create_classification(request, request_context(req)))
+
+
+class GenerativeScoring(_JsonBody):
+    """vLLM's `POST /generative_scoring`."""
+
+    def __init__(self, config: ServerConfig, serving: ServingGenerativeScoring) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            GenerativeScoringRequest, await self.body(req), self._serving.served.limits
+        )
+        send_model(resp, await self._serving.create(request, request_context(req)))
 
 
 class Score(_JsonBody):

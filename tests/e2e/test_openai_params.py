@@ -8,6 +8,7 @@ Greedy means temperature 0. Token budgets are small: the engine runs on two shar
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -792,6 +793,35 @@ def test_chat_batch_answers_each_conversation_as_alone(default_server: Server) -
         for m in conversations
     ]
     assert got == alone
+
+
+def test_generative_scoring_is_the_label_probability(default_server: Server) -> None:
+    """vLLM's /generative_scoring on the real engine: the score is the first label's
+    probability after query + item, renormalised over the labels: the same number as
+    the probability of that label when /v1/completions may sample only the labels."""
+    labels = [token_id(default_server, " yes"), token_id(default_server, " no")]
+    query = "Question: is Paris in France? Answer:"
+    r = httpx.post(
+        default_server.url + "/generative_scoring",
+        json={"model": MODEL, "query": query, "items": ["", " Think first."],
+              "label_token_ids": labels},
+        timeout=120,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    scores = [d["score"] for d in r.json()["data"]]
+    assert all(0.0 < s < 1.0 for s in scores) and scores[0] != scores[1]
+    out = complete(
+        default_server, prompt=query, max_tokens=1, temperature=0, logprobs=2,
+        extra_body={"allowed_token_ids": labels},
+    )  # fmt: skip
+    masked = out.choices[0].logprobs.top_logprobs[0]
+    assert scores[0] == pytest.approx(math.exp(masked[" yes"]), rel=1e-4)
+    raw = httpx.post(
+        default_server.url + "/generative_scoring",
+        json={"query": query, "items": [""], "label_token_ids": labels, "apply_softmax": False},
+        timeout=120,
+    ).json()["data"][0]["score"]
+    assert 0.0 < raw < scores[0]
 
 
 # -- ops routes ---------------------------------------------------------------------------------

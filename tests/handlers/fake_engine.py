@@ -255,7 +255,7 @@ class FakeEngine(EngineClient):
             output = RequestOutput(
                 request_id=request.request_id,
                 new_token_ids=new,
-                new_logprobs=_logprobs(new, params.logprobs),
+                new_logprobs=_logprobs(new, params.logprobs, params.logprob_token_ids),
                 finish_reason=finish,
                 stop_reason=stop_reason,
                 finished_on_stop_token=on_stop_token,
@@ -290,12 +290,19 @@ class FakeEngine(EngineClient):
         )
 
 
-def _logprobs(token_ids: list[int], k: int | None) -> list[TokenLogprob] | None:
+def _logprobs(
+    token_ids: list[int], k: int | None, named: list[int] | None = None
+) -> list[TokenLogprob] | None:
+    """The sampled token at -0.5 and rank 1; its top k ids after it at -0.5 - j, or, with
+    `logprob_token_ids`, those ids at -1 - id / 100 (distinct and known to the tests)."""
     if k is None:
         return None
     out = []
     for token_id in token_ids:
-        top = [(token_id, -0.5)] + [(token_id + j, -0.5 - j) for j in range(1, k)]
+        if named:
+            top = [(t, -1.0 - t / 100) for t in named]
+        else:
+            top = [(token_id, -0.5)] + [(token_id + j, -0.5 - j) for j in range(1, k)]
         out.append(TokenLogprob(token_id=token_id, logprob=-0.5, rank=1, top=top[:k]))
     return out
 
