@@ -35,7 +35,7 @@ from handlers.protocol.base import PromptTokensDetails, UsageInfo
 from handlers.protocol.sampling import SamplingBounds, SamplingRequest, seed_for_choice
 from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
 from handlers.serving.context import RequestContext
-from handlers.serving.served_model import ServedModel, Truncation
+from handlers.serving.served_model import ServedModel, Truncation, offloads
 from handlers.serving.sse import DONE, SSEPayload, SSEStream, encode_error
 from handlers.serving.stats import NullStatsSink, RequestTracker, StatsSink
 
@@ -253,11 +253,16 @@ class ServingBase:
         (vLLM's `truncate_prompt_tokens`), each prompt keeps that many tokens; the echoed
         text of a cut prompt is then its kept tokens decoded."""
         out = []
+        offload = offloads(prompts)
         for i, prompt in enumerate(prompts):
             param = field if len(prompts) == 1 else f"{field}[{i}]"
             if isinstance(prompt, str):
                 ids, cut = await self.served.encode_prompt(
-                    prompt, truncation, add_special_tokens=add_special_tokens, param=param
+                    prompt,
+                    truncation,
+                    add_special_tokens=add_special_tokens,
+                    param=param,
+                    offload=offload,
                 )
                 out.append(PromptInput(ids, param, None if cut else prompt))
             else:

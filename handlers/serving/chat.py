@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -53,7 +54,7 @@ class ServingChat(ServingBase):
         return await self.respond(run, request, template)
 
     async def render_prompt(
-        self, request: ChatCompletionRequest
+        self, request: ChatCompletionRequest, *, offload: bool = False
     ) -> tuple[ChatTemplateChoice, str, list[int]]:
         """(template, prompt text, prompt ids): what `start` admits, and all that
         Anthropic's count_tokens needs, so the two can never count differently."""
@@ -68,6 +69,7 @@ class ServingChat(ServingBase):
             served.truncation(request.truncate_prompt_tokens, request.truncation_side),
             add_special_tokens=request.add_special_tokens,
             param="messages",
+            offload=offload,
         )
         if cut:
             prompt_text = served.tokenizer().decode(prompt_ids, skip_special_tokens=False)
@@ -138,7 +140,12 @@ class ServingChat(ServingBase):
         answered as one choice each, in order."""
         first = requests[0]
         model_name = self.model_name(first.model)
-        rendered = [await self.render_prompt(request) for request in requests]
+        rendered = []
+        for request in requests:
+            # Each conversation is tokenized on a thread and the loop gets a turn between
+            # them, so a batch of many costs other requests no more than one does.
+            rendered.append(await self.render_prompt(request, offload=len(requests) > 1))
+            await asyncio.sleep(0)
         template = rendered[0][0]
         options = self.sequence_options(first)
         if template.harmony:

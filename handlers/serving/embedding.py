@@ -42,7 +42,10 @@ _NO_SAMPLING = SamplingParams(max_tokens=0)
 
 
 class ServingEmbedding(ServingBase):
-    """`POST /v1/embeddings` (and `/invocations` bodies marked as embeddings).
+    """`POST /v1/embeddings` (and `/invocations` bodies marked as embeddings), and the
+    base of every pooling API (`/pooling`, `/classify`, `/score` and `/rerank`, Cohere's
+    `/v2/embed`): `embed` turns a request's inputs or messages into pooled vectors,
+    `pool` runs prompts already tokenized.
 
     Shares ServingBase's model check, request ids, all-or-none admission, deadline and
     request stats with the generating endpoints; it has no choices to stream.

@@ -14,6 +14,7 @@ from handlers.protocol.score import ScoreData, ScoreResponse
 from handlers.serving.base import PromptInput, ServingBase
 from handlers.serving.choice import ChoiceOptions
 from handlers.serving.context import RequestContext
+from handlers.serving.served_model import offloads
 
 
 class ServingGenerativeScoring(ServingBase):
@@ -33,10 +34,13 @@ class ServingGenerativeScoring(ServingBase):
             served.check_token_ids(request.query, "query")
             query = list(request.query)
         prompts = []
+        offload = offloads(request.items)
         for i, item in enumerate(request.items):
             param = f"items[{i}]"
             if isinstance(item, str):
-                ids = await served.encode(item, add_special_tokens=False, param=param)
+                ids = await served.encode(
+                    item, add_special_tokens=False, param=param, offload=offload
+                )
             else:
                 served.check_token_ids(item, param)
                 ids = list(item)

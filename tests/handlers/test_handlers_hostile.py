@@ -273,3 +273,55 @@ def test_a_loop_over_a_literal_stops_at_the_render_limit(tokenizer, name: str) -
 )
 def test_loops_still_render(tokenizer, template: str, expected: str) -> None:
     assert tokenizer.apply_chat_template(USER, chat_template=template) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", lambda texts: {"input": texts}),
+        ("/v1/completions", lambda texts: {"prompt": texts, "max_tokens": 1}),
+        ("/score", lambda texts: {"text_1": texts[0], "text_2": texts[1:]}),
+        ("/v2/embed", lambda texts: {"texts": texts}),
+        (
+            "/generative_scoring",
+            lambda texts: {"query": "q", "items": texts, "label_token_ids": [1]},
+        ),
+        (
+            "/v1/chat/completions/batch",
+            lambda texts: {
+                "messages": [[{"role": "user", "content": t}] for t in texts],
+                "max_tokens": 1,
+            },
+        ),
+    ],
+)
+def test_a_batch_long_in_all_is_tokenized_off_the_loop(
+    client, engine, tokenizer, monkeypatch, path, body
+) -> None:
+    """Many texts, each under the threading threshold, long in all (190 of 32 KB held
+    one worker's loop ~5 s): every one is tokenized on a thread that releases the GIL."""
+    import threading
+
+    import msgspec
+
+    engine.info = msgspec.structs.replace(engine.info, max_model_len=100_000)
+    main = threading.get_ident()
+    off_loop: list[bool] = []
+    real = type(tokenizer).encode_releasing_gil
+    real_truncated = type(tokenizer).encode_truncated
+
+    def spy(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        off_loop.append(threading.get_ident() != main)
+        return real(self, text, add_special_tokens)
+
+    def truncated(self, *args, **kwargs):  # the truncating path (Cohere's END)
+        releases = kwargs.get("release_gil", args[4] if len(args) > 4 else False)
+        off_loop.append(threading.get_ident() != main and releases)
+        return real_truncated(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "encode_releasing_gil", spy)
+    monkeypatch.setattr(type(tokenizer), "encode_truncated", truncated)
+    texts = ["word " * 1600] * 6  # 8,000 characters each, 48,000 in all
+    result = client.simulate_post(path, json=body(texts))
+    assert result.status_code == 200, result.text
+    assert len(off_loop) >= 5 and all(off_loop), off_loop
