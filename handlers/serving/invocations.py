@@ -12,14 +12,14 @@ validates" (vLLM's way) keeps the precise 400 of the intended API instead of a g
 vLLM's score and rerank bodies are known by their keys: `query` with `documents` is a
 rerank request, `text_1`, `data_1` or `queries` (their second sides too) a score request.
 When the served model is a sequence classifier (it generates nothing), an `input` body
-is a `/classify` request.
+is a `/classify` request. A body with `texts` is Cohere's embed request (`/v2/embed`).
 
-The rules are tried in order: the embeddings marker, rerank, score, classify, then an
-Anthropic Messages body (`is_anthropic_body`): one with `anthropic_version` (what
-Bedrock and Vertex bodies carry), or one with `messages` and a field only Anthropic's
-API has at the top level (`system`, `stop_sequences`, `thinking`); then `input`
-(Responses), then `messages`, `prompt` and `inputs`. A body with only `messages` and
-`max_tokens` stays chat, as it always was.
+The rules are tried in order: the embeddings marker, Cohere's embed, rerank, score,
+classify, then an Anthropic Messages body (`is_anthropic_body`): one with
+`anthropic_version` (what Bedrock and Vertex bodies carry), or one with `messages` and a
+field only Anthropic's API has at the top level (`system`, `stop_sequences`,
+`thinking`); then `input` (Responses), then `messages`, `prompt` and `inputs`. A body
+with only `messages` and `max_tokens` stays chat, as it always was.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from handlers.errors import BadRequestError
 from handlers.protocol.base import parse_request
 from handlers.protocol.chat import ChatCompletionRequest
+from handlers.protocol.cohere_embed import CohereEmbedRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest
 from handlers.protocol.responses import ResponsesRequest
@@ -38,6 +39,7 @@ from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tgi import TGIRequest
 from handlers.serving.chat import ServingChat
 from handlers.serving.classification import ServingClassification
+from handlers.serving.cohere_embed import ServingCohereEmbed
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding
@@ -52,6 +54,7 @@ ANTHROPIC_ONLY_FIELDS = ("system", "stop_sequences", "thinking")
 
 ACCEPTED_KINDS = (
     "an embeddings request (with 'input' and \"task\": \"embeddings\" or 'encoding_format')",
+    "a Cohere embed request (with 'texts')",
     "a rerank request (with 'query' and 'documents')",
     "a score request (with 'text_1' and 'text_2', 'queries' and 'documents' or 'items', "
     "or 'data_1' and 'data_2')",
@@ -110,6 +113,7 @@ class ServingInvocations:
         self.responses = responses
         self.scores = scores or ServingScores(embedding.served, embedding.stats)
         self.classification = ServingClassification(embedding.served, embedding.stats)
+        self.cohere_embed = ServingCohereEmbed(embedding.served, embedding.stats)
 
     def _serves_classifier(self) -> bool:
         pooling = self.embedding.served.info().pooling
@@ -123,6 +127,9 @@ class ServingInvocations:
                 fields = {key: value for key, value in body.items() if key != "task"}
                 embed = parse_request(EmbeddingRequest, fields, limits)
                 return await self.embedding.create(embed, ctx)
+            if "texts" in body:
+                cohere = parse_request(CohereEmbedRequest, body, limits)
+                return await self.cohere_embed.create_cohere(cohere, ctx)
             if is_rerank_body(body):
                 rerank = parse_request(RerankRequest, body, limits)
                 return await self.scores.rerank(rerank, ctx)

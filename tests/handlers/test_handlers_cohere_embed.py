@@ -103,3 +103,12 @@ def test_inputs_text_parts_are_joined(client, engine: FakeEngine, tokenizer) -> 
     result = client.simulate_post(EMBED, json={"inputs": [{"content": parts}]})
     assert result.status_code == 200, result.text
     assert engine.added[0].prompt_token_ids == tokenizer.encode("Hello world")
+
+
+def test_invocations_dispatches_a_texts_body(client, engine: FakeEngine, tokenizer) -> None:
+    result = client.simulate_post(
+        "/invocations", json={"texts": TEXTS[:1], "input_type": "search_query"}
+    )
+    assert result.status_code == 200, result.text
+    assert result.json["response_type"] == "embeddings_by_type"
+    assert result.json["embeddings"]["float"] == [vector(tokenizer, TEXTS[0]).tolist()]
