@@ -172,6 +172,10 @@ class EngineCore:
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
+        """Prompt tokens of every request admitted."""
+        self.num_prefill_tokens_computed = 0
+        """Prompt tokens run through the model (chunk by chunk, prefix-cache hits not
+        counted): what the periodic log's prompt throughput is."""
         self.num_generation_tokens_total = 0
         self.num_consecutive_step_failures = 0
         self._fault_file = config.test_fault_file
@@ -514,6 +518,16 @@ class EngineCore:
             )
             return self._fail_step(sched_out.scheduled, exc)
         self.num_consecutive_step_failures = 0
+        self.num_prefill_tokens_computed += sum(
+            max(
+                0,
+                min(
+                    item.num_new_tokens,
+                    item.request.num_prompt_tokens - item.request.num_computed_tokens,
+                ),
+            )
+            for item in sched_out.scheduled
+        )
         return self._postprocess(sched_out, result)
 
     def _postprocess(
@@ -656,4 +670,5 @@ class EngineCore:
             self.step()
         self.block_manager.reset_prefix_cache()
         self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
+        self.num_prefill_tokens_computed = 0
         return time.monotonic() - start

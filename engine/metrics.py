@@ -91,7 +91,9 @@ class StatsLogger:
         if now - self._t < self.interval:
             return
         dt = now - self._t
-        prompt, gen = core.num_prompt_tokens_total, core.num_generation_tokens_total
+        # Prompt tokens as they are computed, not as they are admitted: a long prefill
+        # (a batch of 180 embeddings) shows its real rate, not 0 after a burst.
+        prompt, gen = core.num_prefill_tokens_computed, core.num_generation_tokens_total
         if prompt != self._prompt or gen != self._gen or core.has_work():
             logger.info(
                 "engine: prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, "

@@ -353,9 +353,22 @@ def test_prompt_tokens_are_counted(mean_dir: Path) -> None:
     prompts = encode_all(mean_dir)
     core = make_core(mean_dir)
     before = core.num_prompt_tokens_total, core.num_generation_tokens_total
+    computed = core.num_prefill_tokens_computed
     embed(core, prompts, "usage")
     assert core.num_prompt_tokens_total - before[0] == sum(len(p) for p in prompts)
+    assert core.num_prefill_tokens_computed - computed == sum(len(p) for p in prompts)
     assert core.num_generation_tokens_total == before[1]
+    # Generation: decode steps add nothing, and a second run's prefix-cache hit is not
+    # computed again.
+    long = prompts[-1] * 3
+    plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    computed = core.num_prefill_tokens_computed
+    run(core, [("first", long, plain, None)])
+    assert core.num_prefill_tokens_computed - computed == len(long)
+    computed = core.num_prefill_tokens_computed
+    (out,) = run(core, [("second", long, plain, None)])["second"][-1:]
+    assert out.num_cached_tokens > 0
+    assert core.num_prefill_tokens_computed - computed == len(long) - out.num_cached_tokens
 
 
 # -- admission ---------------------------------------------------------------------------
