@@ -329,6 +329,11 @@ def add_serve_flags(
     )
     api.switch("--enable-server-load-tracking", False, "Expose GET /load")
     api.switch(
+        "--enable-tokenizer-info-endpoint",
+        False,
+        "Expose GET /tokenizer_info (the tokenizer's configuration and chat template)",
+    )
+    api.switch(
         "--enable-prompt-tokens-details", False, "Report usage.prompt_tokens_details.cached_tokens"
     )
     api.value("--max-log-len", int, None, "Characters of prompts shown in logs")

@@ -98,6 +98,7 @@ def serve_configs(
         enable_stateful_sessions=args.enable_stateful_sessions,
         session_ttl=args.session_ttl,
         enable_server_load_tracking=args.enable_server_load_tracking,
+        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         enable_lora=args.enable_lora,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,

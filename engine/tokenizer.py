@@ -212,6 +212,8 @@ class Tokenizer:
             )
         self._tok = _HFTokenizer.from_file(str(tokenizer_file))
         config = _read_json(model_dir / "tokenizer_config.json")
+        self.config: dict[str, Any] = config
+        """tokenizer_config.json as read (vLLM's /tokenizer_info answers with it)."""
         generation = _read_json(model_dir / "generation_config.json")
         model_config = _read_json(model_dir / "config.json")
 

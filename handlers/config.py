@@ -101,6 +101,8 @@ class ServerConfig:
     error (or an error event) and aborted in the engine; None: no deadline."""
     enable_server_load_tracking: bool = False
     """Expose GET /load."""
+    enable_tokenizer_info_endpoint: bool = False
+    """Expose GET /tokenizer_info (vLLM's flag of the same name)."""
     enable_lora: bool = False
     """--enable-lora: a `model` that is not a served name names a LoRA adapter, and the
     adapter routes (SageMaker's /adapters, vLLM's load/unload) exist."""

@@ -141,6 +141,8 @@ def create_app(
     app.add_route("/health", resources.Health(engine))
     app.add_route("/version", resources.Version(engine))
     app.add_route("/metrics", resources.Metrics())
+    if config.enable_tokenizer_info_endpoint:
+        app.add_route("/tokenizer_info", resources.TokenizerInfo(tokenization))
     if config.enable_server_load_tracking:
         app.add_route("/load", resources.Load(engine))
 

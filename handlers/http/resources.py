@@ -408,6 +408,16 @@ class Detokenize(_JsonBody):
         send_model(resp, await self._serving.detokenize(request))
 
 
+class TokenizerInfo:
+    """vLLM's `GET /tokenizer_info` (with --enable-tokenizer-info-endpoint)."""
+
+    def __init__(self, serving: ServingTokenization) -> None:
+        self._serving = serving
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = self._serving.tokenizer_info()
+
+
 class Models:
     def __init__(self, serving: ServingModels) -> None:
         self._serving = serving

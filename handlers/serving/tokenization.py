@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -43,6 +45,22 @@ class ServingTokenization:
             else None,
         )
 
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's `/tokenizer_info`: tokenizer_config.json without its file paths, added
+        tokens as their text, `tokenizer_class`, and the chat template this server
+        renders with (--chat-template, else the model's)."""
+        tokenizer = self.served.tokenizer()
+        info = {
+            key: _plain(value)
+            for key, value in tokenizer.config.items()
+            if not key.endswith("_file") and key != "added_tokens_decoder"
+        }
+        info.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+        template = self.served.config.chat_template or tokenizer.chat_template
+        if template:
+            info["chat_template"] = template
+        return info
+
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         served = self.served
         served.resolve_name(request.model)
@@ -51,3 +69,14 @@ class ServingTokenization:
         # NOTE: special tokens are kept, so /detokenize inverts /tokenize (as in vLLM).
         text = served.tokenizer().decode(request.tokens, skip_special_tokens=False)
         return DetokenizeResponse(prompt=text)
+
+
+def _plain(value: Any) -> Any:
+    """An added token's text instead of its object (`{"content": ..., "__type": "AddedToken"}`)."""
+    if isinstance(value, dict):
+        if value.get("__type") == "AddedToken" and isinstance(value.get("content"), str):
+            return value["content"]
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

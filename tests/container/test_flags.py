@@ -52,6 +52,7 @@ VLLM_FLAGS = [
     "--max-num-queued-tokens",
     "--scheduling-policy",
     "--enable-server-load-tracking",
+    "--enable-tokenizer-info-endpoint",
     "--disable-log-stats",
     "--root-path",
     "--ssl-keyfile",

@@ -294,3 +294,22 @@ async def test_disconnect_watcher_leaves_the_body_to_the_app() -> None:
     await CancelOnDisconnect(refusing_app)({"type": "http"}, receive, send)
     assert reads == [0]  # only the app's own read
     assert sent[0]["status"] == 413
+
+
+def test_tokenizer_info_only_when_enabled(make_client, tokenizer, model_dir) -> None:
+    """vLLM's GET /tokenizer_info behind --enable-tokenizer-info-endpoint: the tokenizer's
+    config without file paths, added tokens as text, its class and the chat template."""
+    import json as json_module
+
+    assert make_client().simulate_get("/tokenizer_info").status_code == 404
+    result = make_client(enable_tokenizer_info_endpoint=True).simulate_get("/tokenizer_info")
+    assert result.status_code == 200, result.text
+    info = result.json
+    raw = json_module.loads((model_dir / "tokenizer_config.json").read_text())
+    assert info["chat_template"] == tokenizer.chat_template
+    assert "tokenizer_class" in info
+    assert not any(key.endswith("_file") for key in info)
+    for key in ("bos_token", "eos_token"):
+        if key in raw:
+            want = raw[key]["content"] if isinstance(raw[key], dict) else raw[key]
+            assert info[key] == want
