@@ -10,6 +10,7 @@ Tests pass a fake engine and a small tokenizer; production passes the ZMQ client
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import falcon
 import falcon.asgi
@@ -23,6 +24,10 @@ from handlers.http.errors import handle_error
 from handlers.http.media import json_handler
 from handlers.http.metrics import PrometheusStats
 from handlers.http.middleware import ApiKeyAuth, ConfiguredCORS, EngineLifespan, RequestSetup
+from handlers.protocol.cohere_embed import CohereEmbedRequest
+from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest, PoolingRequest
+from handlers.protocol.generative_scoring import GenerativeScoringRequest
+from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.serving import (
     ServedModel,
     ServingAdapters,
@@ -94,20 +99,11 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/chat/completions/batch", resources.BatchChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
-    app.add_route("/v1/embeddings", resources.Embeddings(config, embedding))
-    app.add_route("/pooling", resources.Pooling(config, ServingPooling(served, stats)))
-    app.add_route("/v2/embed", resources.CohereEmbed(config, ServingCohereEmbed(served, stats)))
-    app.add_route("/classify", resources.Classify(config, ServingClassification(served, stats)))
     app.add_route(
-        "/generative_scoring",
-        resources.GenerativeScoring(config, ServingGenerativeScoring(served, stats)),
+        "/v1/embeddings",
+        resources.PooledRoute(config, EmbeddingRequest, embedding.create, served.limits),
     )
-    score = resources.Score(config, scores)
-    for route in ("/score", "/v1/score"):
-        app.add_route(route, score)
-    rerank = resources.Rerank(config, scores)
-    for route in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        app.add_route(route, rerank)
+    add_pooling_routes(app, config, served, stats, scores)
     adapters = ServingAdapters(served)
     app.add_route("/v1/models", resources.Models(ServingModels(served, adapters)))
     if config.enable_lora:
@@ -149,3 +145,49 @@ def create_app(
     app.add_error_handler(Exception, handle_error)
     app.add_error_handler(falcon.HTTPError, handle_error)
     return CancelOnDisconnect(app)
+
+
+def add_pooling_routes(
+    app: falcon.asgi.App,
+    config: ServerConfig,
+    served: ServedModel,
+    stats: StatsSink,
+    scores: ServingScores,
+) -> None:
+    """vLLM's pooling APIs beside /v1/embeddings, and Cohere's embed."""
+    limits = served.limits
+    pooling = ServingPooling(served, stats)
+    classification = ServingClassification(served, stats)
+    cohere = ServingCohereEmbed(served, stats)
+    generative = ServingGenerativeScoring(served, stats)
+    routes: list[tuple[tuple[str, ...], resources.PooledRoute[Any]]] = [
+        (
+            ("/pooling",),
+            resources.PooledRoute(config, PoolingRequest, pooling.create_pooling, limits),
+        ),
+        (
+            ("/classify",),
+            resources.PooledRoute(
+                config, ClassificationRequest, classification.create_classification, limits
+            ),
+        ),
+        (
+            ("/v2/embed",),
+            resources.PooledRoute(config, CohereEmbedRequest, cohere.create_cohere, limits),
+        ),
+        (
+            ("/generative_scoring",),
+            resources.PooledRoute(config, GenerativeScoringRequest, generative.create, limits),
+        ),
+        (
+            ("/score", "/v1/score"),
+            resources.PooledRoute(config, ScoreRequest, scores.score, limits),
+        ),
+        (
+            ("/rerank", "/v1/rerank", "/v2/rerank"),
+            resources.PooledRoute(config, RerankRequest, scores.rerank, limits),
+        ),
+    ]
+    for paths, resource in routes:
+        for path in paths:
+            app.add_route(path, resource)

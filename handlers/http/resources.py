@@ -8,9 +8,9 @@ stream, which is framed as server-sent events here.
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import falcon
 import falcon.asgi
@@ -28,14 +28,10 @@ from handlers.protocol.adapters import (
     UnloadLoRAAdapterRequest,
 )
 from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
-from handlers.protocol.base import ModelT, parse_request
+from handlers.protocol.base import ModelT, RequestLimits, parse_request
 from handlers.protocol.chat import ChatCompletionRequest, parse_batch_chat
-from handlers.protocol.cohere_embed import CohereEmbedRequest
 from handlers.protocol.completion import CompletionRequest
-from handlers.protocol.embedding import ClassificationRequest, EmbeddingRequest, PoolingRequest
-from handlers.protocol.generative_scoring import GenerativeScoringRequest
 from handlers.protocol.responses import ResponsesRequest
-from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -43,22 +39,18 @@ from handlers.protocol.tokenize import (
 )
 from handlers.serving.adapters import ServingAdapters
 from handlers.serving.chat import ServingChat
-from handlers.serving.classification import ServingClassification
-from handlers.serving.cohere_embed import ServingCohereEmbed
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
-from handlers.serving.embedding import ServingEmbedding
-from handlers.serving.generative_scoring import ServingGenerativeScoring
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.jsonlines import JSONLINES_MEDIA_TYPE, ServingJsonLines, is_jsonlines
 from handlers.serving.messages import ServingMessages, anthropic_dialect
 from handlers.serving.models import ServingModels
-from handlers.serving.pooling import ServingPooling
 from handlers.serving.responses import ServingResponses
-from handlers.serving.score import ServingScores
 from handlers.serving.sessions import SESSION_ID_HEADER, ServingSessions
 from handlers.serving.sse import SSEEvent, SSEStream
 from handlers.serving.tokenization import ServingTokenization
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
 
 ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
 """SageMaker's adapter selector on /invocations (an adapter inference component's name)."""
@@ -160,92 +152,27 @@ class Completions(_JsonBody):
         send_result(resp, await self._serving.create(request, request_context(req)))
 
 
-class Embeddings(_JsonBody):
-    def __init__(self, config: ServerConfig, serving: ServingEmbedding) -> None:
+class PooledRoute(_JsonBody, Generic[RequestT]):
+    """A pooling API's POST route (OpenAI's `/v1/embeddings`; vLLM's `/pooling`,
+    `/classify`, `/score`, `/rerank`, `/generative_scoring`; Cohere's `/v2/embed`): the
+    body validated as `request_model`
+    (under the server's limits), answered by `answer`, never streamed."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        request_model: type[RequestT],
+        answer: Callable[[RequestT, RequestContext], Awaitable[BaseModel]],
+        limits: RequestLimits,
+    ) -> None:
         super().__init__(config)
-        self._serving = serving
+        self._model = request_model
+        self._answer = answer
+        self._limits = limits
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = parse_request(EmbeddingRequest, await self.body(req), self._serving.served.limits)
-        send_model(resp, await self._serving.create(request, request_context(req)))
-
-
-class CohereEmbed(_JsonBody):
-    """Cohere's `POST /v2/embed` (vLLM serves it too)."""
-
-    def __init__(self, config: ServerConfig, serving: ServingCohereEmbed) -> None:
-        super().__init__(config)
-        self._serving = serving
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = parse_request(
-            CohereEmbedRequest, await self.body(req), self._serving.served.limits
-        )
-        send_model(resp, await self._serving.create_cohere(request, request_context(req)))
-
-
-class Pooling(_JsonBody):
-    """vLLM's `POST /pooling`."""
-
-    def __init__(self, config: ServerConfig, serving: ServingPooling) -> None:
-        super().__init__(config)
-        self._serving = serving
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = parse_request(PoolingRequest, await self.body(req), self._serving.served.limits)
-        send_model(resp, await self._serving.create_pooling(request, request_context(req)))
-
-
-class Classify(_JsonBody):
-    """vLLM's `POST /classify`."""
-
-    def __init__(self, config: ServerConfig, serving: ServingClassification) -> None:
-        super().__init__(config)
-        self._serving = serving
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = parse_request(
-            ClassificationRequest, await self.body(req), self._serving.served.limits
-        )
-        send_model(resp, await self._serving.create_classification(request, request_context(req)))
-
-
-class GenerativeScoring(_JsonBody):
-    """vLLM's `POST /generative_scoring`."""
-
-    def __init__(self, config: ServerConfig, serving: ServingGenerativeScoring) -> None:
-        super().__init__(config)
-        self._serving = serving
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = parse_request(
-            GenerativeScoringRequest, await self.body(req), self._serving.served.limits
-        )
-        send_model(resp, await self._serving.create(request, request_context(req)))
-
-
-class Score(_JsonBody):
-    """vLLM's `POST /score` (and `/v1/score`)."""
-
-    def __init__(self, config: ServerConfig, serving: ServingScores) -> None:
-        super().__init__(config)
-        self._serving = serving
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = parse_request(ScoreRequest, await self.body(req), self._serving.served.limits)
-        send_model(resp, await self._serving.score(request, request_context(req)))
-
-
-class Rerank(_JsonBody):
-    """vLLM's `POST /rerank` (and `/v1/rerank`, `/v2/rerank`: Jina's and Cohere's API)."""
-
-    def __init__(self, config: ServerConfig, serving: ServingScores) -> None:
-        super().__init__(config)
-        self._serving = serving
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        request = parse_request(RerankRequest, await self.body(req), self._serving.served.limits)
-        send_model(resp, await self._serving.rerank(request, request_context(req)))
+        request = parse_request(self._model, await self.body(req), self._limits)
+        send_model(resp, await self._answer(request, request_context(req)))
 
 
 class Messages(_JsonBody):
