@@ -289,6 +289,7 @@ class EngineCore:
             session_id=msg.session_id,
         )
         request.grammar = grammar
+        request.pooling_uses_cache = msg.pooling is not None and self.pooling.method == "last"
         if msg.cache_salt:
             request.cache_salt = msg.cache_salt.encode()
         if lora is not None:

@@ -47,6 +47,7 @@ class Request:
         "params",
         "pooled",
         "pooling",
+        "pooling_uses_cache",
         "priority",
         "prompt_logprobs",
         "request_id",
@@ -112,6 +113,10 @@ class Request:
         None); None when the request did not ask for prompt logprobs. See prompt_logprobs.py."""
         self.pooling = pooling
         """Set for an embedding request: prefill only, nothing sampled, no KV kept."""
+        self.pooling_uses_cache = False
+        """An embedding request whose pooling reads only the last position (last-token
+        pooling, a classifier's head): it may start after a prefix-cache hit and leave
+        its blocks in the cache, since no other position's hidden state is needed."""
         self.pooled: PoolingState | None = None
         """An embedding request's pooling across its prefill chunks (engine/pooler.py)."""
 

@@ -158,21 +158,22 @@ class Scheduler:
             and len(self.running) < self.max_num_seqs
             and (request := self.waiting.head()) is not None
         ):
-            # A request that scores or pools its prompt must compute every position: no
-            # cache hit (a cached block has K/V but no hidden states).
+            # A request that scores or pools its prompt must compute every position it
+            # reads: no cache hit (a cached block has K/V but no hidden states), except
+            # for pooling that reads the last position only (never cached).
             use_cache = (
                 request.num_computed_tokens == 0
                 and request.prompt_logprobs is None
-                and request.pooling is None
+                and (request.pooling is None or request.pooling_uses_cache)
             )
             cached = bm.find_cached_prefix(request) if use_cache else []
             num_cached_tokens = len(cached) * bm.block_size
             num_new = self._chunk(request.num_tokens - num_cached_tokens, budget, has_prefill)
             if not bm.allocate(request, num_new, cached):
                 break
-            # First admission, not a resumed preemption; an embedding never looks the
-            # cache up, so it is no query of the hit rate either.
-            if request.num_output_tokens == 0 and request.pooling is None:
+            # First admission, not a resumed preemption; an embedding that never looks the
+            # cache up is no query of the hit rate either.
+            if request.num_output_tokens == 0 and use_cache:
                 bm.num_prefix_queries += request.num_prompt_tokens
                 bm.num_prefix_hits += num_cached_tokens
                 request.num_cached_tokens = num_cached_tokens
@@ -207,14 +208,15 @@ class Scheduler:
     def commit_step(self, out: SchedulerOutput) -> None:
         """Advance every scheduled sequence by the tokens it just computed.
 
-        An embedding request's blocks are never registered in the prefix cache: it ends
-        at its last prefill chunk and its blocks go straight back to the free list,
-        holding nothing a later request could hit (engine/pooler.py)."""
+        An embedding request's blocks are registered in the prefix cache only when its
+        pooling reads the last position alone (`Request.pooling_uses_cache`); otherwise
+        it ends at its last prefill chunk and its blocks go straight back to the free
+        list (engine/pooler.py)."""
         for item in out.scheduled:
             request = item.request
             if request.is_finished:
                 continue
             request.num_computed_tokens += item.num_new_tokens
-            if request.pooling is None:
+            if request.pooling is None or request.pooling_uses_cache:
                 self.block_manager.commit(request)
             self.block_manager.free_outside_window(request)

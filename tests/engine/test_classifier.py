@@ -121,3 +121,19 @@ def test_labels_and_activation_are_read_as_vllm_reads_them(
     assert pooling.classifier.labels == ["negative", "positive"]
     assert pooling.classifier.activation == activation
     assert pooling.unsupported is not None and "classif" in pooling.unsupported
+
+
+def test_pairs_sharing_a_prefix_reuse_its_cached_blocks(tmp_path: Path) -> None:
+    """A reranker's pairs share the query (and any template) before each document: the
+    later pairs start after the first's cached blocks, with transformers' logits."""
+    hf = save_servable_classifier("qwen3", tmp_path, 1)
+    core = make_core(tmp_path)
+    query = [(11 * i) % 400 + 3 for i in range(40)]
+    pairs = [[*query, 7, 8, 9], [*query, 10, 11], [*query, 12]]
+    first = classify(core, pairs[:1])
+    hits = core.block_manager.num_prefix_hits
+    rest = classify(core, pairs[1:])
+    block = core.block_manager.block_size
+    assert core.block_manager.num_prefix_hits - hits >= 2 * (len(query) // block) * block
+    got = np.stack(first + rest)
+    assert np.abs(got - reference(hf, pairs)).max() <= TOL

@@ -404,3 +404,29 @@ def test_admission_rules(base_dir: Path, tmp_path: Path) -> None:
     assert admit("ok", [1, 2], dimensions=32).accepted
     wrong = admit("wrong", [1, 2], dimensions=8)
     assert not wrong.accepted and "[16, 32]" in wrong.message
+
+
+def test_last_token_embeddings_use_and_fill_the_prefix_cache(base_dir: Path) -> None:
+    """Last-token pooling reads one position, which a cache hit never covers: such an
+    embedding starts after the cached blocks of an earlier request with its prefix (an
+    embedding's or a generation's) and leaves its own blocks for later ones, with the
+    same vector (transformers' within TOL) as when it computed every position."""
+    from transformers import AutoModel
+
+    core = make_core(base_dir)
+    bm = core.block_manager
+    prompt = (encode_all(base_dir)[-1] * 4)[:70]
+    assert len(prompt) > 2 * bm.block_size
+    first = embed(core, [prompt], "cold")[0]
+    hits = bm.num_prefix_hits
+    again = embed(core, [prompt], "warm")[0]
+    assert bm.num_prefix_hits - hits >= 2 * bm.block_size
+    hf = AutoModel.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = torch.nn.functional.normalize(
+            hf(torch.tensor([prompt])).last_hidden_state[0, -1], dim=-1
+        )
+    assert_close([first, again], torch.stack([expected, expected]))
+    plain = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    (out,) = run(core, [("after", [*prompt, 5, 6], plain, None)])["after"][-1:]
+    assert out.num_cached_tokens >= 2 * bm.block_size
