@@ -35,7 +35,7 @@ from handlers.serving.base import PromptInput
 from handlers.serving.classification import activate, logits_of
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import PooledBatch, ServingEmbedding
-from handlers.serving.served_model import Truncation
+from handlers.serving.served_model import Truncation, offloads
 
 RERANK_SIDES = ("query", "documents")
 
@@ -169,7 +169,8 @@ class ServingScores(ServingEmbedding):
         if not limit:
             return texts
         self._check_limit(limit, param)
-        return [await self.served.leading_text(text, limit) for text in texts]
+        offload = offloads(texts)
+        return [await self.served.leading_text(text, limit, offload=offload) for text in texts]
 
     def _check_limit(self, limit: int, param: str) -> None:
         max_model_len = self.served.info().max_model_len

@@ -209,12 +209,13 @@ class ServedModel:
             ids, cut = encode()
         return ids, cut or len(part) < len(text)
 
-    async def leading_text(self, text: str, max_tokens: int) -> str:
-        """`Tokenizer.leading_text`, on a thread when long; only the first max_tokens x
-        max_token_bytes characters can be kept, so only they are tokenized."""
+    async def leading_text(self, text: str, max_tokens: int, *, offload: bool = False) -> str:
+        """`Tokenizer.leading_text`, on a thread when long (or with `offload`); only the
+        first max_tokens x max_token_bytes characters can be kept, so only they are
+        tokenized."""
         tokenizer = self.tokenizer()
         part = text[: max_tokens * tokenizer.max_token_bytes]
-        if len(part) > _THREAD_ENCODE_CHARS:
+        if offload or len(part) > _THREAD_ENCODE_CHARS:
             return await asyncio.to_thread(tokenizer.leading_text, part, max_tokens)
         return tokenizer.leading_text(part, max_tokens)
 
