@@ -290,14 +290,18 @@ class Tokenizer:
             encoding = self._tok.post_process(encoding, add_special_tokens=True)
         return encoding.ids, cut
 
-    def leading_text(self, text: str, max_tokens: int) -> str:
+    def leading_text(self, text: str, max_tokens: int, release_gil: bool = False) -> str:
         """The start of `text` that holds at most `max_tokens` tokens (special tokens not
         counted), cut at a token boundary of the original characters: vLLM's
         `truncate_text_to_tokens` for a cross-encoder's query and document, which are
         cut as text before the pair is composed. Re-tokenizing a cut text can merge
-        differently, so it is checked again (a few rounds, then the kept ids decoded)."""
+        differently, so it is checked again (a few rounds, then the kept ids decoded).
+        `release_gil`: encode through `encode_batch`, as `encode_releasing_gil` does."""
         for _ in range(8):
-            encoding = self._tok.encode(text, add_special_tokens=False)
+            if release_gil:
+                encoding = self._tok.encode_batch([text], add_special_tokens=False)[0]
+            else:
+                encoding = self._tok.encode(text, add_special_tokens=False)
             if len(encoding.ids) <= max_tokens:
                 return text
             if max_tokens <= 0:

@@ -216,7 +216,7 @@ class ServedModel:
         tokenizer = self.tokenizer()
         part = text[: max_tokens * tokenizer.max_token_bytes]
         if offload or len(part) > _THREAD_ENCODE_CHARS:
-            return await asyncio.to_thread(tokenizer.leading_text, part, max_tokens)
+            return await asyncio.to_thread(tokenizer.leading_text, part, max_tokens, True)
         return tokenizer.leading_text(part, max_tokens)
 
     def truncation(

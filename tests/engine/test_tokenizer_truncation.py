@@ -113,6 +113,7 @@ def test_leading_text_is_a_prefix_of_at_most_n_tokens(
     ours, _ = tokenizers_pair
     text = TEXT + " 你好\uff0c世界 🌍"
     kept = ours.leading_text(text, n)
+    assert ours.leading_text(text, n, release_gil=True) == kept
     assert text.startswith(kept)
     ids = ours.encode(kept, add_special_tokens=False)
     full = ours.encode(text, add_special_tokens=False)
