@@ -147,6 +147,31 @@ def test_json_lines_answer_each_record_in_order(client, engine: FakeEngine) -> N
     assert engine.live == set()
 
 
+def test_json_lines_carry_the_pooling_kinds(client, engine: FakeEngine) -> None:
+    """A batch transform of embeddings, rerank, score and Cohere embed records: each
+    answered in its own API's shape, in order, a bad one as its error body."""
+    lines = [
+        json.dumps({"task": "embeddings", "input": "a text"}),
+        json.dumps({"query": "which?", "documents": ["one", "two"]}),
+        json.dumps({"text_1": "a", "text_2": ["b", "c"]}),
+        json.dumps({"texts": ["x"], "input_type": "search_document"}),
+        json.dumps({"query": "which?", "documents": []}),
+    ]
+    result = client.simulate_post(
+        "/invocations",
+        body="\n".join(lines).encode(),
+        headers={"Content-Type": "application/jsonlines"},
+    )
+    assert result.status_code == 200, result.text
+    answers = [json.loads(line) for line in result.text.splitlines()]
+    assert answers[0]["object"] == "list" and answers[0]["data"][0]["object"] == "embedding"
+    assert [r["index"] for r in answers[1]["results"]] in ([0, 1], [1, 0])
+    assert [d["object"] for d in answers[2]["data"]] == ["score", "score"]
+    assert answers[3]["response_type"] == "embeddings_by_type"
+    assert answers[4]["error"]["param"] == "documents"
+    assert engine.live == set()
+
+
 def test_json_lines_without_records_is_a_400(client) -> None:
     result = client.simulate_post(
         "/invocations", body=b"\n \n", headers={"Content-Type": "application/x-jsonlines"}
