@@ -16,8 +16,9 @@ preempted request (recomputed from scratch) pool each token once. When the promp
 last chunk has run, the vector is truncated to `dimensions` (Matryoshka), normalised
 when the model prescribes it (or the request says so: `PoolingParams.normalize`), and
 returned as float32 bytes (little endian); a sequence classifier's row goes through its
-head instead, and its logits are returned. The core then finishes the request, which frees its blocks (they never enter the prefix cache:
-`engine/scheduler.py` `commit_step`).
+head instead, and its logits are returned. The core then finishes the request, which
+frees its blocks; they enter the prefix cache only under last-token pooling, which
+reads no position a cache hit skips (`Request.pooling_uses_cache`).
 
 Row bookkeeping follows `engine/prompt_logprobs.py`: `ordered` is the step's sequences
 in the order their tokens were flattened into `hidden`.
@@ -99,9 +100,9 @@ class Pooler:
     def _finish(self, request: Request) -> bytes:
         state = request.pooled
         assert state is not None and state.value is not None and request.pooling is not None
+        request.pooled = None
         vector = state.value
         if self.head is not None:
-            request.pooled = None
             return self.head(vector.unsqueeze(0))[0].cpu().numpy().astype("<f4").tobytes()
         if self.config.method == "mean":
             vector = vector / request.num_prompt_tokens
@@ -111,5 +112,4 @@ class Pooler:
         normalize = request.pooling.normalize
         if self.config.normalize if normalize is None else normalize:
             vector = F.normalize(vector, p=2, dim=-1)
-        request.pooled = None
         return vector.cpu().numpy().astype("<f4").tobytes()

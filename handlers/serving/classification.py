@@ -10,14 +10,13 @@ import numpy as np
 
 from engine.messages import PoolingParams
 from engine.pooling_config import ClassifierConfig
-from handlers.protocol.base import UsageInfo
 from handlers.protocol.embedding import (
     ClassificationData,
     ClassificationRequest,
     ClassificationResponse,
 )
 from handlers.serving.context import RequestContext
-from handlers.serving.embedding import ServingEmbedding
+from handlers.serving.embedding import ServingEmbedding, pooled_values
 
 
 class ServingClassification(ServingEmbedding):
@@ -27,9 +26,9 @@ class ServingClassification(ServingEmbedding):
     async def create_classification(
         self, request: ClassificationRequest, ctx: RequestContext
     ) -> ClassificationResponse:
-        self.model_name(request.model)  # 404 first
+        model_name = self.model_name(request.model)
         head = self.classifier("/classify")
-        model_name, pooled = await self.embed(request, ctx, PoolingParams())
+        pooled = await self.embed(request, ctx, PoolingParams())
         data = []
         for i, raw in enumerate(pooled.vectors):
             probs = activate(logits_of(raw), head, request.use_activation)
@@ -42,18 +41,14 @@ class ServingClassification(ServingEmbedding):
                     num_classes=len(probs),
                 )
             )
-        tokens = pooled.num_prompt_tokens
         return ClassificationResponse(
-            id=pooled.response_id,
-            model=model_name,
-            data=data,
-            usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens),
+            id=pooled.response_id, model=model_name, data=data, usage=pooled.usage()
         )
 
 
 def logits_of(raw: bytes) -> np.ndarray:
-    """The engine's float32 little-endian logits, as float64."""
-    return np.frombuffer(raw, dtype="<f4").astype(np.float64)
+    """The engine's float32 logits, as float64."""
+    return pooled_values(raw).astype(np.float64)
 
 
 def activate(logits: np.ndarray, head: ClassifierConfig, use_activation: bool | None) -> np.ndarray:

@@ -65,7 +65,7 @@ class ServingCohereEmbed(ServingEmbedding):
                         param=prompt.param,
                     )
         pooled = await self.pool(inputs, pooling, ctx, request)
-        vectors = np.stack([np.frombuffer(v, dtype="<f4") for v in pooled.vectors])
+        vectors = pooled.matrix()
         return CohereEmbedResponse(
             id=pooled.response_id,
             embeddings=_typed(vectors, request.embedding_types or ["float"]),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import logging
 import sys
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -55,28 +54,23 @@ class ServingEmbedding(ServingBase):
     id_prefix = "embd"
 
     async def create(self, request: EmbeddingRequest, ctx: RequestContext) -> EmbeddingResponse:
-        self.model_name(request.model)  # 404 first
+        model_name = self.model_name(request.model)
         pooling = self.pooling_params(request.dimensions, normalize=request.use_activation)
-        model_name, pooled = await self.embed(request, ctx, pooling)
+        pooled = await self.embed(request, ctx, pooling)
         encode = vector_encoder(request)
         data = [
             EmbeddingData(index=i, embedding=encode(vector))
             for i, vector in enumerate(pooled.vectors)
         ]
-        tokens = pooled.num_prompt_tokens
         return EmbeddingResponse(
-            id=pooled.response_id,
-            model=model_name,
-            data=data,
-            usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens),
+            id=pooled.response_id, model=model_name, data=data, usage=pooled.usage()
         )
 
     async def embed(
         self, request: PooledInputRequest, ctx: RequestContext, pooling: PoolingParams
-    ) -> tuple[str, PooledBatch]:
-        """(the model name to report, the pooled vectors) of a pooling request: its
-        inputs, or its messages rendered by the chat template as one input."""
-        model_name = self.model_name(request.model)
+    ) -> PooledBatch:
+        """The pooled vectors of a pooling request (its model checked by the caller):
+        its inputs, or its messages rendered by the chat template as one input."""
         truncation = self.served.truncation(request.truncate_prompt_tokens, request.truncation_side)
         if request.messages is not None:
             text = await render_chat(
@@ -89,7 +83,7 @@ class ServingEmbedding(ServingBase):
         inputs = await self.tokenize_prompts(
             prompts, add_special_tokens=request.special_tokens, field=field, truncation=truncation
         )
-        return model_name, await self.pool(inputs, pooling, ctx, request)
+        return await self.pool(inputs, pooling, ctx, request)
 
     async def pool(
         self,
@@ -196,14 +190,18 @@ class PooledBatch:
     """Each input's vector: float32, little endian, in input order."""
     num_prompt_tokens: int
 
+    def matrix(self) -> np.ndarray:
+        """The vectors as one float32 array, a row each."""
+        return np.stack([pooled_values(vector) for vector in self.vectors])
 
-def vector_values(vector: bytes) -> array[float]:
-    """A pooled vector's float32 values."""
-    values = array("f")
-    values.frombytes(vector)
-    if sys.byteorder == "big":
-        values.byteswap()  # the engine sends little endian
-    return values
+    def usage(self) -> UsageInfo:
+        """OpenAI's usage of a pooling answer: every prompt token, none generated."""
+        return UsageInfo(prompt_tokens=self.num_prompt_tokens, total_tokens=self.num_prompt_tokens)
+
+
+def pooled_values(vector: bytes) -> np.ndarray:
+    """A pooled vector's float32 values (the engine sends them little endian)."""
+    return np.frombuffer(vector, dtype="<f4")
 
 
 def _vector_of(output: RequestOutput) -> bytes:
@@ -228,13 +226,13 @@ def vector_encoder(request: EmbeddingRequest) -> Callable[[bytes], list[float] |
 
 
 def _floats(vector: bytes) -> list[float]:
-    return vector_values(vector).tolist()
+    return pooled_values(vector).tolist()
 
 
 def _as_bytes(vector: bytes, dtype: str, order: str) -> bytes:
     """The engine's float32 little-endian vector as `dtype` elements in byte `order`;
     bfloat16 rounds to nearest even, as torch's conversion does."""
-    values = np.frombuffer(vector, dtype="<f4")
+    values = pooled_values(vector)
     if dtype == "float16":
         out = values.astype(np.float16)
     elif dtype == "bfloat16":

@@ -5,7 +5,6 @@ vLLM's token-level and classifier tasks are refused by the request model."""
 
 from __future__ import annotations
 
-from handlers.protocol.base import UsageInfo
 from handlers.protocol.embedding import PoolingData, PoolingRequest, PoolingResponse
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import ServingEmbedding, vector_encoder
@@ -16,14 +15,13 @@ class ServingPooling(ServingEmbedding):
     id_prefix = "pool"
 
     async def create_pooling(self, request: PoolingRequest, ctx: RequestContext) -> PoolingResponse:
-        self.model_name(request.model)  # 404 first
+        model_name = self.model_name(request.model)
         pooling = self.pooling_params(request.dimensions, normalize=request.use_activation)
-        model_name, pooled = await self.embed(request, ctx, pooling)
+        pooled = await self.embed(request, ctx, pooling)
         encode = vector_encoder(request)
-        tokens = pooled.num_prompt_tokens
         return PoolingResponse(
             id=pooled.response_id,
             model=model_name,
             data=[PoolingData(index=i, data=encode(v)) for i, v in enumerate(pooled.vectors)],
-            usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens),
+            usage=pooled.usage(),
         )

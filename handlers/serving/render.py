@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from engine.tokenizer import ChatTemplateError
 from handlers.errors import BadRequestError
@@ -49,17 +50,21 @@ async def render_chat(
     return _render_chat(served, request, template, documents)
 
 
+def template_variables(chat_template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """A request's `chat_template_kwargs` as template variables: the names the renderer
+    sets itself (messages, tools, the special tokens, ...) are left out, not overridden."""
+    return {
+        k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS
+    }
+
+
 def _render_chat(
     served: ServedModel,
     request: ChatTemplateRequest,
     template: ChatTemplateChoice,
     documents: list[dict[str, str]] | None,
 ) -> str:
-    kwargs = {
-        k: v
-        for k, v in (request.chat_template_kwargs or {}).items()
-        if k not in _RESERVED_TEMPLATE_KWARGS
-    }
+    kwargs = template_variables(request.chat_template_kwargs)
     if request.reasoning_effort is not None:  # vLLM's: a template variable
         kwargs.setdefault("reasoning_effort", request.reasoning_effort)
     tokenizer = served.tokenizer()

@@ -19,7 +19,6 @@ from engine.messages import PoolingParams
 from engine.pooling_config import ClassifierConfig
 from engine.tokenizer import Tokenizer
 from handlers.errors import BadRequestError
-from handlers.protocol.base import UsageInfo
 from handlers.protocol.score import (
     RerankDocument,
     RerankRequest,
@@ -35,6 +34,7 @@ from handlers.serving.base import PromptInput
 from handlers.serving.classification import activate, logits_of
 from handlers.serving.context import RequestContext
 from handlers.serving.embedding import PooledBatch, ServingEmbedding
+from handlers.serving.render import template_variables
 from handlers.serving.served_model import Truncation, offloads
 
 RERANK_SIDES = ("query", "documents")
@@ -57,12 +57,11 @@ class ServingScores(ServingEmbedding):
         scores, pooled = await self._scores(
             request, (request.first, request.second), request.sides, ctx
         )
-        tokens = pooled.num_prompt_tokens
         return ScoreResponse(
             id=pooled.response_id,
             model=model_name,
             data=[ScoreData(index=i, score=score) for i, score in enumerate(scores)],
-            usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens),
+            usage=pooled.usage(),
         )
 
     async def rerank(self, request: RerankRequest, ctx: RequestContext) -> RerankResponse:
@@ -105,7 +104,7 @@ class ServingScores(ServingEmbedding):
         head = self._cross_encoder()
         if head is None:
             pooled = await self._embed(request, texts, sides, ctx)
-            return _pair_scores(pooled.vectors, len(texts[0])), pooled
+            return _pair_scores(pooled.matrix(), len(texts[0])), pooled
         pooled = await self._cross_encode(request, texts, sides, ctx)
         scores = [
             float(activate(logits_of(raw), head, request.use_activation)[0])
@@ -231,11 +230,10 @@ def _compose(
     """A cross-encoder's prompt for one pair (see `_cross_encode`)."""
     if template is None:
         return query + document
-    kwargs = dict(request.chat_template_kwargs or {})
+    kwargs = template_variables(request.chat_template_kwargs)
+    kwargs.pop("tokenize", None)  # vLLM's reserved name for its own renderer's switch
     if request.instruction is not None:
         kwargs.setdefault("instruction", request.instruction)
-    for reserved in ("chat_template", "tools", "tokenize", "add_generation_prompt"):
-        kwargs.pop(reserved, None)
     messages = [{"role": "query", "content": query}, {"role": "document", "content": document}]
     try:
         return tokenizer.apply_chat_template(
@@ -263,10 +261,10 @@ def _refuse_cross_encoder_fields(request: ScoringRequestBase) -> None:
         )
 
 
-def _pair_scores(vectors: list[bytes], num_first: int) -> list[float]:
-    """Cosine similarity of each pair: the first `num_first` vectors are side 1, the rest
+def _pair_scores(vectors: np.ndarray, num_first: int) -> list[float]:
+    """Cosine similarity of each pair: the first `num_first` rows are side 1, the rest
     side 2; one side-1 vector is paired with every side-2 vector, else pairwise."""
-    matrix = np.stack([np.frombuffer(v, dtype="<f4") for v in vectors]).astype(np.float64)
+    matrix = vectors.astype(np.float64)
     norms = np.maximum(np.linalg.norm(matrix, axis=1), COSINE_EPS)
     unit = matrix / norms[:, None]
     first, second = unit[:num_first], unit[num_first:]

@@ -69,6 +69,7 @@ class ServedModel:
         self.engine = engine
         self._tokenizer = tokenizer
         self._token_texts: TokenTexts | None = None
+        self._think_tag_ids: tuple[list[int], list[int]] | None = None
         self._defaults: dict[str, Any] | None = None
         self.limits = config.request_limits()
 
@@ -153,12 +154,15 @@ class ServedModel:
         return tokenizer.encode(text, add_special_tokens)
 
     def think_tag_ids(self) -> tuple[list[int], list[int]]:
-        """The token ids of the reasoning block's opening and closing tags."""
-        tokenizer = self.tokenizer()
-        return (
-            tokenizer.encode(THINK_OPEN, add_special_tokens=False),
-            tokenizer.encode(THINK_CLOSE, add_special_tokens=False),
-        )
+        """The token ids of the reasoning block's opening and closing tags (tokenized
+        once: they depend on the tokenizer alone)."""
+        if self._think_tag_ids is None:
+            tokenizer = self.tokenizer()
+            self._think_tag_ids = (
+                tokenizer.encode(THINK_OPEN, add_special_tokens=False),
+                tokenizer.encode(THINK_CLOSE, add_special_tokens=False),
+            )
+        return self._think_tag_ids
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of a short text (a bad word), without special tokens, on the
