@@ -158,12 +158,14 @@ class EngineClient(ABC):
         pooling: PoolingParams | None = None,
         session_id: str | None = None,
         cache_salt: str | None = None,
+        group: str | None = None,
     ) -> OutputCollector:
         """Admit a request whose outputs go to `collector` (a new one by default; the n
         choices of one API request share one), on the LoRA adapter `lora_name` (None:
         the base), in the stateful session `session_id` (None: none); with `pooling`, an
         embedding request (one final output carrying the vector); `cache_salt`: shares
-        prefix-cache blocks only with requests of the same salt. Raises
+        prefix-cache blocks only with requests of the same salt; `group`: the API request
+        it is one input or choice of (they take turns with later arrivals). Raises
         EngineOverloadedError / EngineDeadError / EngineNotReadyError /
         InvalidEngineRequestError / UnknownAdapterError before any output exists."""
         self._check_serving()
@@ -188,6 +190,7 @@ class EngineClient(ABC):
                         pooling=pooling,
                         session_id=session_id,
                         cache_salt=cache_salt,
+                        group=group,
                     )
                 )
                 admission = await future

@@ -287,6 +287,7 @@ class EngineCore:
             msg.arrival_time or None,
             pooling=msg.pooling,
             session_id=msg.session_id,
+            group=msg.group,
         )
         request.grammar = grammar
         request.pooling_uses_cache = msg.pooling is not None and self.pooling.method == "last"

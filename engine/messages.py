@@ -45,6 +45,9 @@ class AddRequest(msgspec.Struct, tag="add", kw_only=True):
     """The stateful session the request runs in (`X-Amzn-SageMaker-Session-Id`): the
     engine refuses it ('invalid') unless the session is open, and pins its KV blocks to
     the session when it ends."""
+    group: str | None = None
+    """The API request this one belongs to (its other choices or inputs share it): under
+    fcfs the inputs of one API request take turns with later arrivals. None: its own."""
     cache_salt: str | None = None
     """vLLM's `cache_salt`: the request's prefix-cache hash chain is seeded with it, so
     it shares cached KV blocks only with requests of the same salt (a tenant cannot

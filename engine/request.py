@@ -37,6 +37,7 @@ class Request:
         "client_id",
         "finish_reason",
         "grammar",
+        "group",
         "lora_key",
         "lora_name",
         "lora_slot",
@@ -68,8 +69,12 @@ class Request:
         *,
         pooling: PoolingParams | None = None,
         session_id: str | None = None,
+        group: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.group = request_id if group is None else group
+        """The API request this sequence is one input or choice of (engine/waiting_queue.py:
+        the inputs of one API request take turns with later arrivals)."""
         self.session_id = session_id
         """The stateful session this request belongs to: its blocks are pinned to it when
         freed (`BlockManager.free`), so the conversation's next turn hits them."""

@@ -67,7 +67,7 @@ class Scheduler:
         """Most prompt tokens the step's first prefill chunk may take (>= the budget)."""
         self._chunk_past_budget = self.max_prefill_chunk > max_num_batched_tokens
         self.policy = policy
-        self.waiting: WaitingQueue = make_waiting_queue(policy)
+        self.waiting: WaitingQueue = make_waiting_queue(policy, self.max_prefill_chunk)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0

@@ -128,6 +128,7 @@ class ServingBase:
                     pooling=pooling,
                     session_id=session_id,
                     cache_salt=cache_salt,
+                    group=engine_id if len(prompts) > 1 else None,
                 )
                 for i, (prompt, param) in enumerate(zip(prompts, params, strict=True))
             ),

@@ -430,3 +430,38 @@ def test_last_token_embeddings_use_and_fill_the_prefix_cache(base_dir: Path) -> 
     plain = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     (out,) = run(core, [("after", [*prompt, 5, 6], plain, None)])["after"][-1:]
     assert out.num_cached_tokens >= 2 * bm.block_size
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_many_input_request_takes_turns_with_a_later_chat(base_dir: Path, grouped: bool) -> None:
+    """One API request of 10 embedding inputs (~200 tokens each, one group), then a
+    generation request: with groups the generation is admitted after the first input's
+    turn and finishes while most inputs still wait; as ten unrelated requests (strict
+    FCFS, the control) it starts only after every input."""
+    core = make_core(base_dir, max_num_batched_tokens=64, max_num_seqs=2)
+    inputs = [[(7 * i + j) % 200 + 3 for j in range(200)] for i in range(10)]
+    for i, ids in enumerate(inputs):
+        admission = core.add_request(
+            AddRequest(
+                request_id=f"emb-{i}",
+                prompt_token_ids=ids,
+                params=SamplingParams(),
+                pooling=PoolingParams(),
+                group="emb" if grouped else None,
+            )
+        )
+        assert admission is not None and admission.accepted
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    admission = core.add_request(
+        AddRequest(request_id="chat", prompt_token_ids=list(range(3, 40)), params=greedy)
+    )
+    assert admission is not None and admission.accepted
+    finished: list[str] = []
+    while core.has_work():
+        finished += [out.request_id for _, out in core.step() if out.finish_reason]
+    assert sorted(finished) == sorted([f"emb-{i}" for i in range(10)] + ["chat"])
+    assert core.block_manager.num_used_blocks == 0
+    if grouped:
+        assert finished.index("chat") <= 2
+    else:
+        assert finished.index("chat") == 10

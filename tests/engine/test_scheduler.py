@@ -11,16 +11,19 @@ from engine.block_manager import BlockManager
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.waiting_queue import PriorityQueue
+from engine.waiting_queue import FcfsQueue, PriorityQueue
 
 
-def _req(rid: str, n: int, priority: int = 0, t: float = 0.0, first: int = 1) -> Request:
+def _req(
+    rid: str, n: int, priority: int = 0, t: float = 0.0, first: int = 1, group: str | None = None
+) -> Request:
     return Request(
         rid,
         list(range(first, first + n)),
         SamplingParams(max_tokens=100),
         priority=priority,
         arrival_time=t,
+        group=group,
     )
 
 
@@ -131,7 +134,7 @@ def test_priority_policy_runs_lower_value_first() -> None:
     assert set(_run_step(s)) == {"high"}
 
 
-def _drain(queue: PriorityQueue) -> list[str]:
+def _drain(queue: PriorityQueue | FcfsQueue) -> list[str]:
     order = []
     while (request := queue.head()) is not None:
         queue.remove(request)
@@ -271,3 +274,94 @@ def test_the_prefill_chunk_resolves_from_the_budget_flags(
     )
     resolved = resolve(config, lambda _: None)
     assert (resolved.max_num_batched_tokens, resolved.max_prefill_chunk) == expected
+
+
+# -- fcfs: the inputs of one API request take turns with later arrivals ------------------
+
+
+def test_fcfs_without_groups_is_arrival_order() -> None:
+    q = FcfsQueue(turn_tokens=100)
+    for rid in "abcde":
+        q.push(_req(rid, 7))
+    assert len(q) == 5 and _drain(q) == list("abcde")
+    assert len(q) == 0 and q.num_entries() == 0
+
+
+def test_a_many_input_request_takes_turns_with_later_arrivals() -> None:
+    """Six 40-token inputs of one API request, then x and y: strict FCFS ran x after all
+    six; with turns of 64 tokens x runs after the first two, y after the next two."""
+    q = FcfsQueue(turn_tokens=64)
+    for i in range(6):
+        q.push(_req(f"big{i}", 40, group="big"))
+    q.push(_req("x", 5))
+    q.push(_req("y", 5))
+    assert _drain(q) == ["big0", "big1", "x", "y", "big2", "big3", "big4", "big5"]
+
+
+def test_a_group_within_one_turn_is_taken_together() -> None:
+    """The n choices of a short request (4 x 10 tokens, turn 64) stay together."""
+    q = FcfsQueue(turn_tokens=64)
+    for i in range(4):
+        q.push(_req(f"n{i}", 10, group="chat"))
+    q.push(_req("z", 5))
+    assert _drain(q) == ["n0", "n1", "n2", "n3", "z"]
+
+
+def test_every_waiting_group_gets_a_turn_in_arrival_order() -> None:
+    q = FcfsQueue(turn_tokens=1)  # one input a turn
+    for i in range(3):
+        q.push(_req(f"a{i}", 3, group="a"))
+    for i in range(2):
+        q.push(_req(f"b{i}", 3, group="b"))
+    q.push(_req("c", 3))
+    assert _drain(q) == ["a0", "b0", "c", "a1", "b1", "a2"]
+
+
+def test_a_preempted_input_goes_to_the_very_front() -> None:
+    q = FcfsQueue(turn_tokens=1)
+    for i in range(2):
+        q.push(_req(f"a{i}", 3, group="a"))
+    q.push(_req("b", 3))
+    q.push(_req("c", 3))
+    first = q.head()
+    assert first is not None
+    q.remove(first)  # a0 admitted: group a goes behind b and c
+    assert q.head() is not None and q.head().request_id == "b"
+    q.push_preempted(first)  # a0 preempted: ahead of everything again
+    assert _drain(q) == ["a0", "b", "c", "a1"]
+
+
+def test_aborted_inputs_are_skipped_and_not_counted() -> None:
+    q = FcfsQueue(turn_tokens=1)
+    requests = [_req(f"a{i}", 3, group="a") for i in range(3)] + [_req("b", 3)]
+    for request in requests:
+        q.push(request)
+    for request in requests[:2]:  # a0 (the head) and a1 (lazily)
+        q.remove(request)
+        request.status = RequestStatus.FINISHED
+    assert len(q) == 2 and _drain(q) == ["b", "a2"]
+    assert q.num_entries() == 0
+
+
+def test_scheduler_admits_a_later_request_between_the_inputs_of_a_long_one() -> None:
+    """Through the scheduler: eight 24-token inputs of one API request arrive, then a short
+    request; the budget admits one input a step. The short one is admitted in the second
+    step, not the ninth, and every input still runs."""
+    s = Scheduler(BlockManager(256, 4), max_num_seqs=2, max_num_batched_tokens=24)
+    for i in range(8):
+        s.add(_req(f"in{i}", 24, first=100 * i + 1, group="batch"))
+    s.add(_req("late", 4, first=5000))
+    admitted: list[str] = []
+    for _ in range(40):
+        out = s.schedule()
+        s.commit_step(out)
+        for item in out.scheduled:
+            request = item.request
+            if request.request_id not in admitted:
+                admitted.append(request.request_id)
+            if request.num_computed_tokens == request.num_tokens:
+                s.finish(request, "stop")  # one step of output is enough here
+        if not s.has_work():
+            break
+    assert admitted[:3] == ["in0", "late", "in1"]
+    assert sorted(admitted) == sorted([f"in{i}" for i in range(8)] + ["late"])

@@ -66,6 +66,7 @@ class AddedRequest:
     session_id: str | None = None
     lora_name: str | None = None
     cache_salt: str | None = None
+    group: str | None = None
 
 
 def fake_embedding(prompt_token_ids: list[int], size: int) -> list[float]:
@@ -157,6 +158,7 @@ class FakeEngine(EngineClient):
             message.session_id,
             message.lora_name,
             message.cache_salt,
+            message.group,
         )
         self.added.append(request)
         # Admission is a round trip in the real clients: answered on a later loop turn.

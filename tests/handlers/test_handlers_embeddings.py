@@ -258,3 +258,18 @@ def test_pooling_route_answers_in_vllm_s_shape(client, engine: FakeEngine, token
     for task in ("token_embed", "classify", "score", "bogus"):
         result = client.simulate_post("/pooling", json={"input": "x", "task": task})
         assert_openai_error(result, 400, "task")
+
+
+def test_the_inputs_of_one_request_share_a_group(client, engine: FakeEngine) -> None:
+    """The engine lets the inputs of one API request take turns with later arrivals
+    (engine/waiting_queue.py): it knows them by a group the handler names, one per
+    request; a single input is its own."""
+    for _ in range(2):
+        result = client.simulate_post(EMBEDDINGS, json={"input": TEXTS})
+        assert result.status_code == 200, result.text
+    result = client.simulate_post(EMBEDDINGS, json={"input": TEXTS[0]})
+    assert result.status_code == 200, result.text
+    first, second, single = engine.added[:3], engine.added[3:6], engine.added[6]
+    assert len({a.group for a in first}) == 1 and first[0].group is not None
+    assert len({a.group for a in second}) == 1 and second[0].group != first[0].group
+    assert single.group is None

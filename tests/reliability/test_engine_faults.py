@@ -14,7 +14,7 @@ from engine.messages import AddRequest
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.waiting_queue import FcfsQueue
+from engine import waiting_queue
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -133,15 +133,20 @@ class _NoScanDeque(deque):
         raise AssertionError("O(queue) removal from the waiting queue")
 
 
-def test_aborting_a_queued_burst_never_scans_the_queue() -> None:
+def test_aborting_a_queued_burst_never_scans_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 6: every abort of a waiting request was `deque.remove` (O(queue)); a burst of
     4096 queued then aborted was quadratic. Removal is now lazy: O(1) per abort, and the
     counts and the next admission stay right."""
     s = Scheduler(
         BlockManager(num_blocks=64, block_size=16), max_num_seqs=4, max_num_batched_tokens=64
     )
-    s.waiting = FcfsQueue(_NoScanDeque())
-    requests = [Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=2)) for i in range(4096)]
+    monkeypatch.setattr(waiting_queue, "deque", _NoScanDeque)
+    s.waiting = waiting_queue.FcfsQueue()
+    # One API request's 4096 inputs (one group) and as many requests of their own.
+    requests = [
+        Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=2), group="g" if i % 2 else None)
+        for i in range(4096)
+    ]
     for request in requests:
         s.add(request)
     for request in requests[:-1][::-1]:  # from the back: the worst case for remove()
