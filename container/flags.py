@@ -473,7 +473,7 @@ def add_serve_flags(
         "--scheduling-policy",
         str,
         "fcfs",
-        "fcfs or priority (lower value runs first)",
+        "fcfs (by API request: a request of many inputs takes turns with later ones) or priority (lower value runs first)",
         choices=SCHEDULING_POLICIES,
     )
     eng.value("--num-threads", int, None, "torch threads of the engine (CPU; default all cores)")

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from engine import waiting_queue
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.messages import AddRequest
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine import waiting_queue
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
