@@ -21,6 +21,7 @@ from engine.config import (
     SCHEDULING_POLICIES,
     EngineConfig,
 )
+from engine.profiler import parse_profiler_config
 from handlers.config import ServerConfig
 
 _SERVER_DEFAULTS = ServerConfig()
@@ -334,6 +335,13 @@ def add_serve_flags(
         "Expose GET /tokenizer_info (the tokenizer's configuration and chat template)",
     )
     api.switch(
+        "--server-dev-mode",
+        False,
+        "Expose vLLM's developer routes (POST /reset_prefix_cache, /reset_mm_cache, "
+        "/reset_encoder_cache, GET /server_info); for benchmarking and debugging, not "
+        "production: any caller with the API key can flush the prefix cache",
+    )
+    api.switch(
         "--enable-prompt-tokens-details", False, "Report usage.prompt_tokens_details.cached_tokens"
     )
     api.value("--max-log-len", int, None, "Characters of prompts shown in logs")
@@ -475,6 +483,14 @@ def add_serve_flags(
         "fcfs",
         "fcfs (by API request: a request of many inputs takes turns with later ones) or priority (lower value runs first)",
         choices=SCHEDULING_POLICIES,
+    )
+    eng.value(
+        "--profiler-config",
+        parse_profiler_config,
+        None,
+        "The torch profiler behind POST /start_profile and /stop_profile, as JSON: "
+        '\'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\' (vLLM\'s fields; traces '
+        "and an op table are written there); unset: no profiler routes",
     )
     eng.value("--num-threads", int, None, "torch threads of the engine (CPU; default all cores)")
     eng.value(

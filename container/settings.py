@@ -99,6 +99,9 @@ def serve_configs(
         session_ttl=args.session_ttl,
         enable_server_load_tracking=args.enable_server_load_tracking,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+        server_dev_mode=args.server_dev_mode,
+        enable_profiler_routes=args.profiler_config is not None
+        and args.profiler_config.profiler is not None,
         enable_lora=args.enable_lora,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,
@@ -165,6 +168,7 @@ def _engine_config(args: argparse.Namespace, model_dir: str | None) -> EngineCon
         lora_modules=lora_modules(args, model_dir),
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        profiler=args.profiler_config,
         test_fault_file=args.test_fault_file,
         test_step_delay=args.test_step_delay,
     )

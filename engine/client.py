@@ -29,6 +29,8 @@ from engine.messages import (
     AdapterReply,
     AddRequest,
     Admission,
+    ControlCommand,
+    ControlReply,
     OutputBatch,
     PoolingParams,
     SessionCommand,
@@ -66,8 +68,8 @@ ADAPTER_COMMAND_TIMEOUT_S = 120.0
 """How long a LoRA load/unload/list waits for the engine (reading an adapter's files
 happens between two steps)."""
 
-EngineCommand = AddRequest | AbortRequest | AdapterCommand | SessionCommand
-CallReply = AdapterReply | SessionReply
+EngineCommand = AddRequest | AbortRequest | AdapterCommand | SessionCommand | ControlCommand
+CallReply = AdapterReply | SessionReply | ControlReply
 
 
 class EngineClient(ABC):
@@ -256,7 +258,19 @@ class EngineClient(ABC):
             raise EngineOverloadedError(reply.message or "no room for another session")
         raise InvalidEngineRequestError(reply.message or "session refused")
 
-    async def _call(self, command: AdapterCommand | SessionCommand, timeout_s: float) -> CallReply:
+    # -- operator commands (vLLM's dev and profiler routes) ----------------------------
+    async def control_command(self, command: ControlCommand) -> ControlReply:
+        """Reset the prefix cache or start / stop the profiler (engine/profiler.py);
+        InvalidEngineRequestError when the engine cannot (no profiler, already running)."""
+        reply = await self._call(command, ADAPTER_COMMAND_TIMEOUT_S)
+        assert isinstance(reply, ControlReply)
+        if reply.error_kind is not None:
+            raise InvalidEngineRequestError(reply.message or "refused")
+        return reply
+
+    async def _call(
+        self, command: AdapterCommand | SessionCommand | ControlCommand, timeout_s: float
+    ) -> CallReply:
         """Send a command the engine answers with one reply (matched by call id)."""
         self._check_serving()
         command.call_id = f"{command.op}-{next(self._call_ids)}"
@@ -293,7 +307,7 @@ class EngineClient(ABC):
                     if out.finish_reason is not None:
                         del collectors[out.request_id]
                     collector.put(out)
-        elif isinstance(message, AdapterReply | SessionReply):
+        elif isinstance(message, AdapterReply | SessionReply | ControlReply):
             call = self._calls.get(message.call_id)
             if call is not None and not call.done():
                 call.set_result(message)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from engine.pooling_config import PoolingConfig
+from engine.profiler import ProfilerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "gguf", "gguf-bf16", "gguf-int8", "none")
@@ -116,6 +117,9 @@ class EngineConfig:
     default, 1)."""
     max_lora_rank: int = 16
     """Largest adapter rank; sizes the stacked buffers (vLLM's default, 16)."""
+    profiler: ProfilerConfig | None = None
+    """--profiler-config (vLLM's): the torch profiler that /start_profile and
+    /stop_profile run over engine steps (engine/profiler.py); None: no profiler routes."""
     test_fault_file: str | None = None
     """Test hook (--test-fault-file, hidden): a step that finds this file deletes it and
     fails, so the reliability tests can fail one step of a real server."""
@@ -193,6 +197,10 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     max_num_seqs: int = 0
     """Sequences the engine runs in one batch (--max-num-seqs): SageMaker batch
     transform's MaxConcurrentTransforms (GET /execution-parameters)."""
+    engine_config: dict[str, object] | None = None
+    """The EngineConfig the engine runs with, with what it resolved (max_model_len, the
+    step budget, the first prompt chunk) in place of 'auto' / None: GET /server_info.
+    The API workers never see the engine's own configuration otherwise."""
 
 
 CPU_TOKEN_BUDGET = 256

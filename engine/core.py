@@ -33,6 +33,8 @@ from engine.messages import (
     AdapterReply,
     AddRequest,
     Admission,
+    ControlCommand,
+    ControlReply,
     PoolingParams,
     RequestOutput,
     SessionCommand,
@@ -41,6 +43,7 @@ from engine.messages import (
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner, StepResult, kv_cache_bytes_per_block
 from engine.pooling_config import read_pooling_config
+from engine.profiler import ProfilerError, StepProfiler
 from engine.request import Request
 from engine.resolved_config import resolve
 from engine.sampling_params import SamplingParams
@@ -157,6 +160,11 @@ class EngineCore:
             max_prefill_chunk=self.max_prefill_chunk,
         )
         self.sessions = SessionTable(self.block_manager)
+        self.profiler = (
+            StepProfiler(config.profiler, self.device.type == "cuda")
+            if config.profiler is not None and config.profiler.profiler is not None
+            else None
+        )
         self.model_info = ModelInfo(
             model_dir=model_dir,
             max_model_len=max_len,
@@ -169,6 +177,12 @@ class EngineCore:
             pooling=self.pooling,
             architecture=type(self.model).__name__,
             max_num_seqs=config.max_num_seqs,
+            engine_config=msgspec.to_builtins(config)
+            | {
+                "max_model_len": max_len,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_prefill_chunk": self.max_prefill_chunk,
+            },
         )
         self.structured = StructuredOutputManager(model_dir, self.vocab_size, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
@@ -464,6 +478,51 @@ class EngineCore:
             message=f"unknown session operation {cmd.op!r}",
         )
 
+    # -- operator commands (vLLM's dev and profiler routes) ------------------------------
+    def control_command(self, cmd: ControlCommand) -> ControlReply:
+        """Reset the prefix cache, or start / stop the step profiler, between steps."""
+        try:
+            if cmd.op == "reset_prefix_cache":
+                ok = self.reset_prefix_cache(cmd.reset_running_requests)
+                return ControlReply(call_id=cmd.call_id, ok=ok)
+            if cmd.op in ("start_profile", "stop_profile"):
+                if self.profiler is None:
+                    raise ProfilerError(
+                        "No profiler: start the server with --profiler-config "
+                        '\'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\''
+                    )
+                if cmd.op == "stop_profile":
+                    files = self.profiler.stop()
+                    logger.info("profiler stopped; wrote %s", ", ".join(files) or "nothing")
+                    return ControlReply(call_id=cmd.call_id, ok=True, files=files)
+                self.profiler.start(cmd.profile_prefix, cmd.delay_iterations, cmd.max_iterations)
+                logger.info("profiler started")
+                return ControlReply(call_id=cmd.call_id, ok=True)
+        except ProfilerError as exc:
+            return ControlReply(
+                call_id=cmd.call_id, ok=False, error_kind="invalid", message=str(exc)
+            )
+        return ControlReply(
+            call_id=cmd.call_id,
+            ok=False,
+            error_kind="invalid",
+            message=f"unknown control operation {cmd.op!r}",
+        )
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached block (vLLM's semantics): refused (False) while running
+        requests hold blocks, unless `reset_running_requests`, which preempts them first
+        (they recompute from their tokens so far, as after any preemption)."""
+        sched = self.scheduler
+        if reset_running_requests:
+            for request in list(reversed(sched.running)):  # back first: FIFO order kept
+                sched.preempt(request)
+        if self.block_manager.num_used_blocks:
+            return False
+        self.block_manager.reset_prefix_cache()
+        logger.info("prefix cache reset")
+        return True
+
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             if self.structured.discard(rid):
@@ -520,6 +579,8 @@ class EngineCore:
             )
             return self._fail_step(sched_out.scheduled, exc)
         self.num_consecutive_step_failures = 0
+        if self.profiler is not None and self.profiler.active:
+            self.profiler.after_step()
         self.num_prefill_tokens_computed += sum(
             max(
                 0,

@@ -19,6 +19,7 @@ from engine.messages import (
     AdapterCommand,
     AddRequest,
     Admission,
+    ControlCommand,
     EngineMessage,
     Hello,
     OutputBatch,
@@ -74,6 +75,8 @@ def handle_message(
         transport.send(client_id, core.adapter_command(message))
     elif isinstance(message, SessionCommand):
         transport.send(client_id, core.session_command(message))
+    elif isinstance(message, ControlCommand):
+        transport.send(client_id, core.control_command(message))
     elif isinstance(message, Hello):
         pass
 

@@ -162,11 +162,36 @@ class AdapterReply(msgspec.Struct, tag="adapter_reply", kw_only=True):
     """Every registered adapter after the command."""
 
 
+class ControlCommand(msgspec.Struct, tag="control", kw_only=True):
+    """An operator's command to the engine (vLLM's dev and profiler routes): 'reset_prefix_cache',
+    'start_profile' or 'stop_profile'; answered by ControlReply."""
+
+    call_id: str
+    op: str
+    reset_running_requests: bool = False
+    """reset_prefix_cache: preempt the running requests (they recompute) so every block
+    can be forgotten; otherwise the reset fails while any block is in use."""
+    profile_prefix: str | None = None
+    delay_iterations: int | None = None
+    max_iterations: int | None = None
+
+
+class ControlReply(msgspec.Struct, tag="control_reply", kw_only=True):
+    call_id: str
+    ok: bool
+    """The command ran (reset_prefix_cache: the cache was emptied)."""
+    error_kind: str | None = None
+    """'invalid' (-> 400: profiler not running, already running) when it could not run."""
+    message: str | None = None
+    files: list[str] = msgspec.field(default_factory=list)
+    """stop_profile: the trace and table files written."""
+
+
 class OutputBatch(msgspec.Struct, tag="outs"):
     """All outputs of one engine step that belong to one worker."""
 
     outputs: list[RequestOutput]
 
 
-EngineMessage = AddRequest | AbortRequest | AdapterCommand | SessionCommand | Hello
-WorkerMessage = Admission | OutputBatch | AdapterReply | SessionReply
+EngineMessage = AddRequest | AbortRequest | AdapterCommand | SessionCommand | ControlCommand | Hello
+WorkerMessage = Admission | OutputBatch | AdapterReply | SessionReply | ControlReply

@@ -138,7 +138,7 @@ class Scheduler:
             while not bm.allocate(request, num_new):
                 # Only sequences not yet scheduled this step can give their blocks back.
                 victim = self._pick_victim(self.running[index:])
-                self._preempt(victim)
+                self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
                     break
@@ -198,7 +198,9 @@ class Scheduler:
             return max(candidates, key=Request.sort_key)
         return candidates[-1]
 
-    def _preempt(self, request: Request) -> None:
+    def preempt(self, request: Request) -> None:
+        """Free a running request's blocks and queue it again (recompute): when blocks
+        run out, or for a prefix-cache reset that must empty every block."""
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0

@@ -102,6 +102,11 @@ class ServerConfig:
     enable_server_load_tracking: bool = False
     """Expose GET /load."""
     enable_tokenizer_info_endpoint: bool = False
+    server_dev_mode: bool = False
+    """vLLM's developer routes (VLLM_SERVER_DEV_MODE there, --server-dev-mode here):
+    POST /reset_prefix_cache, /reset_mm_cache, /reset_encoder_cache, GET /server_info."""
+    enable_profiler_routes: bool = False
+    """POST /start_profile and /stop_profile: set when --profiler-config names a profiler."""
     """Expose GET /tokenizer_info (vLLM's flag of the same name)."""
     enable_lora: bool = False
     """--enable-lora: a `model` that is not a served name names a LoRA adapter, and the

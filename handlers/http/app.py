@@ -43,6 +43,7 @@ from handlers.serving import (
 )
 from handlers.serving.classification import ServingClassification
 from handlers.serving.cohere_embed import ServingCohereEmbed
+from handlers.serving.control import ServingControl
 from handlers.serving.generative_scoring import ServingGenerativeScoring
 from handlers.serving.jsonlines import ServingJsonLines
 from handlers.serving.pooling import ServingPooling
@@ -141,10 +142,25 @@ def create_app(
         app.add_route("/tokenizer_info", resources.TokenizerInfo(tokenization))
     if config.enable_server_load_tracking:
         app.add_route("/load", resources.Load(engine))
+    add_control_routes(app, config, ServingControl(config, engine))
 
     app.add_error_handler(Exception, handle_error)
     app.add_error_handler(falcon.HTTPError, handle_error)
     return CancelOnDisconnect(app)
+
+
+def add_control_routes(app: falcon.asgi.App, config: ServerConfig, control: ServingControl) -> None:
+    """vLLM's developer routes (--server-dev-mode) and profiler routes (--profiler-config);
+    absent (404) otherwise, as in vLLM."""
+    if config.server_dev_mode:
+        app.add_route("/reset_prefix_cache", resources.ResetPrefixCache(control))
+        no_cache = resources.NoCacheToReset()
+        app.add_route("/reset_mm_cache", no_cache)
+        app.add_route("/reset_encoder_cache", no_cache)
+        app.add_route("/server_info", resources.ServerInfo(control))
+    if config.enable_profiler_routes:
+        app.add_route("/start_profile", resources.StartProfile(config, control))
+        app.add_route("/stop_profile", resources.StopProfile(control))
 
 
 def add_pooling_routes(

@@ -31,6 +31,7 @@ from handlers.protocol.anthropic import CountTokensRequest, MessagesRouteRequest
 from handlers.protocol.base import ModelT, RequestLimits, parse_request
 from handlers.protocol.chat import ChatCompletionRequest, parse_batch_chat
 from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.control import StartProfileRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
@@ -41,6 +42,7 @@ from handlers.serving.adapters import ServingAdapters
 from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
+from handlers.serving.control import ServingControl
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.jsonlines import JSONLINES_MEDIA_TYPE, ServingJsonLines, is_jsonlines
 from handlers.serving.messages import ServingMessages, anthropic_dialect
@@ -343,6 +345,64 @@ class TokenizerInfo:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.media = self._serving.tokenizer_info()
+
+
+class ResetPrefixCache:
+    """vLLM's `POST /reset_prefix_cache[?reset_running_requests=true]` (--server-dev-mode)."""
+
+    def __init__(self, serving: ServingControl) -> None:
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        reset_running = req.get_param_as_bool("reset_running_requests", default=False)
+        resp.media = await self._serving.reset_prefix_cache(reset_running)
+
+
+class NoCacheToReset:
+    """vLLM's `/reset_mm_cache` and `/reset_encoder_cache` (--server-dev-mode): hearth
+    serves text models and keeps neither cache, so there is nothing to reset; 200 as
+    vLLM answers, so sweeps that call all three resets work."""
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.status = HTTPStatus.OK
+        resp.data = b""
+
+
+class ServerInfo:
+    """vLLM's `GET /server_info` (--server-dev-mode): the configuration, secrets left out."""
+
+    def __init__(self, serving: ServingControl) -> None:
+        self._serving = serving
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = self._serving.server_info()
+
+
+class StartProfile(_JsonBody):
+    """vLLM's `POST /start_profile` (--profiler-config); the body is optional."""
+
+    def __init__(self, config: ServerConfig, serving: ServingControl) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = await self.body(req) if req.content_length else {}
+        await self._serving.start_profile(parse_request(StartProfileRequest, body))
+        resp.status = HTTPStatus.OK
+        resp.data = b""
+
+
+class StopProfile:
+    """vLLM's `POST /stop_profile`: 200 once the trace is written (its paths are logged by
+    the engine)."""
+
+    def __init__(self, serving: ServingControl) -> None:
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        await self._serving.stop_profile()
+        resp.status = HTTPStatus.OK
+        resp.data = b""
 
 
 class Models:
