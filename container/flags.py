@@ -21,7 +21,7 @@ from engine.config import (
     SCHEDULING_POLICIES,
     EngineConfig,
 )
-from engine.profiler import parse_profiler_config
+from engine.profiler_config import parse_profiler_config
 from handlers.config import ServerConfig
 
 _SERVER_DEFAULTS = ServerConfig()

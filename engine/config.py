@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from engine.pooling_config import PoolingConfig
-from engine.profiler import ProfilerConfig
+from engine.profiler_config import ProfilerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "gguf", "gguf-bf16", "gguf-int8", "none")

@@ -13,7 +13,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.messages import AddRequest, ControlCommand, RequestOutput
-from engine.profiler import ProfilerConfig, parse_profiler_config
+from engine.profiler_config import ProfilerConfig, parse_profiler_config
 from engine.sampling_params import SamplingParams
 from tests.engine.tiny_models import save_servable_tiny
 
@@ -100,9 +100,7 @@ def test_reset_is_refused_while_requests_run_unless_they_are_preempted(model_dir
 
 def test_profiler_writes_a_trace_of_the_steps(model_dir: Path, tmp_path: Path) -> None:
     trace_dir = tmp_path / "traces"
-    core = make_core(
-        model_dir, ProfilerConfig(profiler="torch", torch_profiler_dir=str(trace_dir))
-    )
+    core = make_core(model_dir, ProfilerConfig(profiler="torch", torch_profiler_dir=str(trace_dir)))
     stopped = control(core, "stop_profile")
     assert not stopped.ok and "not running" in (stopped.message or "")
     assert control(core, "start_profile", profile_prefix="../run one").ok
