@@ -3,9 +3,9 @@
 The common case (no penalties, no bias, all greedy or all plain temperature) runs as a
 handful of whole-batch tensor ops. Per-row work happens only for rows that asked for
 per-request state: a seed (its own generator), penalties, logit_bias or min_tokens.
-Random sampling uses the exponential-race trick (argmax of p / q with q ~ Exp(1)),
-which is equivalent to multinomial sampling and lets seeded rows draw their noise
-from their own generator while the rest share one batched draw.
+Random sampling inverts each row's cumulative distribution at one uniform draw (exact
+multinomial sampling at one random number per row); seeded rows draw theirs from their
+own generator while the rest share one batched draw.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from engine.structured.grammar import apply_grammar_masks
 from engine.thinking_budget import ThinkingTracker
 
 MIN_TEMPERATURE = 1e-5
+CDF_BLOCK = 256
+"""Tokens per block of the two-level inverse-CDF draw (`Sampler._inverse_cdf`)."""
 
 
 @dataclass(slots=True)
@@ -163,42 +165,106 @@ class Sampler:
     def _sample_random(
         self, logits: torch.Tensor, requests: list[Request], temperatures: list[float]
     ) -> torch.Tensor:
-        greedy = greedy_ids(logits)
-        temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
-        logits = logits / temps.unsqueeze(1)
+        any_greedy = any(t == 0.0 for t in temperatures)
+        greedy = greedy_ids(logits) if any_greedy else None
+        scaled = logits
+        if any(t not in (0.0, 1.0) for t in temperatures):
+            temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
+            scaled = logits / temps.unsqueeze(1)
 
         top_ks = [r.params.top_k for r in requests]
         top_ps = [r.params.top_p for r in requests]
         min_ps = [r.params.min_p for r in requests]
-        if any(k > 0 for k in top_ks):
-            vocab = logits.shape[-1]
-            ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=logits.device)
-            max_k = int(ks.max())
-            top_vals = logits.topk(max_k, dim=-1).values  # [rows, max_k]
-            kth = top_vals.gather(1, (ks - 1).unsqueeze(1))
-            logits = logits.masked_fill(logits < kth, float("-inf"))
+        vocab = scaled.shape[-1]
+        candidates: torch.Tensor | None = None
+        """Token ids of each row's top-k, when every sampled row names a small top_k: the
+        draw then runs over those k columns alone (one partial sort of the vocabulary,
+        then nothing vocabulary-wide), not over a masked copy of every logit."""
+        sampled_ks = [k for k, t in zip(top_ks, temperatures, strict=True) if t > 0]
+        if sampled_ks and all(0 < k <= TOP_K_CANDIDATES_MAX for k in sampled_ks):
+            max_k = min(max(sampled_ks), vocab)
+            scaled, candidates = scaled.topk(max_k, dim=-1)  # sorted, descending
+            ks = [min(k, max_k) if k > 0 else max_k for k in top_ks]
+            if any(k < max_k for k in ks):
+                beyond = torch.arange(max_k, device=logits.device) >= torch.tensor(
+                    ks, device=logits.device
+                ).unsqueeze(1)
+                scaled = scaled.masked_fill(beyond, float("-inf"))
+        elif any(k > 0 for k in top_ks):
+            ks_t = torch.tensor(
+                [k if 0 < k < vocab else vocab for k in top_ks], device=logits.device
+            )
+            max_k = int(ks_t.max())
+            top_vals = scaled.topk(max_k, dim=-1).values  # [rows, max_k]
+            kth = top_vals.gather(1, (ks_t - 1).unsqueeze(1))
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = scaled.softmax(dim=-1)
         if any(p < 1.0 for p in top_ps):
-            sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
-            probs = sorted_logits.softmax(dim=-1)
-            cum = probs.cumsum(dim=-1)
-            tp = torch.tensor(top_ps, device=logits.device).clamp_(min=1e-8).unsqueeze(1)
-            # Drop a token when the tokens before it already cover top_p (keeps >= 1 token).
-            remove_sorted = (cum - probs) >= tp
-            remove = torch.zeros_like(remove_sorted).scatter_(1, sorted_idx, remove_sorted)
-            logits = logits.masked_fill(remove, float("-inf"))
-        probs = logits.softmax(dim=-1)
+            probs = apply_top_p(probs, top_ps)
         if any(p > 0.0 for p in min_ps):
             mp = torch.tensor(min_ps, device=logits.device).unsqueeze(1)
             threshold = probs.max(dim=-1, keepdim=True).values * mp
             probs = probs.masked_fill(probs < threshold, 0.0)
 
-        noise = torch.empty_like(probs).exponential_()
+        sampled, drawn = self._inverse_cdf(probs, requests, temperatures)
+        if candidates is not None:
+            sampled = candidates.gather(1, sampled.unsqueeze(1)).squeeze(1)
+        if not bool(drawn.all()):  # probabilities that are not numbers (NaN logits): argmax
+            greedy = greedy_ids(logits) if greedy is None else greedy
+            sampled = torch.where(drawn, sampled, greedy)
+        if greedy is not None and any_greedy:
+            is_greedy = torch.tensor([t == 0.0 for t in temperatures], device=logits.device)
+            sampled = torch.where(is_greedy, greedy, sampled)
+        return sampled
+
+    def _inverse_cdf(
+        self, probs: torch.Tensor, requests: list[Request], temperatures: list[float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One multinomial draw per row: the first token whose cumulative probability
+        passes u x total, u ~ U[0, 1); and whether the row could be drawn from at all.
+
+        One uniform number per row, where the exponential race (argmax p / q, q ~ Exp(1))
+        drew one per vocabulary entry: `exponential_` on CPU costs ~1 ms per row of a
+        49,152-token vocabulary, single-threaded, 67 ms a step at 64 rows. The inversion
+        runs in two levels so that no full-length float64 pass is needed: float32 sums of
+        blocks of `CDF_BLOCK` tokens, their running total in float64 picks the block, then
+        the block's own running total picks the token. A token's chance is its
+        probability to float32 rounding of its block's sum (~1e-7 of the block); a zero-
+        probability token has an empty interval and is never drawn. A seeded row draws
+        its u from its own generator, so its tokens depend on its seed, not on its batch.
+        """
+        rows, vocab = probs.shape
+        device = probs.device
+        full = vocab // CDF_BLOCK
+        sums = []
+        if full:
+            sums.append(probs[:, : full * CDF_BLOCK].reshape(rows, full, CDF_BLOCK).sum(-1))
+        if vocab > full * CDF_BLOCK:
+            sums.append(probs[:, full * CDF_BLOCK :].sum(-1, keepdim=True))
+        block_cdf = torch.cat(sums, dim=1).to(torch.float64).cumsum(dim=1)
+        total = block_cdf[:, -1:]
+        drawn = (torch.isfinite(total) & (total > 0)).squeeze(1)
+
+        u = torch.rand(rows, 1, dtype=torch.float64, device=device)
         for row, request in enumerate(requests):
             if request.params.seed is not None and temperatures[row] > 0:
-                noise[row].exponential_(generator=self._generator(request))
-        sampled = greedy_ids(probs / noise)
-        is_greedy = torch.tensor([t == 0.0 for t in temperatures], device=logits.device)
-        return torch.where(is_greedy, greedy, sampled)
+                generator = self._generator(request)
+                u[row] = torch.rand(1, dtype=torch.float64, device=device, generator=generator)
+        zero = torch.zeros_like(total)
+        target = torch.minimum(u * total, torch.nextafter(total, zero))
+        block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)
+        before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp_(min=0)), zero)
+
+        positions = block * CDF_BLOCK + torch.arange(CDF_BLOCK, device=device)
+        inside = positions < vocab
+        local = probs.gather(1, positions.clamp_(max=vocab - 1)).masked_fill_(~inside, 0.0)
+        local_cdf = local.to(torch.float64).cumsum(dim=1)
+        local_total = local_cdf[:, -1:]
+        # The block's float32 sum and its float64 running total differ by rounding: keep
+        # the remainder inside the block so it lands on a token with probability > 0.
+        remainder = torch.minimum(target - before, torch.nextafter(local_total, zero)).clamp_(min=0)
+        offset = torch.searchsorted(local_cdf, remainder, right=True).clamp_(max=CDF_BLOCK - 1)
+        return (block * CDF_BLOCK + offset).squeeze(1), drawn
 
     @staticmethod
     def _logprobs(
@@ -232,6 +298,55 @@ class Sampler:
                 top = []
             result.append(TokenLogprob(ids[row], chosen_l[row], ranks_l[row], top))
         return result
+
+
+TOP_K_CANDIDATES_MAX = 1024
+"""Largest top_k for which a batch is drawn from its top-k columns alone."""
+TOP_P_CANDIDATES = (64, 1024)
+"""How many of a row's most likely tokens `apply_top_p` looks at first, then next, before
+it sorts the whole row: a partial top-k is far cheaper than the sort on CPU (64 rows of
+49,152 probabilities, 2 threads: 3.3 ms for 64 candidates, 17 ms for 1024, 128 ms for the
+sort), and a language model's top-p set is nearly always among its first 64 tokens."""
+
+
+def apply_top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
+    """`probs` with 0 on every token outside each row's top-p set: the most likely
+    tokens, in order, until the ones before a token already cover top_p (at least one
+    is kept; a token tied with the last one kept is kept too). Rows with top_p >= 1 are
+    left alone. The result is not renormalised: the draw divides by its row's total.
+
+    A row's cut is found among its `TOP_P_CANDIDATES` most likely tokens when those
+    cover top_p (every token outside them comes after the cut anyway); only rows whose
+    mass is spread wider are sorted in full. The cut is then one threshold per row, so
+    the mask costs one comparison over the batch instead of a scatter of sorted ranks.
+    """
+    rows = [i for i, p in enumerate(top_ps) if p < 1.0]
+    device = probs.device
+    whole = len(rows) == probs.shape[0]
+    index = torch.tensor(rows, device=device)
+    part = probs if whole else probs.index_select(0, index)
+    tp = torch.tensor([top_ps[i] for i in rows], device=device, dtype=probs.dtype).clamp_(min=1e-8)
+    thresholds = torch.empty_like(tp)
+    pending = torch.arange(len(rows), device=device)
+    for k in (*(k for k in TOP_P_CANDIDATES if k < probs.shape[-1]), None):
+        candidates = part if pending.numel() == len(rows) else part.index_select(0, pending)
+        if k is None:  # the rest: every token, in order
+            values = candidates.sort(dim=-1, descending=True).values
+        else:
+            values = candidates.topk(k, dim=-1).values  # sorted, descending
+        cum = values.cumsum(dim=-1)
+        limit = tp[pending].unsqueeze(1)
+        # Keep a token while the tokens before it cover less than top_p.
+        num_kept = ((cum - values) < limit).sum(dim=-1, keepdim=True).clamp_(min=1)
+        cut = values.gather(1, num_kept - 1).squeeze(1)
+        covered = cum[:, -1] >= limit.squeeze(1) if k is not None else None
+        if covered is None or bool(covered.all()):
+            thresholds[pending] = cut
+            break
+        thresholds[pending[covered]] = cut[covered]
+        pending = pending[~covered]
+    part = part.masked_fill(part < thresholds.unsqueeze(1), 0.0)
+    return part if whole else probs.index_copy(0, index, part)
 
 
 def greedy_ids(scores: torch.Tensor) -> torch.Tensor:

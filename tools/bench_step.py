@@ -22,9 +22,18 @@ from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
 
 
-def _run(core: EngineCore, batch: int, prompt_len: int, decode_steps: int, seed: int) -> dict:
+def _run(
+    core: EngineCore,
+    batch: int,
+    prompt_len: int,
+    decode_steps: int,
+    seed: int,
+    sampling: dict[str, float] | None = None,
+) -> dict:
     gen = torch.Generator().manual_seed(seed)
-    params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 1, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=decode_steps + 1, ignore_eos=True, **(sampling or {"temperature": 0.0})
+    )
     for i in range(batch):
         ids = torch.randint(100, 40000, (prompt_len,), generator=gen).tolist()
         msg = AddRequest(request_id=f"b{seed}-{i}", prompt_token_ids=ids, params=params)
@@ -82,6 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         help="KV cache element type (default: auto, as hearth serve resolves it for the mode)",
     )
     parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature (default 0: greedy; > 0 times the random draw too)",
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature)"
+    )
+    parser.add_argument("--top-k", type=int, default=0, help="top-k sampling (with --temperature)")
+    parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=16384,
@@ -104,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     core = EngineCore(config, progress=print)
     core.warm_up()
     freeze_startup_objects()  # as the engine process does once it is ready
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     print(f"mode: {core.backends.description}")
+    print(f"sampling: {sampling if args.temperature > 0 else 'greedy'}")
     print("batch  prefill(s)  decode step(ms)  step CPU(ms)  decode tok/s")
     for i, batch in enumerate(args.batch):
-        r = _run(core, batch, args.prompt_len, args.decode_steps, seed=i)
+        r = _run(core, batch, args.prompt_len, args.decode_steps, seed=i, sampling=sampling)
         print(
             f"{r['batch']:5d}  {r['prefill_s']:10.2f}  {r['decode_ms']:15.1f}  "
             f"{r['cpu_ms']:12.1f}  {r['tok_s']:12.1f}"

@@ -248,3 +248,119 @@ def test_logprob_token_ids_are_reported_in_their_order() -> None:
     assert [lp for _, lp in first.top] == pytest.approx(full[0, named].tolist(), abs=1e-6)
     assert first.token_id == logits[0].argmax().item() and first.rank == 1
     assert [t for t, _ in second.top] == full[1].topk(2).indices.tolist()
+
+
+# -- the inverse-CDF draw across blocks (Sampler._inverse_cdf) ---------------------------
+
+
+@pytest.mark.parametrize("vocab", [1000, 768, 100])
+def test_random_draws_follow_the_distribution_across_blocks(vocab: int) -> None:
+    """Tokens at block edges (255/256, 511/512), in the short last block and alone in a
+    block, with zero-probability tokens between them: 40,000 draws match the softmax
+    (each listed token, and the rest pooled, within 5 binomial sigmas) and never a zero
+    one."""
+    torch.manual_seed(0)
+    probs = torch.zeros(vocab)
+    named = [i for i in (0, 255, 256, 511, 512, 700, vocab - 1) if i < vocab]
+    weights = torch.tensor([0.3, 0.05, 0.2, 0.1, 0.15, 0.05, 0.1][: len(named)])
+    probs[named] = weights / weights.sum() * 0.9
+    rest = [i for i in range(vocab) if i not in named and i % 3 == 0]  # others stay 0
+    probs[rest] = 0.1 / len(rest)
+    logits = probs.log()  # log(0) = -inf: never drawn
+    rows = 40_000
+    batch = logits.expand(rows, vocab).contiguous()
+    reqs = [_req(f"r{i}", temperature=1.0) for i in range(rows)]
+    ids = Sampler(torch.device("cpu"))(batch, reqs, EOS).token_ids
+    counts = torch.bincount(torch.tensor(ids), minlength=vocab)
+    assert int(counts[probs == 0].sum()) == 0
+    observed = [int(counts[i]) for i in named] + [int(counts[rest].sum())]
+    chances = [float(probs[i]) for i in named] + [float(probs[rest].sum())]
+    for got, p in zip(observed, chances, strict=True):
+        assert abs(got - p * rows) < 5 * math.sqrt(rows * p * (1 - p)), (got, p * rows)
+
+
+def test_a_seeded_row_draws_the_same_tokens_in_any_batch() -> None:
+    logits = _logits(4)
+
+    def draws(batch_rows: int) -> list[int]:
+        sampler = Sampler(torch.device("cpu"))
+        seeded = _req("seeded", temperature=1.0, seed=11)
+        others = [_req(f"o{i}", temperature=1.0) for i in range(batch_rows - 1)]
+        rows = logits[:batch_rows]
+        return [sampler(rows, [seeded, *others], EOS).token_ids[0] for _ in range(40)]
+
+    assert draws(1) == draws(4)
+
+
+def test_a_row_of_nan_logits_falls_back_to_argmax() -> None:
+    logits = _logits(3)
+    logits[1] = float("nan")
+    reqs = [_req(f"r{i}", temperature=1.0) for i in range(3)]
+    out = Sampler(torch.device("cpu"))(logits, reqs, EOS).token_ids
+    assert out[1] == int(logits[1].argmax())
+    assert all(0 <= t < VOCAB for t in out)
+
+
+def _transformers_distribution(logits: torch.Tensor, **params: float) -> torch.Tensor:
+    """The distribution transformers' own warpers leave (temperature, top-k, top-p, then
+    min-p: hearth's order), as probabilities."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    scores = logits.unsqueeze(0).clone()
+    scores = TemperatureLogitsWarper(params["temperature"])(None, scores)
+    if params.get("top_k"):
+        scores = TopKLogitsWarper(int(params["top_k"]))(None, scores)
+    if params.get("top_p", 1.0) < 1.0:
+        scores = TopPLogitsWarper(params["top_p"])(None, scores)
+    if params.get("min_p"):
+        scores = MinPLogitsWarper(params["min_p"])(None, scores)
+    return scores.softmax(dim=-1).squeeze(0)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 0.8, "top_k": 50, "top_p": 0.8},  # drawn from the top-k columns
+        {"temperature": 0.7, "top_k": 20},
+        {"temperature": 0.9, "top_p": 0.7},  # the cut within the first 64 candidates
+        {"temperature": 3.0, "top_p": 0.95},  # mass spread wide: 1024 candidates, or the sort
+        {"temperature": 1.0, "min_p": 0.05},
+    ],
+    ids=["top_k+top_p", "top_k", "top_p", "top_p-wide", "min_p"],
+)
+def test_sampling_matches_transformers_warpers(params: dict[str, float]) -> None:
+    """20,000 draws of one row's distribution under each filter: every token transformers'
+    warpers remove is never drawn, and each token's share (those above 1 %, and all
+    the others pooled) is within 5 binomial sigmas of transformers' probability."""
+    vocab, rows = 3000, 20_000
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(5)) * 2.5
+    want = _transformers_distribution(logits, **params)
+    batch = logits.expand(rows, vocab).contiguous()
+    reqs = [_req(f"r{i}", **params) for i in range(rows)]
+    ids = Sampler(torch.device("cpu"))(batch, reqs, EOS).token_ids
+    counts = torch.bincount(torch.tensor(ids), minlength=vocab)
+    assert int(counts[want == 0].sum()) == 0
+    big = (want > 0.01).nonzero().flatten().tolist()
+    small = (want > 0) & (want <= 0.01)
+    pairs = [(int(counts[i]), float(want[i])) for i in big]
+    pairs.append((int(counts[small].sum()), float(want[small].sum())))
+    for got, p in pairs:
+        assert abs(got - p * rows) <= 5 * math.sqrt(rows * p * (1 - p)) + 1, (got, p * rows)
+
+
+def test_a_batch_mixing_top_k_with_unfiltered_and_greedy_rows() -> None:
+    """Rows without top_k take the full-vocabulary path, greedy rows stay argmax, and a
+    top_k row only ever draws among its k best (a batch that cannot use the top-k
+    columns alone)."""
+    logits = _logits(3)
+    sampler = Sampler(torch.device("cpu"))
+    reqs = [_req("k", temperature=1.0, top_k=3), _req("all", temperature=1.0), _req("g", temperature=0.0)]
+    best3 = set(logits[0].topk(3).indices.tolist())
+    for _ in range(50):
+        ids = sampler(logits, reqs, EOS).token_ids
+        assert ids[0] in best3 and ids[2] == int(logits[2].argmax())
