@@ -359,7 +359,11 @@ def test_a_batch_mixing_top_k_with_unfiltered_and_greedy_rows() -> None:
     columns alone)."""
     logits = _logits(3)
     sampler = Sampler(torch.device("cpu"))
-    reqs = [_req("k", temperature=1.0, top_k=3), _req("all", temperature=1.0), _req("g", temperature=0.0)]
+    reqs = [
+        _req("k", temperature=1.0, top_k=3),
+        _req("all", temperature=1.0),
+        _req("g", temperature=0.0),
+    ]
     best3 = set(logits[0].topk(3).indices.tolist())
     for _ in range(50):
         ids = sampler(logits, reqs, EOS).token_ids
