@@ -44,6 +44,8 @@ from handlers.serving import (
 from handlers.serving.classification import ServingClassification
 from handlers.serving.cohere_embed import ServingCohereEmbed
 from handlers.serving.control import ServingControl
+from handlers.serving.generate import ServingGenerate
+from handlers.serving.generate_render import ServingGenerateRender
 from handlers.serving.generative_scoring import ServingGenerativeScoring
 from handlers.serving.jsonlines import ServingJsonLines
 from handlers.serving.pooling import ServingPooling
@@ -100,6 +102,12 @@ def create_app(
     app.add_route("/v1/chat/completions", resources.ChatCompletions(config, chat))
     app.add_route("/v1/chat/completions/batch", resources.BatchChatCompletions(config, chat))
     app.add_route("/v1/completions", resources.Completions(config, completion))
+    app.add_route(
+        "/inference/v1/generate", resources.Generate(config, ServingGenerate(served, stats))
+    )
+    render = ServingGenerateRender(chat)
+    app.add_route("/v1/chat/completions/render", resources.RenderChat(config, render))
+    app.add_route("/v1/completions/render", resources.RenderCompletion(config, render))
     app.add_route(
         "/v1/embeddings",
         resources.PooledRoute(config, EmbeddingRequest, embedding.create, served.limits),

@@ -32,6 +32,7 @@ from handlers.protocol.base import ModelT, RequestLimits, parse_request
 from handlers.protocol.chat import ChatCompletionRequest, parse_batch_chat
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.control import StartProfileRequest
+from handlers.protocol.generate import GenerateRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tokenize import (
     DetokenizeRequest,
@@ -43,6 +44,8 @@ from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.control import ServingControl
+from handlers.serving.generate import ServingGenerate
+from handlers.serving.generate_render import ServingGenerateRender
 from handlers.serving.invocations import ServingInvocations
 from handlers.serving.jsonlines import JSONLINES_MEDIA_TYPE, ServingJsonLines, is_jsonlines
 from handlers.serving.messages import ServingMessages, anthropic_dialect
@@ -345,6 +348,46 @@ class TokenizerInfo:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.media = self._serving.tokenizer_info()
+
+
+class Generate(_JsonBody):
+    """vLLM's `POST /inference/v1/generate`: token ids in, token ids out."""
+
+    def __init__(self, config: ServerConfig, serving: ServingGenerate) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(GenerateRequest, await self.body(req), self._serving.served.limits)
+        send_result(resp, await self._serving.create(request, request_context(req)))
+
+
+class RenderChat(_JsonBody):
+    """vLLM's `POST /v1/chat/completions/render`: the generate request a chat would run."""
+
+    def __init__(self, config: ServerConfig, serving: ServingGenerateRender) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            ChatCompletionRequest, await self.body(req), self._serving.served.limits
+        )
+        resp.media = await self._serving.render_chat(request)
+
+
+class RenderCompletion(_JsonBody):
+    """vLLM's `POST /v1/completions/render`: one generate request per prompt."""
+
+    def __init__(self, config: ServerConfig, serving: ServingGenerateRender) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            CompletionRequest, await self.body(req), self._serving.served.limits
+        )
+        resp.media = await self._serving.render_completion(request)
 
 
 class ResetPrefixCache:

@@ -1,0 +1,219 @@
+"""`POST /inference/v1/generate` (vLLM's token-in-token-out route): token ids in, token ids
+out, through the completion path's checks, sequences and stop rules.
+
+The request is checked as the completion it is (`GenerateRequest.to_completion_body`);
+the answer is vLLM's generate shape: choices carry `token_ids` (and `text` with
+`output_mode: "text"`), logprobs name tokens by id, the stream sends one chunk per delta
+with no id/created/model envelope, and a usage chunk when `stream_options` asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
+
+from engine.messages import TokenLogprob
+from handlers.errors import BadRequestError
+from handlers.protocol.base import RequestLimits, parse_request
+from handlers.protocol.chat import ChatCompletionLogProbs
+from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.generate import (
+    SAMPLING_FIELDS,
+    GenerateChoice,
+    GenerateLogProb,
+    GenerateLogProbs,
+    GenerateLogProbsContent,
+    GenerateRequest,
+    GenerateResponse,
+    GenerateStreamResponse,
+)
+from handlers.serving.base import Run, ServingBase
+from handlers.serving.choice import Choice, ChoiceDelta
+from handlers.serving.context import RequestContext
+from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
+from handlers.serving.sse import SSEPayload, SSEStream, encode_chunk
+
+LOGPROB_FLOOR = -9999.0
+"""vLLM's floor for a logprob on this route (-inf and NaN are not JSON)."""
+
+
+class ServingGenerate(ServingBase):
+    kind = "generate"
+    id_prefix = "generate-tokens"
+
+    async def create(
+        self, request: GenerateRequest, ctx: RequestContext
+    ) -> GenerateResponse | SSEStream:
+        text_mode = request.output_mode == "text"
+        if text_mode and not request.detokenize:
+            raise BadRequestError(
+                "output_mode 'text' needs sampling_params.detokenize to be true.",
+                param="output_mode",
+            )
+        completion = _as_completion(request, self.served.limits)
+        model_name = self.model_name(completion.model)
+        with _renamed_params():
+            prompts = await self.tokenize_prompts(
+                completion.prompts(),
+                add_special_tokens=False,
+                field="prompt",
+                truncation=self.served.truncation(completion.truncate_prompt_tokens, None),
+            )
+            run = await self.start_run(
+                ctx,
+                model_name=model_name,
+                prompts=prompts,
+                build_params=completion.to_sampling_params,
+                options=self.sequence_options(completion),
+                client_request_id=completion.request_id,
+                n=completion.n,
+                priority=completion.priority,
+                cache_salt=completion.cache_salt,
+            )
+        if request.stream:
+            return self.sse(run, self._chunks(run, request, completion))
+        return await self._respond(run, request, completion)
+
+    # -- answers ----------------------------------------------------------------------
+    async def _respond(
+        self, run: Run, request: GenerateRequest, completion: CompletionRequest
+    ) -> GenerateResponse:
+        await self.collect(run)
+        choices = [
+            GenerateChoice(
+                index=seq.index,
+                finish_reason=seq.finish_reason or "stop",
+                stop_reason=seq.stop_reason,
+                token_ids=list(seq.token_ids),
+                text=seq.text if request.output_mode == "text" else None,
+                logprobs=self._logprobs(request, completion, seq.logprobs),
+            )
+            for seq in run.sequences
+        ]
+        first = run.sequences[0]
+        texts = self.served.token_texts()
+        return GenerateResponse(
+            request_id=run.response_id,
+            model=run.model_name,
+            created=run.created,
+            output_mode=request.output_mode,
+            choices=choices,
+            usage=run.usage(include_cached=self.served.config.enable_prompt_tokens_details),
+            prompt_token_ids=run.prompt_token_ids[0] if request.return_token_ids else None,
+            prompt_logprobs=prompt_logprobs(first.prompt_logprobs, texts)
+            if completion.prompt_logprobs is not None and first.prompt_logprobs
+            else None,
+        )
+
+    async def _chunks(
+        self, run: Run, request: GenerateRequest, completion: CompletionRequest
+    ) -> AsyncGenerator[SSEPayload, None]:
+        options = request.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = include_usage and bool(options and options.continuous_usage_stats)
+        include_cached = self.served.config.enable_prompt_tokens_details
+        prompt_ids = run.prompt_token_ids[0] if request.return_token_ids else None
+        async for item in self.deltas(run, self.keep_alive):
+            if item is None:
+                yield None
+                continue
+            seq, delta = item
+            if not (delta.token_ids or delta.finish_reason or delta.text):
+                continue
+            chunk = GenerateStreamResponse(
+                request_id=run.response_id,
+                output_mode=request.output_mode,
+                choices=[self._delta_choice(request, completion, seq, delta)],
+            )
+            if prompt_ids is not None:
+                chunk.prompt_token_ids = prompt_ids
+                prompt_ids = None
+            if continuous:
+                chunk.usage = run.usage(include_cached=include_cached)
+            yield encode_chunk(chunk)
+        if include_usage:
+            yield encode_chunk(
+                GenerateStreamResponse(
+                    request_id=run.response_id,
+                    output_mode=request.output_mode,
+                    choices=[],
+                    usage=run.usage(include_cached=include_cached),
+                )
+            )
+
+    def _delta_choice(
+        self,
+        request: GenerateRequest,
+        completion: CompletionRequest,
+        seq: Choice,
+        delta: ChoiceDelta,
+    ) -> GenerateChoice:
+        choice = GenerateChoice(
+            index=seq.index,
+            finish_reason=delta.finish_reason,
+            token_ids=list(delta.token_ids),
+            logprobs=self._logprobs(request, completion, delta.logprobs),
+        )
+        if delta.finish_reason is not None:
+            choice.stop_reason = delta.stop_reason
+        if request.output_mode == "text":
+            choice.text = delta.text
+        return choice
+
+    def _logprobs(
+        self,
+        request: GenerateRequest,
+        completion: CompletionRequest,
+        entries: list[TokenLogprob] | None,
+    ) -> GenerateLogProbs | ChatCompletionLogProbs | None:
+        """Tokens mode: vLLM's generate logprobs (ids, ranks; the sampled token first in
+        `top_logprobs`, then the others in rank order, `max(k, 1)` in all). Text mode:
+        chat's shape, with token strings and bytes."""
+        k = completion.logprobs
+        if k is None:
+            return None
+        entries = entries or []
+        if request.output_mode == "text":
+            return ChatCompletionLogProbs(
+                content=chat_logprobs(entries, self.served.token_texts(), k)
+            )
+        return GenerateLogProbs(content=[_token_entry(entry, k) for entry in entries])
+
+
+def _token_entry(entry: TokenLogprob, k: int) -> GenerateLogProbsContent:
+    top = [GenerateLogProb(token_id=entry.token_id, logprob=_floor(entry.logprob), rank=entry.rank)]
+    for rank, (token_id, logprob) in enumerate(entry.top, start=1):
+        if token_id != entry.token_id:
+            top.append(GenerateLogProb(token_id=token_id, logprob=_floor(logprob), rank=rank))
+    return GenerateLogProbsContent(
+        token_id=entry.token_id,
+        logprob=_floor(entry.logprob),
+        rank=entry.rank,
+        top_logprobs=top[: max(k, 1)],
+    )
+
+
+def _floor(logprob: float) -> float:
+    return LOGPROB_FLOOR if logprob != logprob else max(logprob, LOGPROB_FLOOR)
+
+
+def _as_completion(request: GenerateRequest, limits: RequestLimits) -> CompletionRequest:
+    """The request as a completion, its errors named by the generate request's fields."""
+    with _renamed_params():
+        return parse_request(CompletionRequest, request.to_completion_body(), limits)
+
+
+@contextmanager
+def _renamed_params() -> Iterator[None]:
+    """A 400 raised by the completion rules names the field as the generate request
+    spells it: `prompt` is `token_ids`, a sampling field is `sampling_params.<name>`."""
+    try:
+        yield
+    except BadRequestError as exc:
+        if exc.param:
+            head = exc.param.split(".")[0].split("[")[0]
+            if head == "prompt":
+                exc.param = "token_ids" + exc.param[len("prompt") :]
+            elif head in SAMPLING_FIELDS:
+                exc.param = f"sampling_params.{exc.param}"
+        raise

@@ -1,0 +1,139 @@
+"""vLLM's render routes (`POST /v1/chat/completions/render`, `/v1/completions/render`): a
+chat or completion request turned into the `/inference/v1/generate` request(s) that
+would run it, without running anything.
+
+Why: the other half of the token-in-token-out split. A router or trainer renders here
+(the chat template, tools, truncation and the model's sampling defaults applied exactly
+as the chat and completion routes apply them), keeps or edits the token ids, then sends
+them to `/inference/v1/generate` on any replica. The answer's `sampling_params` are
+vLLM's `SamplingParams` names, resolved (`max_tokens` filled from the context, the
+model's generation-config defaults in place), so a render fed back into generate runs
+the very request the chat or completion route would have run.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from engine.sampling_params import SamplingParams, StructuredOutputSpec
+from handlers.protocol.chat import ChatCompletionRequest
+from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.sampling import SamplingBounds, SamplingRequest
+from handlers.serving.base import ServingBase
+from handlers.serving.chat import ServingChat
+from handlers.serving.tool_render import forced_tool_spec
+
+
+class ServingGenerateRender(ServingBase):
+    kind = "render"
+
+    def __init__(self, chat: ServingChat) -> None:
+        super().__init__(chat.served)
+        self.chat = chat
+
+    async def render_chat(self, request: ChatCompletionRequest) -> dict[str, Any]:
+        self.model_name(request.model)
+        _, _, prompt_ids = await self.chat.render_prompt(request, offload=True)
+        bounds = self._bounds(prompt_ids, "messages")
+        params = request.to_sampling_params(bounds, forced_tool_spec(request))
+        return self._generate_request("chatcmpl", request, prompt_ids, params)
+
+    async def render_completion(self, request: CompletionRequest) -> list[dict[str, Any]]:
+        self.model_name(request.model)
+        prompts = await self.tokenize_prompts(
+            request.prompts(),
+            add_special_tokens=request.add_special_tokens,
+            field="prompt",
+            truncation=self.served.truncation(
+                request.truncate_prompt_tokens, request.truncation_side
+            ),
+        )
+        return [
+            self._generate_request(
+                "cmpl",
+                request,
+                p.token_ids,
+                request.to_sampling_params(self._bounds(p.token_ids, p.param)),
+            )
+            for p in prompts
+        ]
+
+    def _bounds(self, prompt_ids: list[int], param: str) -> SamplingBounds:
+        """What the request's params are resolved against (the route's own checks: the
+        prompt leaves room for a token)."""
+        served = self.served
+        served.check_prompt_len(len(prompt_ids), param)
+        return SamplingBounds(
+            served.info().max_model_len,
+            len(prompt_ids),
+            served.vocab_size(),
+            served.sampling_defaults(),
+            served.encode_plain,
+        )
+
+    @staticmethod
+    def _generate_request(
+        prefix: str, request: SamplingRequest, prompt_ids: list[int], params: SamplingParams
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "request_id": f"{prefix}-{request.request_id or uuid.uuid4().hex}",
+            "token_ids": list(prompt_ids),
+            "sampling_params": vllm_sampling_params(request, params),
+            "model": getattr(request, "model", None),
+            "stream": request.stream,
+            "stream_options": request.stream_options.model_dump()
+            if request.stream and request.stream_options is not None
+            else None,
+            "cache_salt": request.cache_salt,
+            "priority": request.priority,
+        }
+        return body
+
+
+def vllm_sampling_params(request: SamplingRequest, params: SamplingParams) -> dict[str, Any]:
+    """The engine's resolved parameters under vLLM's `SamplingParams` names (what
+    `/inference/v1/generate` takes); text-level fields (stop strings, bad words, the
+    detokenizer's switches) come from the request, since the engine never sees them."""
+    fields: dict[str, Any] = {
+        "n": request.n,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": max(params.top_k, 0),
+        "min_p": params.min_p,
+        "seed": request.seed,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "repetition_penalty": params.repetition_penalty,
+        "max_tokens": params.max_tokens,
+        "min_tokens": params.min_tokens,
+        "stop": list(request.stop),
+        "stop_token_ids": list(request.stop_token_ids or []),
+        "ignore_eos": params.ignore_eos,
+        "logprobs": params.logprobs,
+        "prompt_logprobs": params.prompt_logprobs,
+        "skip_special_tokens": request.skip_special_tokens,
+        "spaces_between_special_tokens": request.spaces_between_special_tokens,
+        "include_stop_str_in_output": request.include_stop_str_in_output,
+        "logit_bias": dict(params.logit_bias) if params.logit_bias else None,
+        "allowed_token_ids": params.allowed_token_ids,
+        "bad_words": list(request.bad_words) if request.bad_words else None,
+        "structured_outputs": _structured_outputs(params.structured),
+    }
+    if params.logprob_token_ids:
+        fields["logprob_token_ids"] = list(params.logprob_token_ids)
+    return fields
+
+
+def _structured_outputs(spec: StructuredOutputSpec | None) -> dict[str, Any] | None:
+    """The constraint as vLLM's `structured_outputs` object (one member set)."""
+    if spec is None:
+        return None
+    if spec.kind == "json":
+        return {"json": json.loads(spec.value)}
+    if spec.kind == "json_object":
+        return {"json_object": True}
+    if spec.kind == "choice":
+        return {"choice": json.loads(spec.value)}
+    return {spec.kind: spec.value}  # regex, grammar, structural_tag: the text as given
