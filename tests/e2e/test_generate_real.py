@@ -42,11 +42,8 @@ def test_generate_gives_the_completion_routes_tokens(
     assert (
         body["choices"][0]["token_ids"] == want and body["choices"][0]["finish_reason"] == "length"
     )
-    assert body["usage"] == {
-        "prompt_tokens": len(ids),
-        "completion_tokens": 12,
-        "total_tokens": len(ids) + 12,
-    }
+    usage = body["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(ids), 12)
 
     text = generate(
         invariant_server, {"token_ids": ids, "sampling_params": sampling, "output_mode": "text"}
