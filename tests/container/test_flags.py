@@ -24,6 +24,7 @@ from container.flags import (
     parse_bytes,
 )
 from container.sagemaker_serve import sagemaker_argv
+from engine.profiler_config import parse_profiler_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,6 +114,9 @@ def _sample(action: argparse.Action) -> tuple[str, Any]:
         return str(choice), choice
     if action.type is parse_bytes:
         return "3MiB", 3 << 20
+    if action.type is parse_profiler_config:
+        text = '{"profiler": "torch", "torch_profiler_dir": "/tmp/traces"}'
+        return text, parse_profiler_config(text)
     kind = action.type.kind if isinstance(action.type, Bounded) else action.type
     if kind is int:
         value = (action.default or 0) + 7

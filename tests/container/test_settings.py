@@ -16,6 +16,7 @@ import pytest
 
 from container import cli, settings
 from container.flags import SECRET_LIST_FLAGS, Bounded, env_name, finish_many, parse_bytes
+from engine.profiler_config import parse_profiler_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +60,9 @@ def _sample(action: argparse.Action) -> str:
         return str(next(c for c in reversed(list(action.choices)) if c != action.default))
     if action.type is parse_bytes:
         return "4GiB"  # a size with a unit: what the old Lambda reader crashed on
+    if action.type is parse_profiler_config:
+        return '{"profiler": "torch", "torch_profiler_dir": "/tmp/traces"}'
+
     kind = action.type.kind if isinstance(action.type, Bounded) else action.type
     if kind is int:
         return str((action.default or 0) + 7)

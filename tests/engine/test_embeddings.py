@@ -287,7 +287,7 @@ def test_preempted_embedding_is_pooled_once(mean_dir: Path) -> None:
     core.step()
     request = core.scheduler.requests["p"]
     assert 0 < request.num_computed_tokens < len(long_ids)
-    core.scheduler._preempt(request)  # what running out of blocks does: recompute from 0
+    core.scheduler.preempt(request)  # what running out of blocks does: recompute from 0
     outs = []
     while core.has_work():
         outs += [o for _, o in core.step()]
