@@ -368,3 +368,23 @@ def test_a_batch_mixing_top_k_with_unfiltered_and_greedy_rows() -> None:
     for _ in range(50):
         ids = sampler(logits, reqs, EOS).token_ids
         assert ids[0] in best3 and ids[2] == int(logits[2].argmax())
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0])
+def test_top_p_sets_equal_the_sorted_method(scale: float) -> None:
+    """`apply_top_p` finds each row's cut among its 64 or 1024 best tokens, or from a
+    histogram of the row when the set is wider (flat rows: scale 0.3 over 20,000 tokens
+    leaves thousands in the set); every path keeps exactly the tokens the plain method
+    (sort, cumulative sum) keeps."""
+    from engine.sampler import apply_top_p
+
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    probs = (torch.randn(12, 20_000, generator=gen) * scale).softmax(dim=-1)
+    top_ps = [0.5, 0.8, 0.9, 0.95, 0.99, 0.3] * 2
+    kept = apply_top_p(probs, top_ps) > 0
+    values, ids = probs.sort(dim=-1, descending=True)
+    before = values.cumsum(dim=-1) - values
+    limit = torch.tensor(top_ps).unsqueeze(1)
+    want = torch.zeros_like(kept).scatter_(1, ids, before < limit)
+    assert torch.equal(kept, want), (kept != want).sum(dim=-1)
+    assert torch.equal(apply_top_p(probs, top_ps)[kept], probs[kept])  # kept as they were
