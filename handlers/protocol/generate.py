@@ -182,13 +182,19 @@ class GenerateLogProbs(WireModel):
 
 
 class GenerateChoice(WireModel):
+    """A choice of `output_mode: "tokens"` (vLLM's shape has no `text` there)."""
+
     index: int
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
-    text: str | None = None
-    """output_mode 'text' only."""
     logprobs: GenerateLogProbs | ChatCompletionLogProbs | None = None
+
+
+class GenerateTextChoice(GenerateChoice):
+    """A choice of `output_mode: "text"`: the decoded text too (a delta when streaming)."""
+
+    text: str = ""
 
 
 class GenerateResponse(WireModel):
@@ -196,7 +202,7 @@ class GenerateResponse(WireModel):
     model: str | None = None
     created: int | None = None
     output_mode: Literal["tokens", "text"] = "tokens"
-    choices: list[GenerateChoice]
+    choices: list[GenerateTextChoice] | list[GenerateChoice]
     usage: UsageInfo | None = None
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
@@ -205,6 +211,6 @@ class GenerateResponse(WireModel):
 class GenerateStreamResponse(WireModel):
     request_id: str
     output_mode: Literal["tokens", "text"] = "tokens"
-    choices: list[GenerateChoice]
+    choices: list[GenerateTextChoice] | list[GenerateChoice]
     usage: UsageInfo | None = None
     prompt_token_ids: list[int] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from engine.messages import TokenLogprob
 from handlers.errors import BadRequestError
@@ -26,6 +27,7 @@ from handlers.protocol.generate import (
     GenerateRequest,
     GenerateResponse,
     GenerateStreamResponse,
+    GenerateTextChoice,
 )
 from handlers.serving.base import Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
@@ -79,13 +81,15 @@ class ServingGenerate(ServingBase):
         self, run: Run, request: GenerateRequest, completion: CompletionRequest
     ) -> GenerateResponse:
         await self.collect(run)
+        text_mode = request.output_mode == "text"
         choices = [
-            GenerateChoice(
+            _choice(
+                text_mode,
+                seq.text,
                 index=seq.index,
                 finish_reason=seq.finish_reason or "stop",
                 stop_reason=seq.stop_reason,
                 token_ids=list(seq.token_ids),
-                text=seq.text if request.output_mode == "text" else None,
                 logprobs=self._logprobs(request, completion, seq.logprobs),
             )
             for seq in run.sequences
@@ -148,17 +152,15 @@ class ServingGenerate(ServingBase):
         seq: Choice,
         delta: ChoiceDelta,
     ) -> GenerateChoice:
-        choice = GenerateChoice(
+        return _choice(
+            request.output_mode == "text",
+            delta.text,
             index=seq.index,
             finish_reason=delta.finish_reason,
+            stop_reason=delta.stop_reason if delta.finish_reason is not None else None,
             token_ids=list(delta.token_ids),
             logprobs=self._logprobs(request, completion, delta.logprobs),
         )
-        if delta.finish_reason is not None:
-            choice.stop_reason = delta.stop_reason
-        if request.output_mode == "text":
-            choice.text = delta.text
-        return choice
 
     def _logprobs(
         self,
@@ -178,6 +180,11 @@ class ServingGenerate(ServingBase):
                 content=chat_logprobs(entries, self.served.token_texts(), k)
             )
         return GenerateLogProbs(content=[_token_entry(entry, k) for entry in entries])
+
+
+def _choice(text_mode: bool, text: str, **fields: Any) -> GenerateChoice:
+    """A choice in the request's output mode: with its text in text mode only."""
+    return GenerateTextChoice(text=text, **fields) if text_mode else GenerateChoice(**fields)
 
 
 def _token_entry(entry: TokenLogprob, k: int) -> GenerateLogProbsContent:
