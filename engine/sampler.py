@@ -41,12 +41,16 @@ class Sampler:
         """allowed_token_ids as a mask of the ids it forbids, built once per request."""
         self._thinking: dict[str, ThinkingTracker] = {}
         """thinking_token_budget: each request's reasoning-block state."""
+        self._prompt_seen: dict[str, torch.Tensor] = {}
+        """repetition_penalty: each request's distinct prompt ids, found once (the prompt
+        never changes), where every step used to sort the whole history again."""
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
         self._biases.pop(request_id, None)
         self._allowed.pop(request_id, None)
         self._thinking.pop(request_id, None)
+        self._prompt_seen.pop(request_id, None)
 
     def _forced_thinking_token(self, request: Request) -> int | None:
         spec = request.params.thinking
@@ -113,11 +117,34 @@ class Sampler:
         )
 
     # -- logits processing ------------------------------------------------------------
+    def _apply_penalties(self, x: torch.Tensor, request: Request) -> None:
+        """OpenAI presence/frequency penalties over output tokens, and the multiplicative
+        repetition penalty over prompt and output tokens (as vLLM / HF apply them).
+
+        Only the tokens the sequence holds are touched (its distinct ids and their
+        counts), and the prompt's distinct ids are found once: every step used to build
+        a Python set of the whole history and make three passes over the vocabulary."""
+        p = request.params
+        output = torch.tensor(request.output_token_ids, dtype=torch.long, device=x.device)
+        if p.repetition_penalty != 1.0:
+            penalty = max(p.repetition_penalty, 1e-8)
+            prompt = self._prompt_seen.get(request.request_id)
+            if prompt is None:
+                ids = request.all_token_ids[: request.num_prompt_tokens]
+                prompt = torch.unique(torch.tensor(ids, dtype=torch.long, device=x.device))
+                self._prompt_seen[request.request_id] = prompt
+            # Repeated ids are harmless: each write is computed from the value read first.
+            seen = torch.cat((prompt, output)) if output.numel() else prompt
+            vals = x[seen]
+            x[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
+        if output.numel() and (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+            ids, counts = torch.unique(output, return_counts=True)
+            x[ids] -= counts.to(x.dtype) * p.frequency_penalty + p.presence_penalty
+
     def _apply_penalties_and_bias(
         self, logits: torch.Tensor, requests: list[Request], eos_token_ids: list[int]
     ) -> torch.Tensor:
         cloned = False
-        vocab = logits.shape[-1]
         for row, request in enumerate(requests):
             p = request.params
             needs_penalty = (
@@ -140,7 +167,7 @@ class Sampler:
                 cloned = True
             x = logits[row]
             if needs_penalty:
-                _apply_penalties(x, request, vocab)
+                self._apply_penalties(x, request)
             if p.logit_bias:
                 ids, bias = self._bias(request, x)
                 x.index_add_(0, ids, bias)
@@ -437,19 +464,3 @@ def _ban_bad_words(x: torch.Tensor, sequences: list[list[int]], output: list[int
     x[index] = float("-inf")
     if bool(torch.isneginf(x).all()):
         x[index] = kept
-
-
-def _apply_penalties(x: torch.Tensor, request: Request, vocab: int) -> None:
-    """OpenAI presence/frequency penalties over output tokens, and the multiplicative
-    repetition penalty over prompt and output tokens (as vLLM / HF apply them)."""
-    p = request.params
-    if p.repetition_penalty != 1.0:
-        penalty = max(p.repetition_penalty, 1e-8)
-        seen = torch.tensor(sorted(set(request.all_token_ids)), device=x.device)
-        vals = x[seen]
-        x[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
-    output = request.output_token_ids
-    if output and (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
-        counts = torch.bincount(torch.tensor(output, device=x.device), minlength=vocab)[:vocab]
-        x -= counts.to(x.dtype) * p.frequency_penalty
-        x -= (counts > 0).to(x.dtype) * p.presence_penalty

@@ -388,3 +388,40 @@ def test_top_p_sets_equal_the_sorted_method(scale: float) -> None:
     want = torch.zeros_like(kept).scatter_(1, ids, before < limit)
     assert torch.equal(kept, want), (kept != want).sum(dim=-1)
     assert torch.equal(apply_top_p(probs, top_ps)[kept], probs[kept])  # kept as they were
+
+
+def test_penalised_logits_equal_transformers_and_openai_formulas() -> None:
+    """The logits the sampler draws from, under each penalty, on a row whose prompt and
+    output repeat ids and share some: repetition as transformers'
+    RepetitionPenaltyLogitsProcessor over prompt + output, presence and frequency as
+    OpenAI's formula over the output only. Read through logprobs=VOCAB-1 of greedy rows."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    logits = _logits(1)
+    prompt, output = [3, 3, 7, 9], [7, 7, 12, 3, 20]
+    history = torch.tensor([prompt + output])
+
+    def drawn_from(**params: float) -> torch.Tensor:
+        sampler = Sampler(torch.device("cpu"))
+        for _ in range(2):  # the second step reads the cached prompt ids
+            req = _req(
+                "p", output=output, prompt=prompt, temperature=0, logprobs=VOCAB - 1, **params
+            )
+            (entry,) = sampler(logits, [req], EOS).logprobs or [None]
+        assert entry is not None
+        values = torch.full((VOCAB,), float("nan"))
+        for token_id, logprob in entry.top:
+            values[token_id] = logprob
+        values[entry.token_id] = entry.logprob
+        return values
+
+    def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+        known = ~got.isnan()  # every token but the least likely one is reported
+        assert int(known.sum()) >= VOCAB - 1
+        assert torch.allclose(got[known], want[known], atol=1e-5)
+
+    want = RepetitionPenaltyLogitsProcessor(1.7)(history, logits.clone()).log_softmax(-1)[0]
+    assert_close(drawn_from(repetition_penalty=1.7), want)
+    counts = torch.bincount(torch.tensor(output), minlength=VOCAB).float()
+    manual = logits[0] - counts * 0.4 - (counts > 0).float() * 0.9
+    assert_close(drawn_from(frequency_penalty=0.4, presence_penalty=0.9), manual.log_softmax(-1))
