@@ -123,6 +123,7 @@ def create_app(
     anthropic = resources.Messages(config, messages)
     app.add_route("/v1/messages", anthropic)
     app.add_route("/v1/messages/count_tokens", anthropic, suffix="count_tokens")
+    app.add_route("/v1/messages/render", resources.RenderMessages(config, messages, render))
     app.add_route("/v1/responses", resources.Responses(config, responses))
     response_by_id = resources.ResponseById(responses)
     app.add_route("/v1/responses/{response_id}", response_by_id)

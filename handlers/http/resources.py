@@ -203,6 +203,21 @@ class Messages(_JsonBody):
         send_model(resp, await self._serving.count_tokens(request))
 
 
+class RenderMessages(Messages):
+    """vLLM's `POST /v1/messages/render`: the generate request a Messages call would run
+    (Anthropic's error shape, as on /v1/messages)."""
+
+    def __init__(
+        self, config: ServerConfig, serving: ServingMessages, render: ServingGenerateRender
+    ) -> None:
+        super().__init__(config, serving)
+        self._render = render
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = await self._parse(req, MessagesRouteRequest)
+        resp.media = await self._render.render_messages(request)
+
+
 class Responses(_JsonBody):
     """`POST /v1/responses`."""
 

@@ -18,11 +18,14 @@ import uuid
 from typing import Any
 
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
+from handlers.protocol.anthropic import MessagesRequest
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.sampling import SamplingBounds, SamplingRequest
+from handlers.serving.anthropic_convert import to_chat_request
 from handlers.serving.base import ServingBase
 from handlers.serving.chat import ServingChat
+from handlers.serving.messages import anthropic_dialect
 from handlers.serving.tool_render import forced_tool_spec
 
 
@@ -39,6 +42,12 @@ class ServingGenerateRender(ServingBase):
         bounds = self._bounds(prompt_ids, "messages")
         params = request.to_sampling_params(bounds, forced_tool_spec(request))
         return self._generate_request("chatcmpl", request, prompt_ids, params)
+
+    async def render_messages(self, request: MessagesRequest) -> dict[str, Any]:
+        """Anthropic's Messages request, rendered as `/v1/messages` renders it (converted
+        to the chat it runs as); errors in Anthropic's shape."""
+        with anthropic_dialect():
+            return await self.render_chat(to_chat_request(request, self.served.limits))
 
     async def render_completion(self, request: CompletionRequest) -> list[dict[str, Any]]:
         self.model_name(request.model)
@@ -123,6 +132,8 @@ def vllm_sampling_params(request: SamplingRequest, params: SamplingParams) -> di
     }
     if params.logprob_token_ids:
         fields["logprob_token_ids"] = list(params.logprob_token_ids)
+    if request.thinking_budget is not None:
+        fields["thinking_token_budget"] = request.thinking_budget
     return fields
 
 

@@ -205,3 +205,20 @@ def test_render_refuses_what_the_route_refuses(client, engine: FakeEngine):
     assert_openai_error(result, 400, param="top_p")
     result = client.simulate_post(RENDER_COMPLETION, json={"prompt": [10**9]})
     assert_openai_error(result, 400, param="prompt")
+
+
+def test_messages_render_runs_as_the_messages_call_would(client, engine: FakeEngine):
+    """Anthropic's Messages body rendered: fed to generate, the engine gets what
+    /v1/messages itself sends; a bad body is refused in Anthropic's error shape."""
+    engine.script = Script(token_ids=[7, EOS_ID])
+    body = {"model": "tiny", "max_tokens": 9, "messages": MESSAGES, "temperature": 0.3}
+    rendered = client.simulate_post("/v1/messages/render", json=body)
+    assert rendered.status_code == 200, rendered.text
+    assert rendered.json["sampling_params"]["max_tokens"] == 9
+    assert client.simulate_post("/v1/messages", json=body).status_code == 200
+    assert client.simulate_post(GENERATE, json=rendered.json).status_code == 200
+    via_messages, via_generate = engine.added
+    assert via_generate.prompt_token_ids == via_messages.prompt_token_ids
+    assert via_generate.params == via_messages.params
+    bad = client.simulate_post("/v1/messages/render", json={"model": "tiny", "messages": []})
+    assert bad.status_code == 400 and bad.json["type"] == "error"
