@@ -1,5 +1,6 @@
 """Property-based fuzzing of the wire schemas (issue 8): generated bodies for chat,
-completions, TGI (/invocations) and /tokenize through the production app. Whatever the
+completions, TGI (/invocations), /tokenize, the token-in-token-out /inference/v1/generate
+and the render routes through the production app. Whatever the
 body, the answer is a 2xx or a 4xx in OpenAI's error shape: never a 500, never an
 exception out of the app, and nothing left running in the engine.
 
@@ -16,10 +17,16 @@ from hypothesis import strategies as st
 
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.generate import (
+    IGNORED_SAMPLING_FIELDS,
+    REFUSED_SAMPLING_FIELDS,
+    SAMPLING_FIELDS,
+    GenerateRequest,
+)
 from handlers.protocol.tgi import TGIParameters
 
 EXAMPLES = 300
-"""Per test; five tests make 1,500 bodies a run (about 40 s on two shared cores)."""
+"""Per test; eight tests make 2,400 bodies a run (about 60 s on two shared cores)."""
 
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -88,6 +95,21 @@ TGI_BODIES = st.builds(
     | json_values,
     st.dictionaries(st.sampled_from(["stream", "model"]), json_values, max_size=2),
 )
+GENERATE_BODIES = bodies(
+    sorted(GenerateRequest.model_fields),
+    {
+        "token_ids": st.lists(st.integers(min_value=-1, max_value=600), max_size=5) | json_values,
+        "sampling_params": st.dictionaries(
+            st.sampled_from(
+                sorted(SAMPLING_FIELDS | IGNORED_SAMPLING_FIELDS | set(REFUSED_SAMPLING_FIELDS))
+            )
+            | st.text(max_size=8),
+            json_values | st.integers(min_value=-2, max_value=40) | st.booleans(),
+            max_size=5,
+        )
+        | json_values,
+    },
+)
 TOKENIZE_BODIES = bodies(
     ["prompt", "messages", "model", "add_special_tokens", "add_generation_prompt"],
     {"prompt": st.text(max_size=20) | json_values},
@@ -101,6 +123,8 @@ def check(client, engine, path: str, body: Any) -> None:
         error = result.json["error"]
         assert set(error) == {"message", "type", "param", "code"}, error
         assert error["code"] == result.status_code
+    elif path.endswith("/render"):  # never a stream: the request a stream would run
+        assert isinstance(result.json, dict | list), result.text[:200]
     elif body.get("stream") is True if isinstance(body, dict) else False:
         assert result.text.rstrip().endswith("data: [DONE]"), result.text[-200:]
     assert engine.live == set(), (path, body)
@@ -114,8 +138,11 @@ def check(client, engine, path: str, body: Any) -> None:
         ("/v1/completions", COMPLETION_BODIES),
         ("/invocations", TGI_BODIES),
         ("/tokenize", TOKENIZE_BODIES),
+        ("/inference/v1/generate", GENERATE_BODIES),
+        ("/v1/chat/completions/render", CHAT_BODIES),
+        ("/v1/completions/render", COMPLETION_BODIES),
     ],
-    ids=["chat", "completions", "tgi", "tokenize"],
+    ids=["chat", "completions", "tgi", "tokenize", "generate", "chat-render", "completion-render"],
 )
 def test_no_body_makes_a_500_or_leaks(client, engine, path: str, strategy) -> None:
     @FUZZ
