@@ -125,6 +125,7 @@ def create_app(
     app.add_route("/v1/messages/count_tokens", anthropic, suffix="count_tokens")
     app.add_route("/v1/messages/render", resources.RenderMessages(config, messages, render))
     app.add_route("/v1/responses", resources.Responses(config, responses))
+    app.add_route("/v1/responses/render", resources.RenderResponses(config, responses, render))
     response_by_id = resources.ResponseById(responses)
     app.add_route("/v1/responses/{response_id}", response_by_id)
     app.add_route("/v1/responses/{response_id}/cancel", response_by_id, suffix="cancel")

@@ -230,6 +230,21 @@ class Responses(_JsonBody):
         send_result(resp, await self._serving.create(request, request_context(req)))
 
 
+class RenderResponses(_JsonBody):
+    """vLLM's `POST /v1/responses/render`: the generate request a Responses call would run."""
+
+    def __init__(
+        self, config: ServerConfig, serving: ServingResponses, render: ServingGenerateRender
+    ) -> None:
+        super().__init__(config)
+        self._serving = serving
+        self._render = render
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(ResponsesRequest, await self.body(req), self._serving.limits)
+        resp.media = await self._render.render_responses(request, self._serving)
+
+
 class ResponseById:
     """`GET` and `DELETE /v1/responses/{response_id}`; `POST .../cancel` (suffix)."""
 

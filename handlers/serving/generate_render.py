@@ -21,11 +21,14 @@ from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from handlers.protocol.anthropic import MessagesRequest
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.sampling import SamplingBounds, SamplingRequest
 from handlers.serving.anthropic_convert import to_chat_request
 from handlers.serving.base import ServingBase
 from handlers.serving.chat import ServingChat
 from handlers.serving.messages import anthropic_dialect
+from handlers.serving.responses import ServingResponses
+from handlers.serving.responses_input import responses_params
 from handlers.serving.tool_render import forced_tool_spec
 
 
@@ -48,6 +51,17 @@ class ServingGenerateRender(ServingBase):
         to the chat it runs as); errors in Anthropic's shape."""
         with anthropic_dialect():
             return await self.render_chat(to_chat_request(request, self.served.limits))
+
+    async def render_responses(
+        self, request: ResponsesRequest, responses: ServingResponses
+    ) -> dict[str, Any]:
+        """A Responses request rendered as `/v1/responses` runs it: the chat it becomes,
+        the stored conversation of `previous_response_id` included (vLLM's render
+        refuses that field; here the store is the server's own); errors name the
+        Responses fields."""
+        chat = await responses.as_chat(request)
+        with responses_params():
+            return await self.render_chat(chat)
 
     async def render_completion(self, request: CompletionRequest) -> list[dict[str, Any]]:
         self.model_name(request.model)

@@ -82,6 +82,12 @@ class ServingResponses:
         await self._store(request, response, conversation)
         return response
 
+    async def as_chat(self, request: ResponsesRequest) -> ChatCompletionRequest:
+        """The chat request `create` runs for `request` (its stored history included):
+        what `/v1/responses/render` renders."""
+        history = await self._history(request.previous_response_id)
+        return chat_request(request, history, self.limits)
+
     async def retrieve(self, response_id: str) -> ResponseObject:
         stored = await self.store.get(response_id)
         if stored is None:

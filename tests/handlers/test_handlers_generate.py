@@ -222,3 +222,27 @@ def test_messages_render_runs_as_the_messages_call_would(client, engine: FakeEng
     assert via_generate.params == via_messages.params
     bad = client.simulate_post("/v1/messages/render", json={"model": "tiny", "messages": []})
     assert bad.status_code == 400 and bad.json["type"] == "error"
+
+
+def test_responses_render_runs_as_the_responses_call_would(client, engine: FakeEngine):
+    """A Responses body rendered: fed to generate, the engine gets what /v1/responses
+    sends; with previous_response_id the stored conversation is part of the prompt."""
+    engine.script = Script(token_ids=[7, EOS_ID])
+    body = {"model": "tiny", "input": "Name a color.", "max_output_tokens": 6}
+    rendered = client.simulate_post("/v1/responses/render", json=body)
+    assert rendered.status_code == 200, rendered.text
+    assert rendered.json["sampling_params"]["max_tokens"] == 6
+    first = client.simulate_post("/v1/responses", json=body)
+    assert first.status_code == 200, first.text
+    assert client.simulate_post(GENERATE, json=rendered.json).status_code == 200
+    via_responses, via_generate = engine.added
+    assert via_generate.prompt_token_ids == via_responses.prompt_token_ids
+    assert via_generate.params == via_responses.params
+    follow_up = {**body, "input": "Another.", "previous_response_id": first.json["id"]}
+    continued = client.simulate_post("/v1/responses/render", json=follow_up)
+    assert continued.status_code == 200, continued.text
+    assert len(continued.json["token_ids"]) > len(rendered.json["token_ids"])
+    missing = client.simulate_post(
+        "/v1/responses/render", json={**body, "previous_response_id": "resp-nope"}
+    )
+    assert_openai_error(missing, 404, param="previous_response_id")
