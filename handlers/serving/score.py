@@ -142,13 +142,11 @@ class ServingScores(ServingEmbedding):
         firsts, seconds = texts
         template = self.served.config.chat_template
         if template is None:
-            for name in ("instruction", "chat_template_kwargs"):
-                if getattr(request, name):
-                    raise BadRequestError(
-                        f"{name} fills a score template; this server has none (start it "
-                        "with --chat-template, e.g. the model's reranker template).",
-                        param=name,
-                    )
+            _refuse_template_fields(
+                request,
+                "this server has none (start it with --chat-template, e.g. the model's "
+                "reranker template)",
+            )
         queries = await self._leading(firsts, request.max_tokens_per_query, "max_tokens_per_query")
         documents = await self._leading(seconds, request.max_tokens_per_doc, "max_tokens_per_doc")
         if len(queries) == 1:
@@ -188,7 +186,11 @@ class ServingScores(ServingEmbedding):
     ) -> PooledBatch:
         """The queries' then the documents' vectors, each text tokenized under its
         side's truncation (a bad one reported under its side's name in `sides`)."""
-        _refuse_cross_encoder_fields(request)
+        _refuse_template_fields(
+            request,
+            "this server scores by embedding similarity, with no template: put an "
+            "instruction in the query text",
+        )
         pooling = self.pooling_params()
         inputs = await self._tokenize(
             request, texts[0], sides[0], request.max_tokens_per_query, "max_tokens_per_query"
@@ -246,17 +248,17 @@ def _compose(
         ) from None
 
 
-def _refuse_cross_encoder_fields(request: ScoringRequestBase) -> None:
+def _refuse_template_fields(request: ScoringRequestBase, why: str) -> None:
+    """`instruction` (even empty) and a non-empty `chat_template_kwargs` fill a score
+    template: a 400 naming the field where there is none to fill, the one rule for a
+    bi-encoder and for a cross-encoder started without --chat-template."""
     if request.instruction is not None:
         raise BadRequestError(
-            "instruction fills a cross-encoder (reranker) model's pair template; this "
-            "server scores by embedding similarity: put the instruction in the query text.",
-            param="instruction",
+            f"instruction fills a cross-encoder's score template; {why}.", param="instruction"
         )
     if request.chat_template_kwargs:
         raise BadRequestError(
-            "chat_template_kwargs fill a cross-encoder (reranker) model's pair template; "
-            "this server scores by embedding similarity, with no template.",
+            f"chat_template_kwargs fill a cross-encoder's score template; {why}.",
             param="chat_template_kwargs",
         )
 

@@ -118,6 +118,8 @@ def test_cross_encoder_cuts_each_text_before_joining(client, engine, tokenizer) 
         (2, "/score", {"text_1": "a", "text_2": "b"}, "model"),
         (2, "/rerank", {"query": "a", "documents": ["b"]}, "model"),
         (1, "/rerank", {"query": "a", "documents": ["b"], "instruction": "x"}, "instruction"),
+        # an empty instruction too, as for a bi-encoder (it was let through here)
+        (1, "/rerank", {"query": "a", "documents": ["b"], "instruction": ""}, "instruction"),
         (
             1,
             "/score",
