@@ -105,7 +105,7 @@ def create_app(
     app.add_route(
         "/inference/v1/generate", resources.Generate(config, ServingGenerate(served, stats))
     )
-    render = ServingGenerateRender(chat)
+    render = ServingGenerateRender(chat, completion)
     app.add_route("/v1/chat/completions/render", resources.RenderChat(config, render))
     app.add_route("/v1/completions/render", resources.RenderCompletion(config, render))
     app.add_route(

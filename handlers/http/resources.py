@@ -389,7 +389,7 @@ class Generate(_JsonBody):
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         request = parse_request(GenerateRequest, await self.body(req), self._serving.served.limits)
-        send_result(resp, await self._serving.create(request, request_context(req)))
+        send_result(resp, await self._serving.generate(request, request_context(req)))
 
 
 class RenderChat(_JsonBody):

@@ -32,8 +32,21 @@ class ServingCompletion(ServingBase):
     async def create(
         self, request: CompletionRequest, ctx: RequestContext
     ) -> CompletionResponse | SSEStream:
+        run, prompts = await self.start(request, ctx)
+        echoes = [self._echo_text(request, p) for p in prompts]
+        prompt_ids = [p.token_ids for p in prompts]
+        if request.stream:
+            return self._stream(run, request, echoes, prompt_ids)
+        return await self._respond(run, request, echoes, prompt_ids)
+
+    async def start(
+        self, request: CompletionRequest, ctx: RequestContext
+    ) -> tuple[Run, list[PromptInput]]:
+        """Model check, tokenizing, the thinking budget's check, admission: the run and
+        its prompts. `/inference/v1/generate` starts its runs here too (it is a
+        completion of token ids with another answer shape)."""
         model_name = self.model_name(request.model)
-        prompts = await self._tokenize(request)
+        prompts = await self.tokenize(request)
         budget = request.thinking_budget
         if budget is not None:
             served = self.served
@@ -54,13 +67,10 @@ class ServingCompletion(ServingBase):
             cache_salt=request.cache_salt,
             thinking_budget=budget,
         )
-        echoes = [self._echo_text(request, p) for p in prompts]
-        prompt_ids = [p.token_ids for p in prompts]
-        if request.stream:
-            return self._stream(run, request, echoes, prompt_ids)
-        return await self._respond(run, request, echoes, prompt_ids)
+        return run, prompts
 
-    async def _tokenize(self, request: CompletionRequest) -> list[PromptInput]:
+    async def tokenize(self, request: CompletionRequest) -> list[PromptInput]:
+        """The request's prompts as the engine gets them (truncated as asked)."""
         return await self.tokenize_prompts(
             request.prompts(),
             add_special_tokens=request.add_special_tokens,

@@ -17,6 +17,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+import msgspec
+
 from engine.client import EngineClient
 from engine.config import ENV_VAR as ENGINE_CONFIG_ENV_VAR
 from engine.messages import ControlCommand
@@ -95,8 +97,6 @@ class ServingControl:
 
 
 def _as_plain(value: Any) -> Any:
-    import msgspec
-
     return msgspec.to_builtins(value, builtin_types=(), str_keys=True, enc_hook=str)
 
 

@@ -29,21 +29,22 @@ from handlers.protocol.generate import (
     GenerateStreamResponse,
     GenerateTextChoice,
 )
-from handlers.serving.base import Run, ServingBase
+from handlers.serving.base import Run
 from handlers.serving.choice import Choice, ChoiceDelta
+from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
-from handlers.serving.logprobs import chat_logprobs, prompt_logprobs
+from handlers.serving.logprobs import MIN_LOGPROB, chat_logprobs, prompt_logprobs
 from handlers.serving.sse import SSEPayload, SSEStream, encode_chunk
 
-LOGPROB_FLOOR = -9999.0
-"""vLLM's floor for a logprob on this route (-inf and NaN are not JSON)."""
 
+class ServingGenerate(ServingCompletion):
+    """A completion of token ids (`ServingCompletion.start`) answered in vLLM's generate
+    shape."""
 
-class ServingGenerate(ServingBase):
     kind = "generate"
     id_prefix = "generate-tokens"
 
-    async def create(
+    async def generate(
         self, request: GenerateRequest, ctx: RequestContext
     ) -> GenerateResponse | SSEStream:
         text_mode = request.output_mode == "text"
@@ -53,25 +54,8 @@ class ServingGenerate(ServingBase):
                 param="output_mode",
             )
         completion = _as_completion(request, self.served.limits)
-        model_name = self.model_name(completion.model)
         with _renamed_params():
-            prompts = await self.tokenize_prompts(
-                completion.prompts(),
-                add_special_tokens=False,
-                field="prompt",
-                truncation=self.served.truncation(completion.truncate_prompt_tokens, None),
-            )
-            run = await self.start_run(
-                ctx,
-                model_name=model_name,
-                prompts=prompts,
-                build_params=completion.to_sampling_params,
-                options=self.sequence_options(completion),
-                client_request_id=completion.request_id,
-                n=completion.n,
-                priority=completion.priority,
-                cache_salt=completion.cache_salt,
-            )
+            run, _ = await self.start(completion, ctx)
         if request.stream:
             return self.sse(run, self._chunks(run, request, completion))
         return await self._respond(run, request, completion)
@@ -201,7 +185,8 @@ def _token_entry(entry: TokenLogprob, k: int) -> GenerateLogProbsContent:
 
 
 def _floor(logprob: float) -> float:
-    return LOGPROB_FLOOR if logprob != logprob else max(logprob, LOGPROB_FLOOR)
+    """vLLM's rule on this route: NaN and anything below the wire's floor (-inf) are it."""
+    return MIN_LOGPROB if logprob != logprob else max(logprob, MIN_LOGPROB)
 
 
 def _as_completion(request: GenerateRequest, limits: RequestLimits) -> CompletionRequest:

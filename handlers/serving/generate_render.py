@@ -26,6 +26,7 @@ from handlers.protocol.sampling import SamplingBounds, SamplingRequest
 from handlers.serving.anthropic_convert import to_chat_request
 from handlers.serving.base import ServingBase
 from handlers.serving.chat import ServingChat
+from handlers.serving.completion import ServingCompletion
 from handlers.serving.messages import anthropic_dialect
 from handlers.serving.responses import ServingResponses
 from handlers.serving.responses_input import responses_params
@@ -35,9 +36,10 @@ from handlers.serving.tool_render import forced_tool_spec
 class ServingGenerateRender(ServingBase):
     kind = "render"
 
-    def __init__(self, chat: ServingChat) -> None:
+    def __init__(self, chat: ServingChat, completion: ServingCompletion) -> None:
         super().__init__(chat.served)
         self.chat = chat
+        self.completion = completion
 
     async def render_chat(self, request: ChatCompletionRequest) -> dict[str, Any]:
         self.model_name(request.model)
@@ -65,14 +67,7 @@ class ServingGenerateRender(ServingBase):
 
     async def render_completion(self, request: CompletionRequest) -> list[dict[str, Any]]:
         self.model_name(request.model)
-        prompts = await self.tokenize_prompts(
-            request.prompts(),
-            add_special_tokens=request.add_special_tokens,
-            field="prompt",
-            truncation=self.served.truncation(
-                request.truncate_prompt_tokens, request.truncation_side
-            ),
-        )
+        prompts = await self.completion.tokenize(request)
         return [
             self._generate_request(
                 "cmpl",

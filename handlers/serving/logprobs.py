@@ -26,7 +26,7 @@ from handlers.protocol.chat import (
 from handlers.protocol.completion import CompletionLogProbs
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-_MIN_LOGPROB = -9999.0
+MIN_LOGPROB = -9999.0
 """What -inf becomes on the wire (JSON has no infinity); vLLM's value."""
 
 
@@ -49,7 +49,7 @@ def _byte_level_decoder() -> dict[str, int]:
 
 
 def _finite(value: float) -> float:
-    return value if math.isfinite(value) else _MIN_LOGPROB
+    return value if math.isfinite(value) else MIN_LOGPROB
 
 
 class TokenTexts:

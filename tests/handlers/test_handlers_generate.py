@@ -246,3 +246,16 @@ def test_responses_render_runs_as_the_responses_call_would(client, engine: FakeE
         "/v1/responses/render", json={**body, "previous_response_id": "resp-nope"}
     )
     assert_openai_error(missing, 404, param="previous_response_id")
+
+
+def test_thinking_token_budget_is_checked_as_on_completions(client, engine: FakeEngine):
+    """Generate starts its runs through the completion route's own start: a thinking
+    budget for a model that writes no <think> blocks is the same 400 (it was ignored)."""
+    body = {"token_ids": [5, 6], "sampling_params": {"thinking_token_budget": 4}}
+    result = client.simulate_post(GENERATE, json=body)
+    assert_openai_error(result, 400, param="sampling_params.thinking_token_budget")
+    completion = client.simulate_post(
+        "/v1/completions", json={"prompt": [5, 6], "thinking_token_budget": 4}
+    )
+    assert_openai_error(completion, 400, param="thinking_token_budget")
+    assert engine.added == []
