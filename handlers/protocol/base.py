@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -32,6 +32,15 @@ class FieldError(ValueError):
         super().__init__(message)
         self.field = field
         self.message = message
+
+
+def reject_negative_ids(
+    ids: Iterable[int], field: str | None = None, message: str = "token ids must be >= 0"
+) -> None:
+    """The one check of request fields that name token ids: none may be negative (the
+    vocabulary's upper bound needs the model and is checked when params are built)."""
+    if any(t < 0 for t in ids):
+        raise FieldError(field, message)
 
 
 class OpenAIBaseModel(BaseModel):

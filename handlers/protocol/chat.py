@@ -21,6 +21,7 @@ from handlers.protocol.base import (
     WireModel,
     limits_from,
     parse_request,
+    reject_negative_ids,
 )
 from handlers.protocol.json_schema import check_json_schema, schema_text
 from handlers.protocol.sampling import (
@@ -280,8 +281,7 @@ class ChatCompletionRequest(SamplingRequest):
                     "logprob_token_ids",
                     "when using logprob_token_ids, logprobs must be set to true",
                 )
-            if any(t < 0 for t in self.logprob_token_ids):
-                raise FieldError("logprob_token_ids", "token ids must be >= 0")
+            reject_negative_ids(self.logprob_token_ids, "logprob_token_ids")
         check_template_flags(self.continue_final_message, self.add_generation_prompt)
         self._check_tool_choice_fits()
         if self.continue_final_message and self.messages[-1].role != "assistant":

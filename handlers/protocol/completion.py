@@ -16,6 +16,7 @@ from handlers.protocol.base import (
     UsageInfo,
     WireModel,
     limits_from,
+    reject_negative_ids,
 )
 from handlers.protocol.sampling import SamplingBounds, SamplingRequest, resolve_max_tokens
 
@@ -46,8 +47,7 @@ def check_prompts(value: Any, max_prompts: int) -> Any:
     # One prompt of token ids first: its length is bounded by the context, not by
     # the prompt count.
     if all(isinstance(p, int) and not isinstance(p, bool) for p in value):
-        if any(p < 0 for p in value):
-            raise FieldError(None, "token ids must be >= 0")
+        reject_negative_ids(value)
         return value
     if len(value) > max_prompts:
         raise FieldError(None, f"at most {max_prompts} prompts per request")

@@ -22,6 +22,7 @@ from handlers.protocol.base import (
     StreamOptions,
     UsageInfo,
     WireModel,
+    reject_negative_ids,
 )
 from handlers.protocol.chat import ChatCompletionLogProbs
 from handlers.protocol.sampling import INT64_MAX
@@ -114,8 +115,7 @@ class GenerateRequest(OpenAIBaseModel):
     @field_validator("token_ids")
     @classmethod
     def _non_negative(cls, value: list[int]) -> list[int]:
-        if any(t < 0 for t in value):
-            raise FieldError(None, "token_ids must not contain negative values")
+        reject_negative_ids(value, message="token_ids must not contain negative values")
         return value
 
     @field_validator("features", "content_parts")

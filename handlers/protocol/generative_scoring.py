@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from handlers.protocol.base import FieldError, OpenAIBaseModel, limits_from
+from handlers.protocol.base import FieldError, OpenAIBaseModel, limits_from, reject_negative_ids
 from handlers.protocol.completion import check_prompts
 from handlers.protocol.sampling import INT64_MAX, MAX_LOGPROB_TOKEN_IDS
 
@@ -51,6 +51,5 @@ class GenerativeScoringRequest(OpenAIBaseModel):
     @field_validator("label_token_ids")
     @classmethod
     def _non_negative(cls, value: list[int]) -> list[int]:
-        if any(t < 0 for t in value):
-            raise FieldError(None, "token ids must be >= 0")
+        reject_negative_ids(value)
         return value

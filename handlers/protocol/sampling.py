@@ -26,6 +26,7 @@ from handlers.protocol.base import (
     TruncatePromptTokens,
     TruncationSide,
     limits_from,
+    reject_negative_ids,
     reject_unsupported,
 )
 from handlers.protocol.structured import StructuredOutputFields
@@ -306,8 +307,7 @@ class SamplingRequest(StructuredOutputFields):
         limit = limits_from(info.context).max_stop_token_ids
         if len(value) > limit:
             raise FieldError(None, f"at most {limit} stop token ids are allowed, got {len(value)}")
-        if any(t < 0 for t in value):
-            raise FieldError(None, "token ids must be >= 0")
+        reject_negative_ids(value)
         return value
 
     @field_validator("allowed_token_ids")
@@ -319,8 +319,7 @@ class SamplingRequest(StructuredOutputFields):
             raise FieldError(None, "must not be empty (leave it out to allow every token)")
         if len(value) > MAX_ALLOWED_TOKEN_IDS:
             raise FieldError(None, f"at most {MAX_ALLOWED_TOKEN_IDS} ids are allowed")
-        if any(t < 0 for t in value):
-            raise FieldError(None, "token ids must be >= 0")
+        reject_negative_ids(value)
         return value
 
     @field_validator("bad_words")

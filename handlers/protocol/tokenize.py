@@ -6,7 +6,12 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from handlers.protocol.base import FieldError, OpenAIBaseModel, ReasoningEffort, WireModel
+from handlers.protocol.base import (
+    OpenAIBaseModel,
+    ReasoningEffort,
+    WireModel,
+    reject_negative_ids,
+)
 from handlers.protocol.chat import ChatToolParam, MessagesField, check_template_flags
 
 
@@ -52,8 +57,7 @@ class DetokenizeRequest(OpenAIBaseModel):
     @field_validator("tokens")
     @classmethod
     def _non_negative(cls, value: list[int]) -> list[int]:
-        if any(t < 0 for t in value):
-            raise FieldError(None, "token ids must be >= 0")
+        reject_negative_ids(value)
         return value
 
 
