@@ -411,7 +411,8 @@ def add_serve_flags(
         "needs AMX-BF16 or AVX512-BF16), gguf-int8 (the "
         "blocks times int8 activations: faster, below the quality bar), none (dense weights "
         "of --dtype); auto = gguf-bf16 for a GGUF model where AMX-BF16 or AVX512-BF16 runs, gguf on other CPUs, "
-        "unless --dtype float32 asks for the exact mode",
+        "unless --dtype float32 asks for the exact mode. A model without a GGUF (safetensors) "
+        "stays exact under auto; a gguf mode named for it quantizes its linears to Q8_0 at load",
         choices=QUANTIZATIONS,
     )
     eng.value(

@@ -26,6 +26,11 @@
 - ``gguf-int8``: the same with int8-quantized activations (`GGUFInt8LinearMethod`: AMX
   tiles, AVX512-VNNI or AVX2, the same bits on each). Faster, but it misses the quality
   bar on SmolLM2 (top-1 agreement 97 %), so it is never the default.
+- A model that ships no GGUF (safetensors alone) runs the three GGUF modes only when one
+  is named: its linears are quantized to Q8_0 at load (`QuantizedWeights`,
+  engine/layers/q8_0_weights.py), the blocks llama.cpp would write for it. That rounds the
+  checkpoint's weights (SmolLM2: top-1 98.1 % against the exact model, under the 99 % bar),
+  so ``auto`` never picks it; it keeps such a model exact and logs how to ask.
 - ``auto``: ``gguf-bf16`` for a GGUF model on a CPU with AMX-BF16 or AVX512-BF16
   (``gguf`` on other CPUs with AVX2, or with ``--cpu-isa`` below them) when ``--dtype`` is
   left at auto, else ``none``. Asking for ``--dtype float32`` is asking for the exact mode.
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +56,7 @@ from engine.attention import AttentionBackend, CpuAttentionBackend, PagedAttenti
 from engine.config import QUANTIZATIONS, EngineConfig
 from engine.layers.attention import has_sinks
 from engine.layers.gguf_linear import (
+    BlockSource,
     GGUFBlockLinearMethod,
     GGUFInt8LinearMethod,
     GGUFSource,
@@ -58,6 +65,7 @@ from engine.layers.gguf_linear import (
 from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
 from engine.layers.moe import GROUPED_GEMM, use_moe_method
+from engine.layers.q8_0_weights import QuantizedWeights
 from engine.model_resolver import gguf_source
 from kernels.cpu import bf16_ops, ops, q8_ops
 from kernels.cpu.build import host_isa, select_variant, set_cache_dir
@@ -125,13 +133,17 @@ def choose_backends(
         return _exact_checked(model, config, dtype, device)
     path = gguf_source(model_dir)
     why_not = CpuAttentionBackend.supported(model.head_dim, dtype, device, has_sinks(model))
-    if path is None:
-        why_not = "the model is not a GGUF file"
     if why_not is not None:
         if asked.startswith("gguf"):
             raise ValueError(f"--quantization {asked} cannot run: {why_not}")
         return _exact_checked(model, config, dtype, device)
-    assert path is not None
+    if path is None and asked == "auto":
+        modes = " or ".join(dict.fromkeys((auto_gguf_mode(), "gguf")))
+        say(
+            f"exact torch path: the model ships no GGUF; --quantization {modes} would "
+            "quantize its linears to Q8_0 at load for the C kernels (faster, not exact)"
+        )
+        return _exact_checked(model, config, dtype, device)
     mode = asked if asked != "auto" else auto_gguf_mode()
     if mode == "gguf-bf16" and not bf16_ops.available(host_isa().variant):
         raise ValueError(
@@ -144,10 +156,12 @@ def choose_backends(
         "gguf-bf16": GGUFTiledLinearMethod,
         "gguf-int8": GGUFInt8LinearMethod,
     }[mode]
-    kinds = _use_gguf_blocks(model, method_cls(GGUFSource(path)))
+    source: BlockSource = QuantizedWeights() if path is None else GGUFSource(path)
+    started = time.perf_counter()
+    kinds = _use_gguf_blocks(model, method_cls(source))
     if not kinds:
         if asked.startswith("gguf"):
-            raise ValueError(f"--quantization {asked}: no Q4_1/Q8_0 tensor of {path.name} fits")
+            raise ValueError(f"--quantization {asked}: no linear fits: {source.describe()}")
         return _exact_checked(model, config, dtype, device)
     use_kernel_ops(model, ops)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
@@ -175,8 +189,13 @@ def choose_backends(
     kv = str(kv_dtype).removeprefix("torch.")
     if v_dtype != kv_dtype:
         kv = f"{kv} keys / {str(v_dtype).removeprefix('torch.')} values"
+    origin = (
+        ""
+        if path is not None
+        else f", {source.describe()} in {time.perf_counter() - started:.1f} s"
+    )
     description = (
-        f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB) x {activations}, "
+        f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB{origin}) x {activations}, "
         f"{kv} KV cache{attention}, "
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )

@@ -19,7 +19,11 @@ its kernel; `apply` runs the quantized GEMM. Two methods share that:
   AMX tiles, AVX512-VNNI or AVX2 (``kernels/cpu/hearth_q8.c``); the same bits on every
   ISA, batch size and thread count, but below the quality bar on SmolLM2.
 
-Row order is not assumed: llama.cpp's converter permutes the rows of Q and K for some
+The blocks come from a `BlockSource`: a GGUF file (`GGUFSource`), or, for a model that
+ships as safetensors alone and asks for a GGUF mode by name, its own weights quantized to
+Q8_0 at load (`engine/layers/q8_0_weights.py`).
+
+Row order in a file is not assumed: llama.cpp's converter permutes the rows of Q and K for some
 architectures, and transformers undoes it on load. For every tensor, sample rows are
 dequantized with gguf-py and compared bit for bit with the float32 weights already
 loaded, under the identity and under transformers' reverse permutation; a layer with a
@@ -31,6 +35,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -39,6 +44,7 @@ from engine.layers.linear import Linear, LinearMethod
 from kernels.cpu import bf16_ops, ops, q8_ops
 
 __all__ = [
+    "BlockSource",
     "GGUFBlockLinearMethod",
     "GGUFInt8LinearMethod",
     "GGUFSource",
@@ -103,6 +109,7 @@ class GGUFSource:
     def __init__(self, path: Path) -> None:
         import struct
 
+        self.path = path
         self.data = np.memmap(path, dtype=np.uint8, mode="r")
         buf = self.data
         if bytes(buf[:4]) != b"GGUF":
@@ -164,6 +171,27 @@ class GGUFSource:
         row_bytes = cols // 32 * _BLOCK_BYTES[kind]
         return kind, self.data[offset : offset + rows * row_bytes].reshape(rows, row_bytes)
 
+    def describe(self) -> str:
+        return f"GGUF blocks of {self.path.name}"
+
+    def rows(self, layer: Linear, row_multiple: int) -> tuple[str, np.ndarray] | None:
+        """`layer`'s rows from the file in the loaded weights' row order, or None when the
+        file can't provide every shard in one kernel-supported block kind (the packers
+        check `row_multiple` themselves: a file's weights are never rewritten)."""
+        parts = []
+        for shard, start in layer.shard_offsets():
+            name = gguf_tensor_name(shard.checkpoint)
+            if name == "output.weight" and name not in self.tensors:
+                name = "token_embd.weight"  # GGUFs may drop a duplicate head
+            dense = layer.weight.narrow(0, start, shard.rows)
+            parts.append(None if name is None else _ordered(self, name, dense, shard.rotary_heads))
+        if any(p is None for p in parts):
+            return None
+        kinds = {p[0] for p in parts if p is not None}
+        if len(kinds) != 1:
+            return None
+        return kinds.pop(), np.concatenate([p[1] for p in parts if p is not None], axis=0)
+
 
 def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
     from gguf import GGMLQuantizationType
@@ -195,37 +223,36 @@ def _ordered(
     return None
 
 
+class BlockSource(Protocol):
+    """Where a linear's blocks come from: a GGUF file (`GGUFSource`) or the checkpoint's
+    weights quantized at load (`engine.layers.q8_0_weights.QuantizedWeights`)."""
+
+    def describe(self) -> str: ...
+
+    def rows(self, layer: Linear, row_multiple: int) -> tuple[str, np.ndarray] | None: ...
+
+
 class GGUFBlockLinearMethod(LinearMethod):
-    """Q4_1 / Q8_0 blocks of one GGUF file, float32 accumulation (hearth_cpu.c)."""
+    """Q4_1 / Q8_0 blocks, float32 accumulation (hearth_cpu.c)."""
 
     name = "gguf"
+    row_multiple = ops.GROUP
+    """Rows per packed group of the kernel (a weight of other height keeps its dense method)."""
 
-    def __init__(self, source: GGUFSource) -> None:
+    def __init__(self, source: BlockSource) -> None:
         self.source = source
 
     def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
         return ops.pack(kind, rows, layer.bias)
 
     def pack(self, layer: Linear) -> object | None:
-        """`layer`'s weight as packed blocks, or None when the file can't provide every
-        shard in one kernel-supported block kind, in the loaded weights' row order."""
-        parts = []
-        for shard, start in layer.shard_offsets():
-            name = gguf_tensor_name(shard.checkpoint)
-            if name == "output.weight" and name not in self.source.tensors:
-                name = "token_embd.weight"  # GGUFs may drop a duplicate head
-            dense = layer.weight.narrow(0, start, shard.rows)
-            parts.append(
-                None if name is None else _ordered(self.source, name, dense, shard.rotary_heads)
-            )
-        if any(p is None for p in parts):
+        """`layer`'s weight packed for the kernel, or None when the source can't provide
+        every row in one kernel-supported block kind."""
+        found = self.source.rows(layer, self.row_multiple)
+        if found is None:
             return None
-        kinds = {p[0] for p in parts if p is not None}
-        if len(kinds) != 1:
-            return None
-        rows = np.concatenate([p[1] for p in parts if p is not None], axis=0)
         try:
-            return self._pack(layer, kinds.pop(), rows)
+            return self._pack(layer, *found)
         except ValueError:
             return None
 
@@ -248,7 +275,7 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
 
     name = "gguf-bf16"
 
-    def __init__(self, source: GGUFSource, min_t: int | None = None) -> None:
+    def __init__(self, source: BlockSource, min_t: int | None = None) -> None:
         super().__init__(source)
         self.min_t = bf16_ops.default_min_t() if min_t is None else min_t
 
@@ -267,6 +294,7 @@ class GGUFInt8LinearMethod(GGUFBlockLinearMethod):
     scaled and summed in float32 in one fixed order (``kernels/cpu/hearth_q8.c``)."""
 
     name = "gguf-int8"
+    row_multiple = q8_ops.ROW_MULTIPLE
 
     def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
         return q8_ops.pack_q8act(kind, rows, layer.bias)

@@ -1,0 +1,172 @@
+"""A model that ships as safetensors alone on the CPU fast path: ``--quantization gguf``
+(and the other GGUF modes, asked for by name) quantize its linears to Q8_0 at load.
+
+The contract: the blocks are the ones llama.cpp's converter would write for the same
+checkpoint as a Q8_0 GGUF, so the engine computes the same bits as it does from that file
+(tokens and logprobs equal, not close); `--quantization auto` leaves such a model on the
+exact path and says how to ask; a layer the kernels can't take keeps its dense weight.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen3Config
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.layers.linear import Linear, Shard
+from engine.layers.q8_0_weights import QuantizedWeights, dequantize_q8_0, quantize_q8_0
+from engine.messages import AddRequest
+from engine.model_resolver import resolve_model_dir
+from engine.sampling_params import SamplingParams
+from tests.engine.gguf_writer import write_gguf
+from tests.engine.tiny_models import COMMON, save_random_config
+
+ops = pytest.importorskip("kernels.cpu.ops")
+needs_avx2 = pytest.mark.skipif(
+    not ops.available(), reason="host has no AVX2: the C kernels do not run here"
+)
+
+VOCAB = 320
+"""Room for the GGUF writer's byte-level vocabulary; a multiple of the kernels' row group."""
+NEW_TOKENS = 8
+
+
+def _tied_llama() -> LlamaConfig:
+    # head_dim 32: the C attention kernel takes multiples of 32.
+    return LlamaConfig(**{**COMMON, "vocab_size": VOCAB}, head_dim=32, tie_word_embeddings=True)
+
+
+def _tied_qwen3() -> Qwen3Config:
+    return Qwen3Config(**{**COMMON, "vocab_size": VOCAB}, head_dim=32, tie_word_embeddings=True)
+
+
+def _linear(cols: int, rows: int) -> Linear:
+    layer = Linear(
+        cols, rows, [Shard("model.layers.0.mlp.down_proj", rows)], bias=False,
+        dtype=torch.float32, device=torch.device("cpu"),
+    )  # fmt: skip
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(rows, cols, generator=torch.Generator().manual_seed(5)))
+    return layer
+
+
+def test_quantized_rows_are_gguf_py_blocks_in_chunks_and_the_weight_becomes_them() -> None:
+    """Rows past one chunk (1,024) are quantized like the first ones; the layer's weight is
+    replaced by exactly the blocks' dequantized values."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    weight = torch.randn(1032, 96, generator=torch.Generator().manual_seed(3)) * 0.1
+    weight[5] = 0.0  # an all-zero block: scale 0, values 0
+    raw = quantize_q8_0(weight)
+    assert np.array_equal(raw, quantize(weight.numpy(), GGMLQuantizationType.Q8_0))
+    layer = _linear(96, 1032)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    kind, rows = QuantizedWeights().rows(layer, row_multiple=8)
+    assert kind == "q8_0" and np.array_equal(rows, raw)
+    assert torch.equal(layer.weight.detach(), dequantize_q8_0(raw))
+    assert not torch.equal(layer.weight.detach(), weight)  # it did round
+
+
+def test_layers_the_kernels_cannot_take_keep_their_weight() -> None:
+    """Columns not whole 32-blocks, or rows not whole groups (a two-label classifier head):
+    no blocks, weight untouched."""
+    for rows, cols in ((16, 48), (2, 64)):
+        layer = _linear(cols, rows)
+        before = layer.weight.detach().clone()
+        assert QuantizedWeights().rows(layer, row_multiple=8) is None
+        assert torch.equal(layer.weight.detach(), before)
+
+
+def _run(core: EngineCore, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    """Greedy tokens and their logprobs, all prompts in one batch."""
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
+    for i, ids in enumerate(prompts):
+        core.add_request(AddRequest(request_id=f"r{i}", prompt_token_ids=ids, params=params))
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    while core.has_work():
+        for _, out in core.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            logprobs.setdefault(out.request_id, []).extend(
+                lp.logprob for lp in out.new_logprobs or []
+            )
+    assert core.block_manager.num_used_blocks == 0
+    return [(tokens[f"r{i}"], logprobs[f"r{i}"]) for i in range(len(prompts))]
+
+
+def _core(model_dir: Path, quantization: str) -> EngineCore:
+    return EngineCore(
+        EngineConfig(model=str(model_dir), quantization=quantization, max_model_len=64)
+    )
+
+
+def _checkpoint_and_its_q8_0_gguf(config, tmp_path: Path) -> Path:
+    """A random checkpoint in ``tmp_path/hf`` and the directory the engine converts its
+    Q8_0 GGUF (written as llama.cpp would) into; both with the GGUF's vocabulary."""
+    save_random_config(config(), tmp_path / "hf")
+    gguf_path = write_gguf(tmp_path / "hf", tmp_path / "model.gguf", qtype="Q8_0")
+    converted = Path(resolve_model_dir(str(gguf_path), str(tmp_path / "cache")))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(converted / name, tmp_path / "hf" / name)
+    return converted
+
+
+def _modes() -> list:
+    from kernels.cpu import bf16_ops
+    from kernels.cpu.build import host_isa
+
+    bf16 = bf16_ops.available(host_isa().variant) if ops.available() else False
+    skip_bf16 = pytest.mark.skipif(not bf16, reason="gguf-bf16 needs AMX-BF16 or AVX512-BF16")
+    return ["gguf", "gguf-int8", pytest.param("gguf-bf16", marks=skip_bf16)]
+
+
+@needs_avx2
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("config", [_tied_llama, _tied_qwen3], ids=["llama", "qwen3"])
+def test_safetensors_model_computes_what_its_q8_0_gguf_computes(
+    config, mode: str, tmp_path: Path
+) -> None:
+    converted = _checkpoint_and_its_q8_0_gguf(config, tmp_path)
+    quantized = _core(tmp_path / "hf", mode)
+    from_file = _core(converted, mode)
+    assert quantized.backends.quantization == from_file.backends.quantization == mode
+    assert "quantized at load" in quantized.backends.description
+    assert "quantized at load" not in from_file.backends.description
+    assert all(
+        m.packed is not None for m in quantized.model.modules() if isinstance(m, Linear)
+    )
+    if mode == "gguf":  # the same blocks, packed the same way
+        pairs = zip(
+            [m for m in quantized.model.modules() if isinstance(m, Linear)],
+            [m for m in from_file.model.modules() if isinstance(m, Linear)],
+            strict=True,
+        )
+        for mine, theirs in pairs:
+            assert torch.equal(mine.packed.data, theirs.packed.data)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 19, 33)]
+    got = _run(quantized, prompts)
+    assert got == _run(from_file, prompts)
+    # ...and not what the exact float32 model computes (the weights were rounded).
+    exact = _core(tmp_path / "hf", "none")
+    assert [lp for _, lp in _run(exact, prompts)] != [lp for _, lp in got]
+
+
+@needs_avx2
+def test_auto_keeps_a_safetensors_model_exact_and_says_how_to_ask(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _checkpoint_and_its_q8_0_gguf(_tied_llama, tmp_path)
+    with caplog.at_level(logging.INFO, logger="hearth.engine"):
+        core = _core(tmp_path / "hf", "auto")
+    assert core.backends.quantization == "none"
+    assert "--quantization gguf" in caplog.text and "Q8_0 at load" in caplog.text
