@@ -49,6 +49,18 @@ def _check_whitespace_pattern(value: str | None) -> str | None:
     return value
 
 
+def whitespace_pattern(any_whitespace: bool, separators: tuple[str, str] | None) -> str | None:
+    """The `whitespace_pattern` that gives a JSON constraint this layout back (None: the
+    default layout, which needs none)."""
+    if any_whitespace:
+        return r"\s*"
+    if separators is not None and tuple(separators) == NO_WHITESPACE_SEPARATORS:
+        return ""
+    if separators is None:
+        return None
+    raise ValueError(f"no whitespace_pattern gives separators {separators!r}")
+
+
 def _json_layout(pattern: str | None) -> dict[str, Any]:
     """any_whitespace and separators of a JSON constraint (defaults when unset)."""
     if pattern is None:

@@ -23,6 +23,7 @@ from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.sampling import SamplingBounds, SamplingRequest
+from handlers.protocol.structured import whitespace_pattern
 from handlers.serving.anthropic_convert import to_chat_request
 from handlers.serving.base import ServingBase
 from handlers.serving.chat import ServingChat
@@ -43,10 +44,13 @@ class ServingGenerateRender(ServingBase):
 
     async def render_chat(self, request: ChatCompletionRequest) -> dict[str, Any]:
         self.model_name(request.model)
-        _, _, prompt_ids = await self.chat.render_prompt(request, offload=True)
+        template, _, prompt_ids = await self.chat.render_prompt(request, offload=True)
         bounds = self._bounds(prompt_ids, "messages")
         params = request.to_sampling_params(bounds, forced_tool_spec(request))
-        return self._generate_request("chatcmpl", request, prompt_ids, params)
+        body = self._generate_request("chatcmpl", request, prompt_ids, params)
+        if template.harmony:  # as the chat route runs it: the channels' tokens are kept
+            body["sampling_params"]["skip_special_tokens"] = False
+        return body
 
     async def render_messages(self, request: MessagesRequest) -> dict[str, Any]:
         """Anthropic's Messages request, rendered as `/v1/messages` renders it (converted
@@ -147,13 +151,18 @@ def vllm_sampling_params(request: SamplingRequest, params: SamplingParams) -> di
 
 
 def _structured_outputs(spec: StructuredOutputSpec | None) -> dict[str, Any] | None:
-    """The constraint as vLLM's `structured_outputs` object (one member set)."""
+    """The constraint as vLLM's `structured_outputs` object (one member set; a JSON
+    constraint's layout as the `whitespace_pattern` that gives it back)."""
     if spec is None:
         return None
-    if spec.kind == "json":
-        return {"json": json.loads(spec.value)}
-    if spec.kind == "json_object":
-        return {"json_object": True}
+    if spec.kind in ("json", "json_object"):
+        out: dict[str, Any] = (
+            {"json": json.loads(spec.value)} if spec.kind == "json" else {"json_object": True}
+        )
+        pattern = whitespace_pattern(spec.any_whitespace, spec.separators)
+        if pattern is not None:
+            out["whitespace_pattern"] = pattern
+        return out
     if spec.kind == "choice":
         return {"choice": json.loads(spec.value)}
     return {spec.kind: spec.value}  # regex, grammar, structural_tag: the text as given

@@ -4,6 +4,7 @@ logprobs by id, streaming, and errors named by the generate request's fields."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from fake_engine import FakeEngine, Script
 from handlers_testing import EOS_ID, assert_openai_error, call_asgi, encode
@@ -186,6 +187,31 @@ def test_chat_render_runs_as_the_chat_would(client, engine: FakeEngine):
     via_chat, via_generate = engine.added
     assert via_generate.prompt_token_ids == via_chat.prompt_token_ids == body["token_ids"]
     assert via_generate.params == via_chat.params
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_object"}, "guided_whitespace_pattern": ""},
+        {"structured_outputs": {"json": {"type": "object"}, "whitespace_pattern": "\\s*"}},
+        {"structured_outputs": {"json_object": True, "whitespace_pattern": "[ ]?"}},
+    ],
+    ids=["default", "compact", "any-whitespace", "one-line"],
+)
+def test_chat_render_keeps_the_json_layout(client, engine: FakeEngine, constraint):
+    """A JSON constraint's layout (any whitespace, none, the one-line default) survives
+    render → generate: the engine gets the same constraint both ways."""
+    engine.script = Script(token_ids=[7, EOS_ID])
+    chat = {"messages": MESSAGES, **constraint}
+    rendered = client.simulate_post(RENDER_CHAT, json=chat)
+    assert rendered.status_code == 200, rendered.text
+    assert client.simulate_post("/v1/chat/completions", json=chat).status_code == 200
+    assert client.simulate_post(GENERATE, json=rendered.json).status_code == 200
+    assert engine.added[0].params.structured is not None
+    # the same constraint; only the field its compile errors would name differs
+    unnamed = [msgspec.structs.replace(r.params.structured, param="") for r in engine.added]
+    assert unnamed[0] == unnamed[1]
 
 
 def test_completion_render_gives_one_request_per_prompt(client, engine: FakeEngine, tokenizer):

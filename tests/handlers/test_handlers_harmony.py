@@ -262,3 +262,19 @@ async def test_chat_tool_call_from_the_commentary_channel(app, engine, harmony_t
     assert [(name, json.loads(args)) for name, args in calls] == [
         ("get_weather", {"city": "Paris", "unit": "celsius"})
     ]
+
+
+@pytest.mark.anyio
+async def test_chat_render_keeps_the_channel_tokens_through_generate(
+    app, engine, harmony_tokenizer
+):
+    """The chat route keeps harmony's special tokens (its parser reads the channels); the
+    render says so, so `/inference/v1/generate` in text mode gives them back too."""
+    rendered = await call_asgi(app, "/v1/chat/completions/render", {"messages": MESSAGES})
+    assert rendered.status == 200, rendered.body
+    assert rendered.json["sampling_params"]["skip_special_tokens"] is False
+    _script(engine, harmony_tokenizer, THINK_THEN_ANSWER, "<|return|>")
+    body = {**rendered.json, "output_mode": "text"}
+    generated = await call_asgi(app, "/inference/v1/generate", body)
+    assert generated.status == 200, generated.body
+    assert generated.json["choices"][0]["text"].startswith("<|channel|>analysis<|message|>")
