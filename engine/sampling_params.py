@@ -43,9 +43,14 @@ class ThinkingBudget(msgspec.Struct, kw_only=True, frozen=True):
 
     budget: int
     start_ids: list[int]
-    """The opening tag's token ids (`<think>`)."""
+    """The opening tag's token ids (`<think>`; harmony: `<|channel|>analysis<|message|>`)."""
     end_ids: list[int]
-    """The closing tag's token ids (`</think>`)."""
+    """The closing tag's token ids (`</think>`; harmony: `<|end|>`)."""
+    forced_ids: list[int] = msgspec.field(default_factory=list)
+    """What is forced at the budget when it is more than the closing tag (harmony: the
+    `<|end|>` and the header of the final answer, `<|start|>assistant<|channel|>final
+    <|message|>`, so the model answers instead of opening another analysis message);
+    empty: `end_ids`."""
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -145,12 +145,14 @@ class ServingBase:
 
     @staticmethod
     def thinking_budget(budget: int | None, reasoning: bool) -> int | None:
-        """`thinking_token_budget` for a model that reasons in `<think>` blocks (400
-        naming the field for one that does not: there is no block to cap)."""
+        """`thinking_token_budget` for a model that reasons in blocks, `<think>` or
+        harmony's analysis channel (400 naming the field for one that does not: there is
+        no block to cap)."""
         if budget is not None and not reasoning:
             raise BadRequestError(
                 "thinking_token_budget needs a model that reasons in <think> blocks (its "
-                "chat template writes them, or --reasoning-parser think); this one does not.",
+                "chat template writes them, or --reasoning-parser think) or in harmony's "
+                "analysis channel (gpt-oss); this one does neither.",
                 param="thinking_token_budget",
             )
         return budget
@@ -175,6 +177,7 @@ class ServingBase:
         priority: int = 0,
         cache_salt: str | None = None,
         thinking_budget: int | None = None,
+        harmony: bool = False,
     ) -> Run:
         """Check each prompt's length, build its SamplingParams, then name the request,
         log its prompts, start tracking, admit n choices of every prompt (all or none)
@@ -183,7 +186,8 @@ class ServingBase:
         One path for chat, completion and TGI (the `create()` preamble they shared), so
         that the prompt checks, the bounds the params are built against, the engine ids,
         per-choice seeds and the choice -> prompt mapping (`i // n`) that `Run` relies
-        on always agree.
+        on always agree. `harmony`: the output is harmony's channels, so a thinking
+        budget caps the analysis channel.
         """
         served = self.served
         pooling = served.info().pooling
@@ -202,8 +206,10 @@ class ServingBase:
         encode = served.encode_plain
         thinking = None
         if thinking_budget is not None:
-            start_ids, end_ids = served.think_tag_ids()
-            thinking = ThinkingBudget(budget=thinking_budget, start_ids=start_ids, end_ids=end_ids)
+            start_ids, end_ids, forced_ids = served.reasoning_block_ids(harmony)
+            thinking = ThinkingBudget(
+                budget=thinking_budget, start_ids=start_ids, end_ids=end_ids, forced_ids=forced_ids
+            )
         params = []
         for prompt in prompts:
             served.check_prompt_len(len(prompt.token_ids), prompt.param)

@@ -86,12 +86,13 @@ class ServingChat(ServingBase):
         template its output is parsed with. `/v1/messages` and `/v1/responses` start
         their runs here too and read them back through `respond` / `message_deltas` (one
         renderer, one tool parser, one reasoning split). `advisory_thinking_budget`
-        (Anthropic's `budget_tokens`) caps reasoning where the model reasons in `<think>`
-        blocks and is dropped elsewhere."""
+        (Anthropic's `budget_tokens`) caps reasoning where the model reasons in blocks
+        (`<think>`, harmony's analysis channel) and is dropped elsewhere."""
         model_name = self.model_name(request.model)
         template, prompt_text, prompt_ids = await self.render_prompt(request)
-        budget = self.thinking_budget(request.thinking_budget, template.reasoning)
-        if budget is None and template.reasoning:
+        reasons = template.reasoning or template.harmony
+        budget = self.thinking_budget(request.thinking_budget, reasons)
+        if budget is None and reasons:
             budget = advisory_thinking_budget
         structured = forced_tool_spec(request)
         options = self.sequence_options(request)
@@ -108,6 +109,7 @@ class ServingChat(ServingBase):
             priority=request.priority,
             cache_salt=request.cache_salt,
             thinking_budget=budget,
+            harmony=template.harmony,
         )
         return run, template
 
@@ -162,7 +164,10 @@ class ServingChat(ServingBase):
             client_request_id=first.request_id,
             priority=first.priority,
             cache_salt=first.cache_salt,
-            thinking_budget=self.thinking_budget(first.thinking_budget, template.reasoning),
+            thinking_budget=self.thinking_budget(
+                first.thinking_budget, template.reasoning or template.harmony
+            ),
+            harmony=template.harmony,
         )
         await self.collect(run)
         choices = [

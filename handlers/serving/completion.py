@@ -17,6 +17,7 @@ from handlers.protocol.completion import (
 from handlers.serving.base import PromptInput, Run, ServingBase
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
+from handlers.serving.harmony import uses_harmony
 from handlers.serving.logprobs import completion_logprobs, prompt_logprobs
 from handlers.serving.reasoning import reasoning_enabled
 from handlers.serving.sse import SSEPayload, SSEStream
@@ -48,12 +49,14 @@ class ServingCompletion(ServingBase):
         model_name = self.model_name(request.model)
         prompts = await self.tokenize(request)
         budget = request.thinking_budget
+        harmony = False
         if budget is not None:
             served = self.served
-            reasons = reasoning_enabled(
-                served.config.reasoning_parser,
-                served.config.chat_template or served.tokenizer().chat_template,
+            source = served.config.chat_template or served.tokenizer().chat_template
+            harmony = uses_harmony(
+                served.config.reasoning_parser, source, served.info().architecture
             )
+            reasons = harmony or reasoning_enabled(served.config.reasoning_parser, source)
             budget = self.thinking_budget(budget, reasons)
         run = await self.start_run(
             ctx,
@@ -66,6 +69,7 @@ class ServingCompletion(ServingBase):
             priority=request.priority,
             cache_salt=request.cache_salt,
             thinking_budget=budget,
+            harmony=harmony,
         )
         return run, prompts
 

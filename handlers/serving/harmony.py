@@ -37,6 +37,10 @@ from handlers.serving.tool_parsers import ParsedToolCall
 from handlers.serving.tool_render import new_call_id
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
+ANALYSIS_OPEN = f"{CHANNEL}analysis{MESSAGE}"
+"""How the model opens its reasoning (the block `thinking_token_budget` caps)."""
+FINAL_OPEN = f"{START}assistant{CHANNEL}final{MESSAGE}"
+"""The header of the final answer: forced after the analysis at the budget."""
 CALL, RETURN = "<|call|>", "<|return|>"
 _BODY_ENDS = (END, CALL, RETURN, START)
 """What ends a message body (a ``<|start|>`` without an ``<|end|>`` starts the next)."""

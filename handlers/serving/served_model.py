@@ -24,6 +24,9 @@ from handlers.config import ServerConfig
 from handlers.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from handlers.protocol.base import TruncationSide
 from handlers.protocol.sampling import GENERATION_CONFIG_DEFAULTS, check_in_vocabulary
+from handlers.serving.harmony import ANALYSIS_OPEN as HARMONY_ANALYSIS
+from handlers.serving.harmony import END as HARMONY_END
+from handlers.serving.harmony import FINAL_OPEN as HARMONY_FINAL
 from handlers.serving.logprobs import TOKEN_ID_TEXTS, TokenTexts
 from handlers.serving.reasoning import CLOSE as THINK_CLOSE
 from handlers.serving.reasoning import OPEN as THINK_OPEN
@@ -69,7 +72,7 @@ class ServedModel:
         self.engine = engine
         self._tokenizer = tokenizer
         self._token_texts: TokenTexts | None = None
-        self._think_tag_ids: tuple[list[int], list[int]] | None = None
+        self._reasoning_block_ids: dict[bool, tuple[list[int], list[int], list[int]]] = {}
         self._defaults: dict[str, Any] | None = None
         self.limits = config.request_limits()
 
@@ -153,16 +156,26 @@ class ServedModel:
             return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens)
         return tokenizer.encode(text, add_special_tokens)
 
-    def think_tag_ids(self) -> tuple[list[int], list[int]]:
-        """The token ids of the reasoning block's opening and closing tags (tokenized
-        once: they depend on the tokenizer alone)."""
-        if self._think_tag_ids is None:
+    def reasoning_block_ids(self, harmony: bool) -> tuple[list[int], list[int], list[int]]:
+        """A reasoning block's token ids, for `thinking_token_budget`: its opening tag,
+        its closing tag, and what is forced at the budget (`<think>`, `</think>`, the
+        closing tag; harmony: `<|channel|>analysis<|message|>`, `<|end|>`, the end and the
+        final answer's header). Tokenized once per kind: they depend on the tokenizer
+        alone."""
+        ids = self._reasoning_block_ids.get(harmony)
+        if ids is None:
             tokenizer = self.tokenizer()
-            self._think_tag_ids = (
-                tokenizer.encode(THINK_OPEN, add_special_tokens=False),
-                tokenizer.encode(THINK_CLOSE, add_special_tokens=False),
-            )
-        return self._think_tag_ids
+
+            def encode(text: str) -> list[int]:
+                return tokenizer.encode(text, add_special_tokens=False)
+
+            if harmony:
+                end = encode(HARMONY_END)
+                ids = (encode(HARMONY_ANALYSIS), end, encode(HARMONY_END + HARMONY_FINAL))
+            else:
+                ids = (encode(THINK_OPEN), encode(THINK_CLOSE), [])
+            self._reasoning_block_ids[harmony] = ids
+        return ids
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of a short text (a bad word), without special tokens, on the

@@ -141,9 +141,7 @@ def test_safetensors_model_computes_what_its_q8_0_gguf_computes(
     assert quantized.backends.quantization == from_file.backends.quantization == mode
     assert "quantized at load" in quantized.backends.description
     assert "quantized at load" not in from_file.backends.description
-    assert all(
-        m.packed is not None for m in quantized.model.modules() if isinstance(m, Linear)
-    )
+    assert all(m.packed is not None for m in quantized.model.modules() if isinstance(m, Linear))
     if mode == "gguf":  # the same blocks, packed the same way
         pairs = zip(
             [m for m in quantized.model.modules() if isinstance(m, Linear)],

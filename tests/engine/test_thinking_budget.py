@@ -16,10 +16,16 @@ START, END = [20], [21, 22]  # "<think>" one token, "</think>" two
 FAVOURITE = 5  # what the logits always prefer
 
 
-def generate(prompt: list[int], budget: int, steps: int, script: dict[int, int] | None = None):
+def generate(
+    prompt: list[int],
+    budget: int,
+    steps: int,
+    script: dict[int, int] | None = None,
+    spec: ThinkingBudget | None = None,
+):
     """Greedy steps where token FAVOURITE always wins unless `script` (output index →
     the token the model "wants" there, by a large logit) says otherwise."""
-    spec = ThinkingBudget(budget=budget, start_ids=START, end_ids=END)
+    spec = spec or ThinkingBudget(budget=budget, start_ids=START, end_ids=END)
     request = Request("r", prompt, SamplingParams(temperature=0, thinking=spec))
     free = Request("free", prompt, SamplingParams(temperature=0))
     sampler = Sampler(torch.device("cpu"))
@@ -58,3 +64,20 @@ def test_budget_zero_closes_at_once_and_a_later_block_counts_afresh() -> None:
 def test_no_block_no_forcing() -> None:
     out, free = generate([1, 21, 22], budget=0, steps=4)
     assert out == free == [5, 5, 5, 5]
+
+
+HARMONY = ThinkingBudget(budget=2, start_ids=[20, 23], end_ids=[21], forced_ids=[21, 24, 25])
+"""harmony's shape: the block opens with two ids (`<|channel|>analysis<|message|>`), closes
+with one (`<|end|>`), and the budget forces the close plus the final answer's header."""
+
+
+def test_forced_ids_run_past_the_closing_tag() -> None:
+    """At the budget the whole forced sequence comes out, then free sampling; the block
+    closed at its first id, so no second forcing starts."""
+    out, _ = generate([1], budget=2, steps=8, script={0: 20, 1: 23}, spec=HARMONY)
+    assert out == [20, 23, 5, 5, 21, 24, 25, 5]
+
+
+def test_a_harmony_block_closed_in_time_forces_nothing() -> None:
+    out, _ = generate([1], budget=2, steps=6, script={0: 20, 1: 23, 2: 21}, spec=HARMONY)
+    assert out == [20, 23, 21, 5, 5, 5]

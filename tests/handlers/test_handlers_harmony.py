@@ -278,3 +278,27 @@ async def test_chat_render_keeps_the_channel_tokens_through_generate(
     generated = await call_asgi(app, "/inference/v1/generate", body)
     assert generated.status == 200, generated.body
     assert generated.json["choices"][0]["text"].startswith("<|channel|>analysis<|message|>")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
+async def test_thinking_budget_caps_the_analysis_channel(app, engine, harmony_tokenizer, path):
+    """On a harmony model thinking_token_budget is no 400: the block is the analysis
+    message, and what the engine forces at the budget is its end plus the final answer's
+    header, so the model answers instead of opening another analysis message."""
+    base = {"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}
+    result = await call_asgi(app, path, {**base, "thinking_token_budget": 6})
+    assert result.status == 200, result.body
+    spec = engine.added[-1].params.thinking
+    ids = harmony_tokenizer.token_to_id
+    assert spec is not None and spec.budget == 6
+    assert spec.start_ids == [
+        ids("<|channel|>"),
+        *encode(harmony_tokenizer, "analysis"),
+        ids("<|message|>"),
+    ]
+    assert spec.end_ids == [ids("<|end|>")]
+    final = [ids("<|channel|>"), *encode(harmony_tokenizer, "final"), ids("<|message|>")]
+    assert spec.forced_ids == [
+        ids("<|end|>"), ids("<|start|>"), *encode(harmony_tokenizer, "assistant"), *final
+    ]  # fmt: skip
