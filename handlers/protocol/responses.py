@@ -22,7 +22,12 @@ from pydantic import (
 )
 
 from handlers.protocol.base import FieldError, OpenAIBaseModel, WireModel, reject_unsupported
-from handlers.protocol.chat import MAX_MESSAGES, MAX_TOOLS, FunctionDefinition
+from handlers.protocol.chat import (
+    MAX_MESSAGES,
+    MAX_TOOLS,
+    ChatCompletionLogProbsContent,
+    FunctionDefinition,
+)
 from handlers.protocol.sampling import INT64_MAX
 from handlers.protocol.structured import JsonSchemaFormat
 
@@ -34,9 +39,12 @@ _UNSUPPORTED_FIELDS = {
     "conversation": "conversations are not supported; chain responses with previous_response_id",
     "prompt": "prompt templates are not supported; send the input itself",
     "max_tool_calls": "max_tool_calls is not supported",
-    "top_logprobs": "top_logprobs is not supported on /v1/responses; use /v1/chat/completions",
     "context_management": "context_management is not supported",
 }
+
+
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+"""The `include` value that asks for the output text's logprobs."""
 
 
 # -- input items ----------------------------------------------------------------------
@@ -290,7 +298,12 @@ class ResponsesRequest(OpenAIBaseModel):
     truncation: Literal["disabled"] | None = None
     """Only 'disabled' (a prompt that does not fit is a 400); 'auto' is refused."""
     include: list[str] | None = None
-    """Accepted and ignored: this server's output has no extra parts to include."""
+    """`message.output_text.logprobs` returns the output text's token logprobs (with
+    `top_logprobs` alternatives each); other values name parts this server's output does
+    not have, and are accepted and ignored."""
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Alternatives per token in the logprobs `include` asks for (OpenAI's and vLLM's
+    rule: without that include, no logprobs are returned)."""
     user: str | None = None
     service_tier: str | None = None
     # vLLM's extras on /v1/responses
@@ -341,13 +354,19 @@ class ResponsesRequest(OpenAIBaseModel):
     def wants_summary(self) -> bool:
         return self.reasoning is not None and self.reasoning.wants_summary
 
+    @property
+    def wants_logprobs(self) -> bool:
+        return OUTPUT_LOGPROBS in (self.include or ())
+
 
 # -- the response object ----------------------------------------------------------------
 class OutputText(WireModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Any] = Field(default_factory=list)
+    logprobs: list[ChatCompletionLogProbsContent] = Field(default_factory=list)
+    """With `include: ["message.output_text.logprobs"]`: one entry per token of the text
+    (token, logprob, bytes, top_logprobs), as chat's `logprobs.content`."""
 
 
 class OutputMessage(WireModel):
@@ -491,7 +510,7 @@ class TextDeltaEvent(StreamEvent):
     output_index: int
     content_index: int
     delta: str
-    logprobs: list[Any] = Field(default_factory=list)
+    logprobs: list[ChatCompletionLogProbsContent] = Field(default_factory=list)
 
 
 class TextDoneEvent(StreamEvent):
@@ -501,7 +520,7 @@ class TextDoneEvent(StreamEvent):
     output_index: int
     content_index: int
     text: str
-    logprobs: list[Any] = Field(default_factory=list)
+    logprobs: list[ChatCompletionLogProbsContent] = Field(default_factory=list)
 
 
 class ReasoningDeltaEvent(StreamEvent):

@@ -53,6 +53,11 @@ class Choice:
         self.token_ids: list[int] = []
         self._pieces: list[str] = []
         self.logprobs: list[TokenLogprob] = []
+        self.text_ends: list[int] = []
+        """Per token: how many characters of `text` had been released once it was folded
+        in (text a stop-string check holds back counts for the token that releases it),
+        so a part of the text can be traced back to its tokens."""
+        self._released = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_prompt_tokens = 0
@@ -106,6 +111,8 @@ class Choice:
             kept += 1
             result = self._matcher.feed(piece, check=len(self.token_ids) >= options.min_tokens)
             pieces.append(result.text)
+            self._released += len(result.text)
+            self.text_ends.append(self._released)
             if result.stop is not None:
                 stop = result.stop
                 break
@@ -115,7 +122,11 @@ class Choice:
         if stop is not None:
             self.finish_reason, self.stop_reason = "stop", stop
         elif output.finish_reason is not None:
-            pieces.append(self._matcher.flush())
+            flushed = self._matcher.flush()
+            pieces.append(flushed)
+            self._released += len(flushed)
+            if self.text_ends:
+                self.text_ends[-1] = self._released
             self.finish_reason = output.finish_reason
             self.stop_reason = output.stop_reason
         text = "".join(pieces)

@@ -15,9 +15,14 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from engine.messages import TokenLogprob
 from handlers.errors import BadRequestError, NotFoundError
 from handlers.protocol.base import RequestLimits
-from handlers.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from handlers.protocol.chat import (
+    ChatCompletionLogProbsContent,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
 from handlers.protocol.responses import (
     OutputItem,
     ResponseDeleted,
@@ -29,6 +34,7 @@ from handlers.serving.base import Run
 from handlers.serving.chat import ServingChat
 from handlers.serving.chat_template import ChatTemplateChoice
 from handlers.serving.context import RequestContext
+from handlers.serving.logprobs import chat_logprobs
 from handlers.serving.response_store import ResponseStore
 from handlers.serving.responses_input import chat_request, input_messages, responses_params
 from handlers.serving.responses_output import (
@@ -41,6 +47,7 @@ from handlers.serving.responses_output import (
     reasoning_item,
     response_shell,
     response_usage,
+    text_token_logprobs,
 )
 from handlers.serving.responses_stream import ResponseEvents
 from handlers.serving.sse import SSEPayload, SSEStream
@@ -140,6 +147,13 @@ class ServingResponses:
             for part in item.content
         )
 
+    def _logprob_entries(
+        self, entries: list[TokenLogprob], request: ResponsesRequest
+    ) -> list[ChatCompletionLogProbsContent]:
+        """Engine logprobs as the output text's entries (chat's `logprobs.content`
+        shape, which is the Responses one), `top_logprobs` alternatives each."""
+        return chat_logprobs(entries, self.chat.served.token_texts(), request.top_logprobs or 0)
+
     def _usage(self, run: Run, items: list[OutputItem]) -> ResponseUsage:
         return response_usage(run.usage(include_cached=True), self._reasoning_tokens(items))
 
@@ -160,7 +174,14 @@ class ServingResponses:
                 reasoning_item(new_id("rs"), message.reasoning_content, done, request.wants_summary)
             )
         if message.content or not message.tool_calls:
-            items.append(message_item(new_id("msg"), message.content or "", done))
+            logprobs = None
+            if request.wants_logprobs:
+                seq = run.sequences[0]
+                entries = text_token_logprobs(
+                    seq, message.content or "", message.reasoning_content or ""
+                )
+                logprobs = self._logprob_entries(entries, request)
+            items.append(message_item(new_id("msg"), message.content or "", done, logprobs))
         for call in message.tool_calls:
             items.append(
                 function_call_item(
@@ -195,8 +216,11 @@ class ServingResponses:
             if item is None:
                 yield None
                 continue
-            _, _, message, finish = item
-            for event in events.delta(message):
+            _, delta, message, finish = item
+            logprobs = None
+            if request.wants_logprobs and message.content and delta.logprobs:
+                logprobs = self._logprob_entries(delta.logprobs, request)
+            for event in events.delta(message, logprobs=logprobs):
                 yield event
         response, last = events.finish(finish, lambda items: self._usage(run, items))
         await self._store(request, response, conversation)

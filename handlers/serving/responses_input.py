@@ -121,6 +121,9 @@ def chat_request(
         "request_id": request.request_id,
         "cache_salt": request.cache_salt,
     }
+    if request.wants_logprobs:
+        body["logprobs"] = True
+        body["top_logprobs"] = request.top_logprobs or 0
     with responses_params():
         return parse_request(
             ChatCompletionRequest, {k: v for k, v in body.items() if v is not None}, limits

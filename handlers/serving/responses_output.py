@@ -8,7 +8,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from engine.messages import TokenLogprob
 from handlers.protocol.base import UsageInfo
+from handlers.protocol.chat import ChatCompletionLogProbsContent
 from handlers.protocol.responses import (
     FunctionCallOutput,
     IncompleteDetails,
@@ -25,6 +27,7 @@ from handlers.protocol.responses import (
     SummaryText,
     ToolChoiceFunction,
 )
+from handlers.serving.choice import Choice
 
 ItemStatus = str
 """'in_progress', 'completed' or 'incomplete'."""
@@ -35,8 +38,35 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def message_item(item_id: str, text: str, status: ItemStatus) -> OutputMessage:
-    return OutputMessage(id=item_id, status=status, content=[OutputText(text=text)])
+def message_item(
+    item_id: str,
+    text: str,
+    status: ItemStatus,
+    logprobs: list[ChatCompletionLogProbsContent] | None = None,
+) -> OutputMessage:
+    part = OutputText(text=text, logprobs=logprobs or [])
+    return OutputMessage(id=item_id, status=status, content=[part])
+
+
+def text_token_logprobs(seq: Choice, text: str, after: str) -> list[TokenLogprob]:
+    """The logprob entries of the tokens that wrote `text` into the choice's output,
+    found after `after` (the reasoning, which precedes the answer), by the character
+    span each token released (`Choice.text_ends`). Reasoning and tool-call markup around
+    the answer have tokens too; only the answer's are the output text's logprobs."""
+    output = seq.text
+    base = 0
+    if after and (found := output.find(after)) >= 0:
+        base = found + len(after)
+    start = output.find(text, base) if text else -1
+    if start < 0:
+        return []
+    end = start + len(text)
+    kept, previous = [], 0
+    for entry, released in zip(seq.logprobs, seq.text_ends, strict=False):
+        if released > start and previous < end:
+            kept.append(entry)
+        previous = released
+    return kept
 
 
 def reasoning_item(item_id: str, text: str, status: ItemStatus, summary: bool) -> ReasoningOutput:

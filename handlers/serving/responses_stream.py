@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
 from handlers.errors import ServingError
-from handlers.protocol.chat import DeltaMessage, DeltaToolCall
+from handlers.protocol.chat import ChatCompletionLogProbsContent, DeltaMessage, DeltaToolCall
 from handlers.protocol.responses import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
@@ -70,6 +70,8 @@ class _OpenItem:
     """The text so far (reasoning, message text or call arguments)."""
     call_id: str = ""
     name: str = ""
+    logprobs: list[ChatCompletionLogProbsContent] = field(default_factory=list)
+    """A message's token logprobs so far (when the request includes them)."""
 
 
 class ResponseEvents:
@@ -127,13 +129,20 @@ class ResponseEvents:
         )
 
     # -- deltas -----------------------------------------------------------------------
-    def delta(self, message: DeltaMessage, *, force_message: bool = False) -> list[SSEEvent]:
-        """The events of one chat delta: reasoning, then text, then tool calls."""
+    def delta(
+        self,
+        message: DeltaMessage,
+        *,
+        force_message: bool = False,
+        logprobs: list[ChatCompletionLogProbsContent] | None = None,
+    ) -> list[SSEEvent]:
+        """The events of one chat delta: reasoning, then text (with the logprobs of the
+        delta's tokens, when the request includes them), then tool calls."""
         events: list[SSEEvent] = []
         if message.reasoning_content:
             events += self._reasoning(message.reasoning_content)
         if message.content or force_message:
-            events += self._text(message.content or "")
+            events += self._text(message.content or "", logprobs or [])
         for call in message.tool_calls or ():
             events += self._tool_call(call)
         return events
@@ -185,7 +194,7 @@ class ResponseEvents:
         if item.kind == "message":
             if status == "in_progress":
                 return message_item(item.item_id, "", status).model_copy(update={"content": []})
-            return message_item(item.item_id, text, status)
+            return message_item(item.item_id, text, status, item.logprobs)
         return function_call_item(item.item_id, item.call_id, item.name, text, status)
 
     def _reasoning(self, text: str) -> list[SSEEvent]:
@@ -213,10 +222,11 @@ class ResponseEvents:
             )
         return events
 
-    def _text(self, text: str) -> list[SSEEvent]:
+    def _text(self, text: str, logprobs: list[ChatCompletionLogProbsContent]) -> list[SSEEvent]:
         item, events = self._switch_to("message", "msg")
         if text:
             item.text += text
+            item.logprobs += logprobs
             events.append(
                 self._event(
                     TextDeltaEvent,
@@ -225,6 +235,7 @@ class ResponseEvents:
                     output_index=item.output_index,
                     content_index=0,
                     delta=text,
+                    logprobs=logprobs,
                 )
             )
         return events
@@ -298,6 +309,7 @@ class ResponseEvents:
                     "response.output_text.done",
                     content_index=0,
                     text=item.text,
+                    logprobs=item.logprobs,
                     **ids,
                 )
             )
@@ -306,7 +318,7 @@ class ResponseEvents:
                     ContentPartEvent,
                     "response.content_part.done",
                     content_index=0,
-                    part=OutputText(text=item.text),
+                    part=OutputText(text=item.text, logprobs=item.logprobs),
                     **ids,
                 )
             )

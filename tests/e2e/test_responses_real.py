@@ -96,6 +96,33 @@ def test_stream_sends_the_typed_events_in_order(default_server: Server) -> None:
     assert buffered.output_text == final.output_text, "stream and non-stream agree"
 
 
+def test_included_logprobs_parse_in_the_sdk_and_match_chat(default_server: Server) -> None:
+    """`include=["message.output_text.logprobs"]` with `top_logprobs`: the SDK's typed
+    `Logprob` entries, one per token of the text, equal to the chat route's for the same
+    greedy request; streamed, the text deltas carry them too."""
+    sdk = client(default_server)
+    kwargs: dict[str, Any] = {
+        "model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": 12,
+        "include": ["message.output_text.logprobs"], "top_logprobs": 3,
+    }  # fmt: skip
+    response = sdk.responses.create(**kwargs)
+    part = response.output[0].content[0]
+    assert part.logprobs and "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 3 for lp in part.logprobs)
+    chat = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0,
+        max_completion_tokens=12, logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    chat_entries = chat.choices[0].logprobs.content
+    assert [(lp.token, lp.logprob) for lp in part.logprobs] == [
+        (lp.token, lp.logprob) for lp in chat_entries
+    ][: len(part.logprobs)]
+    with sdk.responses.stream(**kwargs) as stream:
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
+    streamed = [lp.token for event in deltas for lp in event.logprobs]
+    assert streamed == [lp.token for lp in part.logprobs]
+
+
 def test_raw_stream_names_each_event(default_server: Server) -> None:
     body = {"model": MODEL, "input": "Hi", "max_output_tokens": 4, "stream": True}
     with httpx.stream(

@@ -463,3 +463,58 @@ async def test_a_tool_round_trip_through_previous_response_id(client, engine, to
         in prompt
     )
     assert '<tool_response>\n{"temp": 20}\n</tool_response>' in prompt
+
+
+# -- logprobs ---------------------------------------------------------------------------
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+
+
+def _tokens_of(entries: list[dict[str, Any]]) -> str:
+    return "".join(e["token"] for e in entries)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_included_logprobs_are_the_output_texts_tokens(client, engine, tokenizer, stream):
+    """With `include: ["message.output_text.logprobs"]` every token of the text has an
+    entry with its top_logprobs alternatives (streamed: on each text delta and the done
+    events); top_logprobs alone returns none, as OpenAI and vLLM."""
+    _script(engine, tokenizer, "Hello world")
+    body = {"input": "Hi", "stream": stream, **LOGPROBS}
+    result = await call_asgi(client.app, RESPONSES, body)
+    assert result.status == 200, result.body
+    assert engine.added[-1].params.logprobs == 2
+    if stream:
+        events = _events(result)
+        deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+        assert _tokens_of([lp for d in deltas for lp in d["logprobs"]]) == "Hello world"
+        done = next(e for e in events if e["type"] == "response.output_text.done")
+        assert _tokens_of(done["logprobs"]) == "Hello world"
+        response = events[-1]["response"]
+    else:
+        response = result.json
+    entries = response["output"][0]["content"][0]["logprobs"]
+    assert _tokens_of(entries) == "Hello world"
+    assert len(entries) == len(encode(tokenizer, "Hello world"))
+    assert all(e["logprob"] == -0.5 and len(e["top_logprobs"]) == 2 for e in entries)
+    assert all(e["bytes"] == list(e["token"].encode()) for e in entries)
+    plain = await call_asgi(client.app, RESPONSES, {"input": "Hi", "top_logprobs": 2})
+    assert plain.status == 200 and engine.added[-1].params.logprobs is None
+    assert plain.json["output"][0]["content"][0]["logprobs"] == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_logprobs_leave_out_the_reasoning_tokens(make_client, engine, tokenizer, stream):
+    client = make_client(reasoning_parser="think")
+    _script(engine, tokenizer, "<think>cold up north</think>Take a coat.")
+    body = {"input": "Oslo?", "stream": stream, **LOGPROBS}
+    result = await call_asgi(client.app, RESPONSES, body)
+    assert result.status == 200, result.body
+    response = _events(result)[-1]["response"] if stream else result.json
+    reasoning, message = response["output"]
+    assert reasoning["type"] == "reasoning"
+    assert _tokens_of(message["content"][0]["logprobs"]) == "Take a coat."
+
+
+async def test_top_logprobs_out_of_range_is_a_400(client, engine):
+    result = await call_asgi(client.app, RESPONSES, {"input": "Hi", "top_logprobs": 21})
+    assert result.status == 400 and result.json["error"]["param"] == "top_logprobs"
