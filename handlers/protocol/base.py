@@ -78,16 +78,20 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "
 """vLLM's chat `reasoning_effort` values, passed to the chat template as a variable."""
 
 
-def reject_unsupported(data: Any, table: Mapping[str, str]) -> None:
-    """Raise for any parameter of `table` present with a meaningful (non-empty) value."""
+def reject_unsupported(data: Any, table: Mapping[str, str], *, beam_search: bool = False) -> None:
+    """Raise for any parameter of `table` present with a meaningful (non-empty) value,
+    and for vLLM's `use_beam_search` where the request type (`beam_search`) has none."""
     if not isinstance(data, dict):
         return
     for name, why in table.items():
         value = data.get(name)
         if value not in (None, [], {}, False, ""):
             raise FieldError(name, why)
-    if data.get("use_beam_search") is True:
-        raise FieldError("use_beam_search", "beam search is not supported")
+    if not beam_search and data.get("use_beam_search") is True:
+        raise FieldError(
+            "use_beam_search",
+            "beam search is not supported here; /v1/chat/completions and /v1/completions run it",
+        )
 
 
 class WireModel(BaseModel):

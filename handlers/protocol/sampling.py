@@ -268,6 +268,12 @@ class SamplingRequest(StructuredOutputFields):
     return_tokens_as_token_ids: bool = False
     """vLLM: logprob tokens are written `token_id:<id>` (text that may not be valid UTF-8
     on its own stays identifiable)."""
+    use_beam_search: bool = False
+    """vLLM: the `n` best continuations by cumulative logprob (beam search, `n` the beam
+    width: handlers/serving/beam_search.py) instead of `n` samples."""
+    length_penalty: float = 1.0
+    """vLLM: a beam's score is its cumulative logprob over length ** length_penalty
+    (beam search only)."""
 
     unsupported_fields: ClassVar[Mapping[str, str]] = {}
     """Parameters (OpenAI's or vLLM's) that would change the output if honoured, with the
@@ -277,7 +283,7 @@ class SamplingRequest(StructuredOutputFields):
     @model_validator(mode="before")
     @classmethod
     def _reject_unsupported(cls, data: Any) -> Any:
-        reject_unsupported(data, cls.unsupported_fields)
+        reject_unsupported(data, cls.unsupported_fields, beam_search=True)
         return data
 
     @field_validator("stop", mode="before")
@@ -368,7 +374,42 @@ class SamplingRequest(StructuredOutputFields):
             raise FieldError("stream_options", "stream_options is only allowed with stream=true")
         if self.prompt_logprobs is not None:
             check_prompt_logprobs(self.prompt_logprobs, self.stream, limits.max_logprobs)
+        if self.use_beam_search:
+            self._check_beam_search(limits.max_logprobs)
         return self
+
+    def _check_beam_search(self, max_logprobs: int) -> None:
+        """What beam search cannot honour is a 400 (vLLM ignores it): each step asks for
+        2 x width candidates (at most `max_logprobs`), and a choice is a beam, not a
+        sample, so the fields that shape a sampled sequence do not apply. Temperature,
+        top_p, top_k, min_p and seed change nothing: the search is deterministic."""
+        width_cap = max(max_logprobs // 2, 1)
+        if self.n > width_cap:
+            raise FieldError(
+                "n", f"with use_beam_search, n is the beam width: at most {width_cap}, got {self.n}"
+            )
+        shaping = {
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "min_tokens": self.min_tokens,
+            "bad_words": self.bad_words,
+            "logit_bias": self.logit_bias,
+            "allowed_token_ids": self.allowed_token_ids,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": None
+            if self.repetition_penalty == 1.0
+            else self.repetition_penalty,
+            "thinking_token_budget": self.thinking_budget,
+            "prompt_logprobs": self.prompt_logprobs,
+            "logprob_token_ids": getattr(self, "logprob_token_ids", None),  # chat's
+            **{name: True for name in self._constraint_fields()},
+        }
+        for name, value in shaping.items():
+            if value not in (None, 0, 0.0, [], {}, ""):
+                raise FieldError(
+                    name, f"{name} is not applied by beam search (use_beam_search); leave it out"
+                )
 
     # -- building ---------------------------------------------------------------------
     def build_sampling_params(

@@ -33,6 +33,7 @@ from handlers.errors import (
 )
 from handlers.protocol.base import PromptTokensDetails, UsageInfo
 from handlers.protocol.sampling import SamplingBounds, SamplingRequest, seed_for_choice
+from handlers.serving.beam_search import BeamSearch, BeamSearchOptions, search_collector
 from handlers.serving.choice import Choice, ChoiceDelta, ChoiceOptions
 from handlers.serving.context import RequestContext
 from handlers.serving.served_model import ServedModel, Truncation, offloads
@@ -178,6 +179,7 @@ class ServingBase:
         cache_salt: str | None = None,
         thinking_budget: int | None = None,
         harmony: bool = False,
+        beam_search: BeamSearchOptions | None = None,
     ) -> Run:
         """Check each prompt's length, build its SamplingParams, then name the request,
         log its prompts, start tracking, admit n choices of every prompt (all or none)
@@ -223,15 +225,20 @@ class ServingBase:
             served.log_prompt(response_id, prompt.logged)
         tracker = self.tracker(response_id, ctx)
         tracker.record.adapter = adapter
-        collector = await self.admit(
-            engine_id,
-            [prompt.token_ids for prompt in prompts for _ in range(n)],
-            [choice for param in params for choice in self.choice_params(param, n)],
-            priority,
-            lora_name=adapter,
-            session_id=ctx.session_id,
-            cache_salt=cache_salt,
-        )
+        if beam_search is not None:
+            collector = await self._search(
+                ctx, engine_id, prompts, params, n, beam_search, priority, adapter, cache_salt
+            )
+        else:
+            collector = await self.admit(
+                engine_id,
+                [prompt.token_ids for prompt in prompts for _ in range(n)],
+                [choice for param in params for choice in self.choice_params(param, n)],
+                priority,
+                lora_name=adapter,
+                session_id=ctx.session_id,
+                cache_salt=cache_salt,
+            )
         run = Run(
             response_id=response_id,
             model_name=model_name,
@@ -246,6 +253,60 @@ class ServingBase:
         )
         run.deadline = self.arm_deadline(ctx, collector)
         return run
+
+    async def _search(
+        self,
+        ctx: RequestContext,
+        engine_id: str,
+        prompts: SequenceT[PromptInput],
+        params: SequenceT[SamplingParams],
+        n: int,
+        options: BeamSearchOptions,
+        priority: int,
+        adapter: str | None,
+        cache_salt: str | None,
+    ) -> OutputCollector:
+        """`use_beam_search`: the n best beams of each prompt (handlers/serving/
+        beam_search.py), each step's requests admitted like any other and bound by the
+        request's timeout; a collector holding the beams as the choices' final outputs."""
+        eos_ids = frozenset(self.served.info().eos_token_ids)
+        searches = [
+            (
+                BeamSearch(
+                    width=n,
+                    max_tokens=param.max_tokens,
+                    length_penalty=options.length_penalty,
+                    ignore_eos=param.ignore_eos,
+                    eos_token_ids=eos_ids,
+                    num_logprobs=param.logprobs,
+                ),
+                prompt.token_ids,
+            )
+            for prompt, param in zip(prompts, params, strict=True)
+        ]
+        deadlines: list[asyncio.TimerHandle] = []
+
+        async def admit(
+            step_id: str, step_prompts: list[list[int]], step_params: list[SamplingParams]
+        ) -> OutputCollector:
+            collector = await self.admit(
+                step_id, step_prompts, step_params, priority,
+                lora_name=adapter, session_id=ctx.session_id, cache_salt=cache_salt,
+            )  # fmt: skip
+            if (deadline := self.arm_deadline(ctx, collector)) is not None:
+                deadlines.append(deadline)
+            return collector
+
+        try:
+            return await search_collector(
+                searches,
+                engine_id,
+                admit,
+                lambda: OutputCollector(self.served.engine),
+            )
+        finally:
+            for deadline in deadlines:
+                deadline.cancel()
 
     async def tokenize_prompts(
         self,

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from engine.messages import TokenLogprob
+from handlers.errors import BadRequestError
 from handlers.protocol.chat import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -21,6 +22,7 @@ from handlers.protocol.chat import (
     ToolCall,
 )
 from handlers.serving.base import PromptInput, Run, ServingBase
+from handlers.serving.beam_search import beam_search_options
 from handlers.serving.chat_template import ChatTemplateChoice, choose_chat_template
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
@@ -95,6 +97,12 @@ class ServingChat(ServingBase):
         if budget is None and reasons:
             budget = advisory_thinking_budget
         structured = forced_tool_spec(request)
+        if structured is not None and request.use_beam_search:
+            raise BadRequestError(
+                "tool_choice: a forced tool call is a constrained generation, which beam "
+                "search (use_beam_search) does not run; use tool_choice 'auto' or sampling",
+                param="tool_choice",
+            )
         options = self.sequence_options(request)
         if template.harmony:  # the parser reads the channels' special tokens
             options = dataclasses.replace(options, skip_special_tokens=False)
@@ -110,6 +118,7 @@ class ServingChat(ServingBase):
             cache_salt=request.cache_salt,
             thinking_budget=budget,
             harmony=template.harmony,
+            beam_search=beam_search_options(request),
         )
         return run, template
 
@@ -168,6 +177,7 @@ class ServingChat(ServingBase):
                 first.thinking_budget, template.reasoning or template.harmony
             ),
             harmony=template.harmony,
+            beam_search=beam_search_options(first),
         )
         await self.collect(run)
         choices = [

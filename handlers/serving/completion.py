@@ -15,6 +15,7 @@ from handlers.protocol.completion import (
     CompletionStreamResponse,
 )
 from handlers.serving.base import PromptInput, Run, ServingBase
+from handlers.serving.beam_search import beam_search_options
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
 from handlers.serving.harmony import uses_harmony
@@ -70,6 +71,7 @@ class ServingCompletion(ServingBase):
             cache_salt=request.cache_salt,
             thinking_budget=budget,
             harmony=harmony,
+            beam_search=beam_search_options(request),
         )
         return run, prompts
 

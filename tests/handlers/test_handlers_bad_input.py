@@ -368,7 +368,8 @@ CASES = [
         400,
         "tool_choice",
     ),
-    Case("beam-search", chat(use_beam_search=True), 400, "use_beam_search"),
+    Case("beam-search-too-wide", chat(use_beam_search=True, n=11), 400, "n"),
+    Case("beam-search-with-stop", chat(use_beam_search=True, stop=["x"]), 400, "stop"),
     Case("untrusted-template", chat(chat_template="{{ messages }}"), 400, "chat_template"),
     Case(
         "untrusted-template-kwarg",
