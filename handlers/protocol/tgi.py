@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, RootModel, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    RootModel,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from handlers.protocol.base import (
@@ -28,10 +36,7 @@ DEFAULT_MAX_NEW_TOKENS = 100
 """TGI's default when `max_new_tokens` is not given."""
 
 
-_UNSUPPORTED_TGI_PARAMETERS: Mapping[str, str] = {
-    "top_n_tokens": "top_n_tokens is not supported yet",
-    "decoder_input_details": "decoder_input_details needs prompt logprobs (not supported yet)",
-}
+_UNSUPPORTED_TGI_PARAMETERS: Mapping[str, str] = {}
 """TGI parameters that would change the answer if honoured: a 400, never ignored."""
 
 
@@ -80,6 +85,12 @@ class TGIParameters(OpenAIBaseModel):
     return_full_text: bool = False
     best_of: int | None = Field(default=None, ge=1, le=1)
     grammar: TGIGrammar | None = None
+    top_n_tokens: int | None = Field(default=None, ge=0)
+    """TGI's: the n most likely tokens at each generated position (`details.top_tokens`,
+    streamed: each event's `top_tokens`); at most `max_logprobs`."""
+    decoder_input_details: bool = False
+    """TGI's: with `details`, each prompt token with its logprob (`details.prefill`; the
+    first has none). Not with a stream, as TGI."""
 
     @model_validator(mode="before")
     @classmethod
@@ -116,6 +127,26 @@ class TGIRequest(OpenAIBaseModel):
     parameters: TGIParameters = Field(default_factory=TGIParameters)
     stream: bool = False
 
+    @model_validator(mode="after")
+    def _check_details(self, info: ValidationInfo) -> TGIRequest:
+        p = self.parameters
+        limit = limits_from(info.context).max_logprobs
+        if p.top_n_tokens is not None and p.top_n_tokens > limit:
+            raise FieldError(
+                "parameters.top_n_tokens",
+                f"top_n_tokens must be at most {limit}, got {p.top_n_tokens}",
+            )
+        if p.decoder_input_details and self.stream:
+            raise FieldError(
+                "parameters.decoder_input_details",
+                "decoder_input_details == true is not supported when streaming tokens",
+            )
+        return self
+
+    @property
+    def wants_prefill(self) -> bool:
+        return self.parameters.details and self.parameters.decoder_input_details
+
     def to_sampling_params(self, bounds: SamplingBounds) -> SamplingParams:
         """TGI's parameters in the engine's terms (greedy unless sampling was asked for;
         a stream or `details` needs each token's logprob). TGI has no model defaults."""
@@ -135,8 +166,9 @@ class TGIRequest(OpenAIBaseModel):
             repetition_penalty=p.repetition_penalty or 1.0,
             frequency_penalty=p.frequency_penalty or 0.0,
             seed=p.seed,
-            logprobs=0 if self.stream or p.details else None,
+            logprobs=p.top_n_tokens or (0 if self.stream or p.details else None),
             structured=p.grammar.spec() if p.grammar is not None else None,
+            prompt_logprobs=0 if self.wants_prefill else None,
         )
 
 
@@ -147,13 +179,34 @@ class TGIToken(WireModel):
     special: bool = False
 
 
+def _without_empty(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """TGI's `skip_serializing_if = "Vec::is_empty"`."""
+    if not data.get(name):
+        data.pop(name, None)
+    return data
+
+
+class TGIPrefillToken(WireModel):
+    id: int
+    text: str
+    logprob: float | None = None
+    """None for the first prompt token (nothing precedes it)."""
+
+
 class TGIDetails(WireModel):
     finish_reason: str
     """'length', 'eos_token' or 'stop_sequence'."""
     generated_tokens: int
     seed: int | None = None
-    prefill: list[TGIToken] = Field(default_factory=list)
+    prefill: list[TGIPrefillToken] = Field(default_factory=list)
     tokens: list[TGIToken] = Field(default_factory=list)
+    top_tokens: list[list[TGIToken]] = Field(default_factory=list)
+    """With `top_n_tokens`: the n most likely tokens at each generated position (left out
+    when empty, as TGI)."""
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_top_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_empty(handler(self), "top_tokens")
 
 
 class TGIResponse(WireModel):
@@ -174,5 +227,13 @@ class TGIStreamDetails(WireModel):
 class TGIStreamResponse(WireModel):
     index: int
     token: TGIToken
+    top_tokens: list[TGIToken] = Field(default_factory=list)
+    """With `top_n_tokens`: this token's position's n most likely (left out when empty,
+    as TGI)."""
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_top_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_empty(handler(self), "top_tokens")
+
     generated_text: str | None = None
     details: TGIStreamDetails | None = None

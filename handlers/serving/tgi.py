@@ -7,9 +7,11 @@ from collections.abc import AsyncGenerator
 
 import orjson
 
+from engine.messages import TokenLogprob
 from handlers.errors import ServingError
 from handlers.protocol.tgi import (
     TGIDetails,
+    TGIPrefillToken,
     TGIRequest,
     TGIResponse,
     TGIResponses,
@@ -76,12 +78,32 @@ class ServingTGI(ServingBase):
                 finish_reason=_finish_reason(seq),
                 generated_tokens=len(seq.token_ids),
                 seed=p.seed,
+                prefill=self._prefill(run, seq) if request.wants_prefill else [],
                 tokens=[
                     self._token(tid, texts.text(tid), logprobs.get(i))
                     for i, tid in enumerate(seq.token_ids)
                 ],
+                top_tokens=[self._top_tokens(entry, p.top_n_tokens) for entry in seq.logprobs]
+                if p.top_n_tokens
+                else [],
             )
         return TGIResponses([TGIResponse(generated_text=text, details=details)])
+
+    def _top_tokens(self, entry: TokenLogprob, n: int | None) -> list[TGIToken]:
+        """TGI's `top_tokens` of one position: the n most likely, most likely first."""
+        texts = self.served.token_texts()
+        return [self._token(tid, texts.text(tid), lp) for tid, lp in entry.top[: n or 0]]
+
+    def _prefill(self, run: Run, seq: Choice) -> list[TGIPrefillToken]:
+        """`decoder_input_details`: each prompt token with its logprob (the first: none)."""
+        texts = self.served.token_texts()
+        entries = seq.prompt_logprobs or []
+        out = []
+        for i, token_id in enumerate(run.prompt_token_ids[0]):
+            entry = entries[i] if i < len(entries) else None
+            logprob = entry.logprob if entry is not None else None
+            out.append(TGIPrefillToken(id=token_id, text=texts.text(token_id), logprob=logprob))
+        return out
 
     def _stream(self, run: Run, request: TGIRequest) -> SSEStream:
         # TGI streams end without `[DONE]`, and report errors in TGI's own shape.
@@ -100,9 +122,13 @@ class ServingTGI(ServingBase):
             ids = delta.token_ids or seq.token_ids[-1:] or [0]
             token_id = ids[-1]
             logprob = delta.logprobs[-1].logprob if delta.logprobs else None
+            top_n = request.parameters.top_n_tokens
             event = TGIStreamResponse(
                 index=count,
                 token=self._token(token_id, delta.text, logprob),
+                top_tokens=self._top_tokens(delta.logprobs[-1], top_n)
+                if top_n and delta.logprobs
+                else [],
                 generated_text=seq.text if delta.finish_reason else None,
                 details=TGIStreamDetails(
                     finish_reason=_finish_reason(seq),

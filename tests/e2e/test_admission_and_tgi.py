@@ -335,6 +335,43 @@ def test_tgi_generate_stream(default_server: Server) -> None:
     assert "".join(e["token"]["text"] for e in events) == whole
 
 
+def test_tgi_top_tokens_and_prefill_details(default_server: Server) -> None:
+    """`top_n_tokens`: each generated position's n most likely tokens (greedy: the first
+    is the token generated), streamed too; `decoder_input_details`: each prompt token's
+    logprob, the ones `/v1/completions` gives as `prompt_logprobs` for the same ids."""
+    parameters = {"max_new_tokens": 4, "details": True, "top_n_tokens": 3}
+    [answer] = _invoke(default_server, {"inputs": PROMPT, "parameters": parameters}).json()
+    details = answer["details"]
+    assert len(details["top_tokens"]) == len(details["tokens"]) == 4
+    for token, top in zip(details["tokens"], details["top_tokens"], strict=True):
+        assert len(top) == 3 and top[0]["id"] == token["id"]
+        assert top[0]["logprob"] == pytest.approx(token["logprob"], abs=1e-5)
+        assert top[0]["logprob"] >= top[1]["logprob"] >= top[2]["logprob"]
+    assert details["prefill"] == []  # not asked for
+
+    with_prefill = {**parameters, "decoder_input_details": True}
+    [answer] = _invoke(default_server, {"inputs": PROMPT, "parameters": with_prefill}).json()
+    prefill = answer["details"]["prefill"]
+    completion = httpx.post(
+        f"{default_server.v1}/completions",
+        json={"model": "smollm2", "prompt": [t["id"] for t in prefill], "max_tokens": 1,
+              "prompt_logprobs": 0},
+        timeout=120,
+    ).json()  # fmt: skip
+    want = completion["choices"][0]["prompt_logprobs"]
+    assert prefill[0]["logprob"] is None and want[0] is None
+    for token, entry in zip(prefill[1:], want[1:], strict=True):
+        assert token["logprob"] == pytest.approx(entry[str(token["id"])]["logprob"], abs=1e-4)
+
+    stream = _invoke(
+        default_server,
+        {"inputs": PROMPT, "stream": True, "parameters": {"max_new_tokens": 4, "top_n_tokens": 2}},
+    )
+    events = sse_data(stream.content)
+    assert all(len(e["top_tokens"]) == 2 for e in events)
+    assert [e["top_tokens"][0]["id"] for e in events] == [e["token"]["id"] for e in events]
+
+
 def test_invocations_completion_and_streaming_chat_bodies(default_server: Server) -> None:
     api = client(default_server)
     completion = api.completions.create(model="smollm2", prompt=PROMPT, temperature=0, max_tokens=5)

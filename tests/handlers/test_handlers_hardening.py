@@ -105,17 +105,23 @@ def test_ordinary_templates_still_render(tokenizer: Tokenizer) -> None:
 
 # -- item 9: TGI fields, log lines ---------------------------------------------------------
 @pytest.mark.parametrize(
-    ("name", "value"),
+    ("parameters", "stream", "param"),
     [
-        ("top_n_tokens", 5),
-        ("decoder_input_details", True),
+        ({"top_n_tokens": 21}, False, "parameters.top_n_tokens"),
+        (
+            {"details": True, "decoder_input_details": True},
+            True,
+            "parameters.decoder_input_details",
+        ),
     ],
 )
-def test_tgi_parameters_we_cannot_honour_are_a_400(client, engine, name: str, value: Any) -> None:
-    """TGI's top_n_tokens and decoder_input_details were silently ignored (its grammar is
-    served: tests/handlers/test_handlers_structured*)."""
-    body = {"inputs": "Say hi", "parameters": {"max_new_tokens": 2, name: value}}
-    assert_openai_error(client.simulate_post("/invocations", json=body), 400, f"parameters.{name}")
+def test_tgi_details_beyond_what_can_be_given_are_a_400(
+    client, engine, parameters: dict, stream: bool, param: str
+) -> None:
+    """TGI's top_n_tokens past the logprob cap, and prompt details on a stream (TGI
+    refuses them too); both were silently ignored once, then refused outright."""
+    body = {"inputs": "Say hi", "stream": stream, "parameters": {"max_new_tokens": 2, **parameters}}
+    assert_openai_error(client.simulate_post("/invocations", json=body), 400, param)
     assert engine.added == []
 
 
