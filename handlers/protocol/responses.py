@@ -38,7 +38,6 @@ _UNSUPPORTED_FIELDS = {
     "background (stream it to see progress)",
     "conversation": "conversations are not supported; chain responses with previous_response_id",
     "prompt": "prompt templates are not supported; send the input itself",
-    "max_tool_calls": "max_tool_calls is not supported",
     "context_management": "context_management is not supported",
 }
 
@@ -301,6 +300,10 @@ class ResponsesRequest(OpenAIBaseModel):
     """`message.output_text.logprobs` returns the output text's token logprobs (with
     `top_logprobs` alternatives each); other values name parts this server's output does
     not have, and are accepted and ignored."""
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    """OpenAI's cap on calls to built-in tools (web search, file search, ...); this
+    server runs none, so there is nothing to cap: accepted and echoed. Function calls
+    are the client's to run, not limited by it (as OpenAI)."""
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     """Alternatives per token in the logprobs `include` asks for (OpenAI's and vLLM's
     rule: without that include, no logprobs are returned)."""
@@ -454,6 +457,7 @@ class ResponseObject(WireModel):
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
     reasoning: dict[str, Any] | None = None
     truncation: Literal["disabled"] = "disabled"

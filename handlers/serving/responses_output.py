@@ -138,6 +138,7 @@ def response_shell(
         temperature=request.temperature,
         top_p=request.top_p,
         max_output_tokens=request.max_output_tokens,
+        max_tool_calls=request.max_tool_calls,
         text=text,
         reasoning=request.reasoning.model_dump(exclude_none=True) if request.reasoning else None,
         store=request.store,

@@ -518,3 +518,13 @@ async def test_logprobs_leave_out_the_reasoning_tokens(make_client, engine, toke
 async def test_top_logprobs_out_of_range_is_a_400(client, engine):
     result = await call_asgi(client.app, RESPONSES, {"input": "Hi", "top_logprobs": 21})
     assert result.status == 400 and result.json["error"]["param"] == "top_logprobs"
+
+
+async def test_max_tool_calls_is_echoed(client, engine, tokenizer):
+    """It caps built-in tool calls, which this server has none of: accepted and echoed
+    (it was a 400); 0 is refused as on OpenAI."""
+    _script(engine, tokenizer, "Hi")
+    result = await call_asgi(client.app, RESPONSES, {"input": "Hi", "max_tool_calls": 3})
+    assert result.status == 200 and result.json["max_tool_calls"] == 3
+    zero = await call_asgi(client.app, RESPONSES, {"input": "Hi", "max_tool_calls": 0})
+    assert zero.status == 400 and zero.json["error"]["param"] == "max_tool_calls"
