@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 from mangum import Mangum
@@ -42,7 +43,9 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 engine_config, server_config = configs_from_env()
 engine = InprocEngineClient(engine_config)
-app = create_app(server_config, engine)
+# A background response would run only while invocations do (the process is frozen in
+# between): /v1/responses refuses `background` here.
+app = create_app(dataclasses.replace(server_config, background_responses=False), engine)
 _mangum = Mangum(app, lifespan="off")
 _event_loop().run_until_complete(engine.start())
 

@@ -141,6 +141,9 @@ class ServerConfig:
     generation_config: str = "auto"
     """'auto': the model's generation_config.json sets default sampling params (as vLLM);
     'vllm': OpenAI defaults only."""
+    background_responses: bool = True
+    """Whether `/v1/responses` runs `background: true` (a long-running server; the Lambda
+    entry turns it off: its process is frozen between invocations)."""
     responses_store_max_entries: int = DEFAULT_RESPONSES_STORE_MAX_ENTRIES
     """Stored responses (`store: true` of /v1/responses) kept at most; the oldest go
     first; 0: nothing is stored (--responses-store-max-entries)."""

@@ -90,7 +90,8 @@ def create_app(
         ),
     )
 
-    middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), EngineLifespan(engine)]
+    lifespan = EngineLifespan(engine, before_close=[responses.background.shutdown])
+    middleware: list[object] = [RequestSetup(config), ApiKeyAuth(config), lifespan]
     if config.allowed_origins:
         middleware.insert(0, ConfiguredCORS(config))
     app = falcon.asgi.App(middleware=middleware)

@@ -7,6 +7,7 @@ import hmac
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import falcon
@@ -32,15 +33,26 @@ _MAX_REQUEST_ID_LEN = 256
 
 class EngineLifespan:
     """Connects the worker's EngineClient at ASGI startup, without waiting for warm-up
-    (`/ping` says 503 until the engine is ready); closes it at shutdown."""
+    (`/ping` says 503 until the engine is ready); at shutdown runs `before_close` (work
+    that still needs the engine to wind down: background responses) and closes it."""
 
-    def __init__(self, engine: EngineClient) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        before_close: Sequence[Callable[[], Awaitable[None]]] = (),
+    ) -> None:
         self._engine = engine
+        self._before_close = before_close
 
     async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
         await self._engine.start()
 
     async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        for step in self._before_close:
+            try:
+                await step()
+            except Exception:  # the engine is closed whatever happened before
+                logger.exception("shutdown step failed")
         await self._engine.close()
 
 

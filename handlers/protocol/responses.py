@@ -34,8 +34,6 @@ from handlers.protocol.structured import JsonSchemaFormat
 # Parameters that would change the output if honoured and that this server cannot honour
 # (SamplingRequest.unsupported_fields explains why they are a 400, not ignored).
 _UNSUPPORTED_FIELDS = {
-    "background": "background responses are not supported; send the request without "
-    "background (stream it to see progress)",
     "conversation": "conversations are not supported; chain responses with previous_response_id",
     "prompt": "prompt templates are not supported; send the input itself",
     "context_management": "context_management is not supported",
@@ -293,6 +291,9 @@ class ResponsesRequest(OpenAIBaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool = False
     store: bool = True
+    background: bool = False
+    """Answer at once with the response `queued`; it runs on in the server, and `GET
+    /v1/responses/{id}` reads it (needs `store`; not streamed here)."""
     metadata: dict[str, str] | None = None
     truncation: Literal["disabled"] | None = None
     """Only 'disabled' (a prompt that does not fit is a 400); 'auto' is refused."""
@@ -351,6 +352,17 @@ class ResponsesRequest(OpenAIBaseModel):
         # (handlers/serving/responses_input.py), with the fields renamed back.
         if self.metadata is not None and len(self.metadata) > 16:
             raise FieldError("metadata", "metadata holds at most 16 pairs")
+        if self.background and not self.store:
+            raise FieldError(
+                "background",
+                "background mode needs store=true: the response is read later by its id",
+            )
+        if self.background and self.stream:
+            raise FieldError(
+                "stream",
+                "a background response is not streamed here; poll GET /v1/responses/{id}, "
+                "or stream without background",
+            )
         return self
 
     @property

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from engine.messages import TokenLogprob
-from handlers.errors import BadRequestError, NotFoundError
+from handlers.errors import BadRequestError, NotFoundError, ServingError
 from handlers.protocol.base import RequestLimits
 from handlers.protocol.chat import (
     ChatCompletionLogProbsContent,
@@ -26,6 +26,7 @@ from handlers.protocol.chat import (
 from handlers.protocol.responses import (
     OutputItem,
     ResponseDeleted,
+    ResponseError,
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
@@ -36,6 +37,7 @@ from handlers.serving.chat_template import ChatTemplateChoice
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs
 from handlers.serving.response_store import ResponseStore
+from handlers.serving.responses_background import BackgroundRuns
 from handlers.serving.responses_input import chat_request, input_messages, responses_params
 from handlers.serving.responses_output import (
     assistant_message,
@@ -59,6 +61,7 @@ class ServingResponses:
     def __init__(self, chat: ServingChat, store: ResponseStore) -> None:
         self.chat = chat
         self.store = store
+        self.background = BackgroundRuns(store)
 
     @property
     def limits(self) -> RequestLimits:
@@ -69,12 +72,20 @@ class ServingResponses:
     ) -> ResponseObject | SSEStream:
         """Refuses what it must before it returns (as chat does), so a stream only starts
         for an admitted request."""
+        if request.background and not self.chat.served.config.background_responses:
+            raise BadRequestError(
+                "background responses need a long-running server (this one stops between "
+                "invocations); send the request without background",
+                param="background",
+            )
         history = await self._history(request.previous_response_id)
         chat = chat_request(request, history, self.limits)
         with responses_params():
             run, template = await self.chat.start(chat, ctx)
         shell = response_shell(new_id("resp"), request, run.model_name, run.created)
         conversation = [*history, *input_messages(request)]
+        if request.background:
+            return await self._start_background(shell, run, chat, template, request, conversation)
         if request.stream:
             events = ResponseEvents(shell, summary=request.wants_summary)
             return self.chat.sse(
@@ -107,10 +118,68 @@ class ServingResponses:
         return ResponseDeleted(id=response_id)
 
     async def cancel(self, response_id: str) -> ResponseObject:
-        """Only background responses can be cancelled (OpenAI, vLLM), and this server
-        runs none: every stored response has finished. 404 when there is none."""
-        await self.retrieve(response_id)
-        raise BadRequestError("Cannot cancel a synchronous response.", param="response_id")
+        """Only background responses can be cancelled (OpenAI, vLLM); one still queued or
+        running turns `cancelled` in the store, where the worker running it sees it
+        (handlers/serving/responses_background.py). A finished one is returned as it is.
+        404 when there is none."""
+        stored = await self.store.get(response_id)
+        if stored is None:
+            raise _not_found(response_id)
+        response = ResponseObject.model_validate(stored.response)
+        if not response.background:
+            raise BadRequestError("Cannot cancel a synchronous response.", param="response_id")
+        if response.status in ("queued", "in_progress"):
+            response = response.model_copy(update={"status": "cancelled"})
+            await self.store.put(
+                response_id, response.__pydantic_serializer__.to_json(response), stored.messages
+            )
+        return response
+
+    # -- background -------------------------------------------------------------------
+    async def _start_background(
+        self,
+        shell: ResponseObject,
+        run: Run,
+        chat: ChatCompletionRequest,
+        template: ChatTemplateChoice,
+        request: ResponsesRequest,
+        conversation: list[dict[str, Any]],
+    ) -> ResponseObject:
+        """Store the response `queued` and run it detached (`BackgroundRuns`); the
+        answer is the queued response."""
+        queued = shell.model_copy(update={"status": "queued", "background": True})
+        await self._store(request, queued, conversation)
+
+        async def finish(response: ResponseObject) -> None:
+            stored = await self.store.get(queued.id)
+            if stored is not None and stored.response.get("status") == "cancelled":
+                return  # cancelled while it finished: the cancel stands
+            await self._store(request, response, conversation)
+
+        async def work() -> None:
+            await self._store(
+                request, queued.model_copy(update={"status": "in_progress"}), conversation
+            )
+            try:
+                with responses_params():
+                    answer = await self.chat.respond(run, chat, template)
+                response = self._buffered(queued, answer, run, request)
+            except ServingError as exc:
+                response = _failed(queued, exc.type, exc.message)
+            await finish(response)
+
+        async def stopped(reason: str) -> None:
+            self.chat.finish_run(run, "aborted")
+            if reason == "cancelled":
+                return  # the store already says so
+            await finish(
+                _failed(
+                    queued, "server_shutdown", "The server shut down before the response finished."
+                )
+            )
+
+        self.background.start(queued.id, work, stopped)
+        return queued
 
     # -- steps ------------------------------------------------------------------------
     async def _history(self, previous_response_id: str | None) -> list[dict[str, Any]]:
@@ -226,6 +295,12 @@ class ServingResponses:
         await self._store(request, response, conversation)
         for event in last:
             yield event
+
+
+def _failed(response: ResponseObject, code: str, message: str) -> ResponseObject:
+    return response.model_copy(
+        update={"status": "failed", "error": ResponseError(code=code, message=message)}
+    )
 
 
 def _not_found(response_id: str) -> NotFoundError:

@@ -574,7 +574,13 @@ CASES = [
         path=RESPONSES,
     ),
     Case("responses-temperature", resp(temperature=-1), 400, "temperature", path=RESPONSES),
-    Case("responses-background", resp(background=True), 400, "background", path=RESPONSES),
+    Case(
+        "responses-background-unstored",
+        resp(background=True, store=False),
+        400,
+        "background",
+        path=RESPONSES,
+    ),
     Case(
         "responses-too-long",
         resp(input=LONG_TEXT, stream=True),

@@ -172,6 +172,42 @@ def test_a_forced_function_call_validates_against_its_schema(default_server: Ser
     assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
 
 
+def test_a_background_response_is_polled_and_cancelled_from_any_worker(
+    default_server: Server,
+) -> None:
+    """`background=True` through the SDK: `queued` at once, then `retrieve` (fresh
+    connections, so either API worker) until `completed` with the text a synchronous
+    call gives; a long one is cancelled by `cancel` from any worker and stays so, with
+    nothing left running in the engine."""
+    import time
+
+    from tests.e2e.clients import wait_metric
+
+    sdk = client(default_server)
+    kwargs: dict[str, Any] = {
+        "model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": 12
+    }  # fmt: skip
+    queued = sdk.responses.create(**kwargs, background=True)
+    assert queued.status == "queued" and queued.background is True
+    for _ in range(300):
+        polled = client(default_server).responses.retrieve(queued.id)
+        if polled.status not in ("queued", "in_progress"):
+            break
+        time.sleep(0.1)
+    assert polled.status == "completed", polled.status
+    assert polled.output_text == sdk.responses.create(**kwargs).output_text
+
+    long = sdk.responses.create(
+        model=MODEL, input="Tell me a very long story.", max_output_tokens=2000, background=True
+    )
+    time.sleep(1.0)
+    cancelled = client(default_server).responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    assert wait_metric(default_server, "hearth:num_requests_running", 0) == 0
+    for _ in range(4):
+        assert client(default_server).responses.retrieve(long.id).status == "cancelled"
+
+
 def test_a_stored_response_continues_and_is_shared_by_the_workers(
     default_server: Server,
 ) -> None:

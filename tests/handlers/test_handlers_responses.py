@@ -5,6 +5,7 @@ around it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -528,3 +529,66 @@ async def test_max_tool_calls_is_echoed(client, engine, tokenizer):
     assert result.status == 200 and result.json["max_tool_calls"] == 3
     zero = await call_asgi(client.app, RESPONSES, {"input": "Hi", "max_tool_calls": 0})
     assert zero.status == 400 and zero.json["error"]["param"] == "max_tool_calls"
+
+
+# -- background ---------------------------------------------------------------------------
+async def _poll(client, response_id: str, until: set[str]) -> dict[str, Any]:
+    """GET the response until its status is one of `until` (a few seconds at most)."""
+    for _ in range(200):
+        got = await call_asgi(client.app, f"{RESPONSES}/{response_id}", method="GET")
+        assert got.status == 200, got.body
+        if got.json["status"] in until:
+            return got.json
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{response_id} never reached {until}: {got.json['status']}")
+
+
+async def test_a_background_response_answers_queued_and_completes(client, engine, tokenizer):
+    _script(engine, tokenizer, "Take a coat.", step_delay=0.01)
+    result = await call_asgi(client.app, RESPONSES, {"input": "Oslo?", "background": True})
+    assert result.status == 200, result.body
+    assert result.json["status"] == "queued" and result.json["background"] is True
+    assert result.json["output"] == []
+    done = await _poll(client, result.json["id"], {"completed"})
+    assert _output_text(done) == "Take a coat." and done["background"] is True
+    assert done["usage"]["output_tokens"] == len(encode(tokenizer, "Take a coat.")) + 1
+    follow = {"input": "And Bergen?", "previous_response_id": done["id"]}
+    assert (await call_asgi(client.app, RESPONSES, follow)).status == 200
+    assert "Take a coat." in _prompt(engine, tokenizer)  # the stored turn continues
+    assert engine.live == set()
+
+
+async def test_cancel_stops_a_background_response(client, engine, tokenizer):
+    """The cancel is written to the store; the run sees it, stops, and frees the engine;
+    the response stays cancelled, and cancelling again changes nothing."""
+    _script(engine, tokenizer, "word " * 200, step_delay=0.02)
+    started = await call_asgi(client.app, RESPONSES, {"input": "Talk.", "background": True})
+    response_id = started.json["id"]
+    await _poll(client, response_id, {"in_progress"})
+    cancelled = await call_asgi(client.app, f"{RESPONSES}/{response_id}/cancel")
+    assert cancelled.status == 200 and cancelled.json["status"] == "cancelled"
+    for _ in range(100):
+        if not engine.live:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.live == set()
+    await asyncio.sleep(0.1)
+    again = await call_asgi(client.app, f"{RESPONSES}/{response_id}/cancel")
+    assert again.json["status"] == "cancelled"
+    assert (await _poll(client, response_id, {"cancelled"}))["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"), [({"store": False}, "background"), ({"stream": True}, "stream")]
+)
+async def test_background_needs_the_store_and_no_stream(client, engine, extra, param):
+    result = await call_asgi(client.app, RESPONSES, {"input": "Hi", "background": True, **extra})
+    assert result.status == 400 and result.json["error"]["param"] == param
+    assert engine.added == []
+
+
+async def test_a_synchronous_response_cannot_be_cancelled(client, engine, tokenizer):
+    _script(engine, tokenizer, "Hi")
+    done = await call_asgi(client.app, RESPONSES, {"input": "Hi"})
+    refused = await call_asgi(client.app, f"{RESPONSES}/{done.json['id']}/cancel")
+    assert refused.status == 400

@@ -163,3 +163,11 @@ def test_a_responses_body_gets_a_response(responses: dict, kind: str) -> None:
     [message] = data["output"]
     assert "Paris" in message["content"][0]["text"]
     assert data["usage"]["input_tokens"] > 0
+
+
+def test_a_background_response_is_refused(responses: dict) -> None:
+    """The process is frozen between invocations, so a background response would not
+    run: a 400 naming the field."""
+    resp = responses["responses"]["responses_background"]
+    assert resp["statusCode"] == 400, resp
+    assert json.loads(resp["body"])["error"]["param"] == "background"
