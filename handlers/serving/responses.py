@@ -78,6 +78,12 @@ class ServingResponses:
                 "invocations); send the request without background",
                 param="background",
             )
+        if request.background and not self.store.enabled:
+            raise BadRequestError(
+                "background responses are read back from the response store, which this "
+                "server keeps off (--responses-store-max-entries 0)",
+                param="background",
+            )
         history = await self._history(request.previous_response_id)
         chat = chat_request(request, history, self.limits)
         with responses_params():

@@ -592,3 +592,10 @@ async def test_a_synchronous_response_cannot_be_cancelled(client, engine, tokeni
     done = await call_asgi(client.app, RESPONSES, {"input": "Hi"})
     refused = await call_asgi(client.app, f"{RESPONSES}/{done.json['id']}/cancel")
     assert refused.status == 400
+
+
+async def test_background_needs_the_response_store(make_client, engine):
+    client = make_client(responses_store_max_entries=0)
+    result = await call_asgi(client.app, RESPONSES, {"input": "Hi", "background": True})
+    assert result.status == 400 and result.json["error"]["param"] == "background"
+    assert engine.added == []
