@@ -34,28 +34,28 @@ def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     server.stop()
 
 
+def _greedy_ids(server: Server, prompt: list[int], max_tokens: int, **extra) -> list[int]:
+    """The token ids of a greedy completion of `prompt` (EOS ignored), through the SDK."""
+    out = client(server).completions.create(
+        model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
+    )  # fmt: skip
+    return (out.choices[0].model_extra or {})["token_ids"]
+
+
 def test_the_block_is_closed_at_the_budget(reasoning_server) -> None:
     directory, server = reasoning_server
     tokenizer = Tokenizer(directory)
     prompt = tokenizer.encode("Question: is it safe? <think>", add_special_tokens=False)
     end_ids = tokenizer.encode("</think>", add_special_tokens=False)
-    sdk = client(server)
-
-    def run(**extra) -> list[int]:
-        out = sdk.completions.create(
-            model="tiny", prompt=prompt, max_tokens=12, temperature=0,
-            extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
-        )  # fmt: skip
-        return (out.choices[0].model_extra or {})["token_ids"]
-
-    free = run()
+    free = _greedy_ids(server, prompt, 12)
     assert free[3 : 3 + len(end_ids)] != end_ids
     budget = 3
-    capped = run(thinking_token_budget=budget)
+    capped = _greedy_ids(server, prompt, 12, thinking_token_budget=budget)
     print(f"\nfree {free}\ncapped {capped}")
     assert capped[:budget] == free[:budget]
     assert capped[budget : budget + len(end_ids)] == end_ids
-    assert run(thinking_token_budget=-1) == free
+    assert _greedy_ids(server, prompt, 12, thinking_token_budget=-1) == free
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +94,10 @@ def test_the_analysis_channel_is_closed_and_the_final_answer_opened(harmony_serv
         "<|end|><|start|>assistant<|channel|>final<|message|>", add_special_tokens=False
     )
     assert forced[0] == tokenizer.token_to_id("<|end|>")
-    sdk = client(server)
-
-    def run(**extra) -> list[int]:
-        out = sdk.completions.create(
-            model="tiny", prompt=prompt, max_tokens=14, temperature=0,
-            extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
-        )  # fmt: skip
-        return (out.choices[0].model_extra or {})["token_ids"]
-
-    free = run()
+    free = _greedy_ids(server, prompt, 14)
     budget = 3
     assert free[budget : budget + len(forced)] != forced
-    capped = run(thinking_token_budget=budget)
+    capped = _greedy_ids(server, prompt, 14, thinking_token_budget=budget)
     print(f"\nfree {free}\ncapped {capped}")
     assert capped[:budget] == free[:budget]
     assert capped[budget : budget + len(forced)] == forced
