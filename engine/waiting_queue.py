@@ -4,8 +4,9 @@
 with later arrivals (see the class); preempted requests go to the front. Under
 `--scheduling-policy priority` the queue is a binary heap keyed on (priority, arrival
 time, enqueue sequence), so an arrival costs O(log n) rather than the O(n) scan of a
-sorted deque, and ties keep FCFS order. A preempted request keeps its arrival time, so
-it goes back to where it was: ahead of every later arrival of its priority.
+sorted deque, and ties keep FCFS order; the inputs of one API request take turns with
+later arrivals of their priority there too. A preempted request keeps its arrival time,
+so it goes back to where it was: ahead of every later arrival of its priority.
 
 Removal is lazy in both: a request that leaves the queue anywhere but the head (abort
 of a queued request) only marks itself finished; `head()` drops such entries when they
@@ -140,35 +141,87 @@ class FcfsQueue(_LazyRemovalQueue):
         return self._num_entries
 
 
+class _GroupTurn:
+    """The turn state of one API request's engine requests in `PriorityQueue`."""
+
+    __slots__ = ("key", "pending", "taken", "turn")
+
+    def __init__(self, key: float) -> None:
+        self.turn = 0
+        """Turns ended so far; an entry queued for an earlier turn is re-keyed at the front."""
+        self.key = key
+        """The arrival its entries are ordered by in the current turn (its own arrival,
+        then the latest arrival when a turn ended)."""
+        self.taken = 0
+        """Prompt tokens taken in the current turn."""
+        self.pending = 0
+        """Entries of the group in the heap (stale ones included)."""
+
+
 class PriorityQueue(_LazyRemovalQueue):
     """`Request.sort_key` order (lower priority value first, then earlier arrival), then
-    enqueue order: the same order as a sorted deque with stable insertion, at O(log n)
-    per push and pop."""
+    enqueue order, at O(log n) per push and pop; and, as `FcfsQueue`, the engine requests
+    of one API request (`Request.group`) take turns of `turn_tokens` prompt tokens with
+    later arrivals of their priority: when a group's turn ends, its entries still waiting
+    are ordered by the latest arrival so far (re-keyed lazily, as each reaches the
+    front). A preempted request goes back by its own arrival, ahead of later arrivals of
+    its priority."""
 
-    __slots__ = ("_heap", "_sequence")
+    __slots__ = ("_groups", "_heap", "_latest", "_sequence", "_turn_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, turn_tokens: int = 1) -> None:
         super().__init__()
-        self._heap: list[tuple[int, float, int, Request]] = []
+        self._heap: list[tuple[int, float, int, int, Request]] = []
+        """(priority, arrival key, enqueue sequence, group turn, request)."""
         self._sequence = itertools.count()
-        """Tie-break for equal sort keys: earlier enqueue first. Never equal, so the heap
-        never compares two Requests."""
+        """Tie-break for equal keys: earlier enqueue first. Never equal, so the heap never
+        compares two turns or Requests."""
+        self._turn_tokens = max(turn_tokens, 1)
+        self._groups: dict[str, _GroupTurn] = {}
+        self._latest = float("-inf")
+        """The latest arrival pushed: where a group whose turn ended goes."""
+
+    def _push(self, request: Request, key: float) -> None:
+        group = self._groups.get(request.group)
+        if group is None:
+            self._groups[request.group] = group = _GroupTurn(request.arrival_time)
+        group.pending += 1
+        # Flat, not nested: a nested key tuple costs extra comparisons per sift.
+        entry = (request.priority, key, next(self._sequence), group.turn, request)
+        heapq.heappush(self._heap, entry)
 
     def push(self, request: Request) -> None:
-        # Flat, not nested: a nested key tuple costs extra comparisons per sift.
-        entry = (*request.sort_key(), next(self._sequence), request)
-        heapq.heappush(self._heap, entry)
+        self._latest = max(self._latest, request.arrival_time)
+        group = self._groups.get(request.group)
+        self._push(request, group.key if group is not None else request.arrival_time)
 
     def push_preempted(self, request: Request) -> None:
         # NOTE: the original arrival time puts it back ahead of later arrivals of its
         # priority; a more urgent request that is waiting still runs first.
-        self.push(request)
+        self._push(request, request.arrival_time)
 
     def _front(self) -> Request | None:
-        return self._heap[0][3] if self._heap else None
+        heap = self._heap
+        while heap:
+            priority, _, _, turn, request = heap[0]
+            group = self._groups[request.group]
+            if turn >= group.turn:
+                return request
+            entry = (priority, group.key, next(self._sequence), group.turn, request)
+            heapq.heapreplace(heap, entry)  # queued for an ended turn: behind later arrivals
+        return None
 
     def _drop_front(self) -> None:
-        heapq.heappop(self._heap)
+        request = heapq.heappop(self._heap)[4]
+        group = self._groups[request.group]
+        group.pending -= 1
+        if group.pending == 0:
+            del self._groups[request.group]
+            return
+        if not request.is_finished:  # taken by the scheduler: it counts to the turn
+            group.taken += request.num_tokens
+            if group.taken >= self._turn_tokens:
+                group.turn, group.key, group.taken = group.turn + 1, self._latest, 0
 
     def num_entries(self) -> int:
         return len(self._heap)
@@ -176,7 +229,7 @@ class PriorityQueue(_LazyRemovalQueue):
 
 def make_waiting_queue(policy: str, turn_tokens: int = 1) -> WaitingQueue:
     """The queue of `policy`; `turn_tokens`: the prompt tokens an API request of many
-    inputs may take before a later one gets a turn (fcfs)."""
+    inputs may take before a later one (of its priority) gets a turn."""
     if policy == "priority":
-        return PriorityQueue()
+        return PriorityQueue(turn_tokens)
     return FcfsQueue(turn_tokens)

@@ -432,13 +432,17 @@ def test_last_token_embeddings_use_and_fill_the_prefix_cache(base_dir: Path) -> 
     assert out.num_cached_tokens >= 2 * bm.block_size
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("grouped", [True, False])
-def test_a_many_input_request_takes_turns_with_a_later_chat(base_dir: Path, grouped: bool) -> None:
+def test_a_many_input_request_takes_turns_with_a_later_chat(
+    base_dir: Path, grouped: bool, policy: str
+) -> None:
     """One API request of 10 embedding inputs (~200 tokens each, one group), then a
-    generation request: with groups the generation is admitted after the first input's
-    turn and finishes while most inputs still wait; as ten unrelated requests (strict
-    FCFS, the control) it starts only after every input."""
-    core = make_core(base_dir, max_num_batched_tokens=64, max_num_seqs=2)
+    generation request of the same priority: with groups the generation is admitted after
+    the first input's turn and finishes while most inputs still wait; as ten unrelated
+    requests (strict order, the control) it starts only after every input. Under both
+    scheduling policies."""
+    core = make_core(base_dir, max_num_batched_tokens=64, max_num_seqs=2, scheduling_policy=policy)
     inputs = [[(7 * i + j) % 200 + 3 for j in range(200)] for i in range(10)]
     for i, ids in enumerate(inputs):
         admission = core.add_request(

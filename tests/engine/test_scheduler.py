@@ -276,45 +276,91 @@ def test_the_prefill_chunk_resolves_from_the_budget_flags(
     assert (resolved.max_num_batched_tokens, resolved.max_prefill_chunk) == expected
 
 
-# -- fcfs: the inputs of one API request take turns with later arrivals ------------------
+# -- both policies: the inputs of one API request take turns with later arrivals ---------
+def _queue(policy: str, turn_tokens: int) -> FcfsQueue | PriorityQueue:
+    return FcfsQueue(turn_tokens) if policy == "fcfs" else PriorityQueue(turn_tokens)
 
 
-def test_fcfs_without_groups_is_arrival_order() -> None:
-    q = FcfsQueue(turn_tokens=100)
+class _Clock:
+    """Arrival times that grow with each request, as the engine's do."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def req(self, rid: str, n: int, **fields) -> Request:
+        self.now += 1.0
+        return _req(rid, n, t=self.now, **fields)
+
+
+POLICIES = pytest.mark.parametrize("policy", ["fcfs", "priority"])
+
+
+@POLICIES
+def test_without_groups_it_is_arrival_order(policy: str) -> None:
+    q, clock = _queue(policy, 100), _Clock()
     for rid in "abcde":
-        q.push(_req(rid, 7))
+        q.push(clock.req(rid, 7))
     assert len(q) == 5 and _drain(q) == list("abcde")
     assert len(q) == 0 and q.num_entries() == 0
 
 
-def test_a_many_input_request_takes_turns_with_later_arrivals() -> None:
+@POLICIES
+def test_a_many_input_request_takes_turns_with_later_arrivals(policy: str) -> None:
     """Six 40-token inputs of one API request, then x and y: strict FCFS ran x after all
     six; with turns of 64 tokens x runs after the first two, y after the next two."""
-    q = FcfsQueue(turn_tokens=64)
+    q, clock = _queue(policy, 64), _Clock()
     for i in range(6):
-        q.push(_req(f"big{i}", 40, group="big"))
-    q.push(_req("x", 5))
-    q.push(_req("y", 5))
+        q.push(_req(f"big{i}", 40, group="big", t=1.0))  # one API request: one arrival
+    clock.now = 1.0
+    q.push(clock.req("x", 5))
+    q.push(clock.req("y", 5))
     assert _drain(q) == ["big0", "big1", "x", "y", "big2", "big3", "big4", "big5"]
 
 
-def test_a_group_within_one_turn_is_taken_together() -> None:
+@POLICIES
+def test_a_group_within_one_turn_is_taken_together(policy: str) -> None:
     """The n choices of a short request (4 x 10 tokens, turn 64) stay together."""
-    q = FcfsQueue(turn_tokens=64)
+    q = _queue(policy, 64)
     for i in range(4):
-        q.push(_req(f"n{i}", 10, group="chat"))
-    q.push(_req("z", 5))
+        q.push(_req(f"n{i}", 10, group="chat", t=1.0))
+    q.push(_req("z", 5, t=2.0))
     assert _drain(q) == ["n0", "n1", "n2", "n3", "z"]
 
 
-def test_every_waiting_group_gets_a_turn_in_arrival_order() -> None:
-    q = FcfsQueue(turn_tokens=1)  # one input a turn
+@POLICIES
+def test_every_waiting_group_gets_a_turn_in_arrival_order(policy: str) -> None:
+    q = _queue(policy, 1)  # one input a turn
     for i in range(3):
-        q.push(_req(f"a{i}", 3, group="a"))
+        q.push(_req(f"a{i}", 3, group="a", t=1.0))
     for i in range(2):
-        q.push(_req(f"b{i}", 3, group="b"))
-    q.push(_req("c", 3))
+        q.push(_req(f"b{i}", 3, group="b", t=2.0))
+    q.push(_req("c", 3, t=3.0))
     assert _drain(q) == ["a0", "b0", "c", "a1", "b1", "a2"]
+
+
+def test_priority_turns_stay_within_a_priority() -> None:
+    """A turn lets later arrivals of the group's own priority go first; a more urgent
+    request goes first anyway, a less urgent one waits for the whole group."""
+    q = PriorityQueue(turn_tokens=1)
+    for i in range(3):
+        q.push(_req(f"g{i}", 3, group="g", t=1.0))
+    q.push(_req("same", 3, t=2.0))
+    q.push(_req("later-low", 3, priority=5, t=3.0))
+    q.push(_req("urgent", 3, priority=-1, t=4.0))
+    assert _drain(q) == ["urgent", "g0", "same", "g1", "g2", "later-low"]
+
+
+def test_a_preempted_input_goes_back_by_its_arrival_under_priority() -> None:
+    q = PriorityQueue(turn_tokens=1)
+    for i in range(2):
+        q.push(_req(f"a{i}", 3, group="a", t=1.0))
+    q.push(_req("b", 3, t=2.0))
+    first = q.head()
+    assert first is not None and first.request_id == "a0"
+    q.remove(first)  # a0 admitted: the rest of group a goes behind b
+    assert q.head() is not None and q.head().request_id == "b"
+    q.push_preempted(first)  # a0 preempted: back by its own arrival, ahead of b
+    assert _drain(q) == ["a0", "b", "a1"]
 
 
 def test_a_preempted_input_goes_to_the_very_front() -> None:
@@ -331,9 +377,10 @@ def test_a_preempted_input_goes_to_the_very_front() -> None:
     assert _drain(q) == ["a0", "b", "c", "a1"]
 
 
-def test_aborted_inputs_are_skipped_and_not_counted() -> None:
-    q = FcfsQueue(turn_tokens=1)
-    requests = [_req(f"a{i}", 3, group="a") for i in range(3)] + [_req("b", 3)]
+@POLICIES
+def test_aborted_inputs_are_skipped_and_not_counted(policy: str) -> None:
+    q = _queue(policy, 1)
+    requests = [_req(f"a{i}", 3, group="a", t=1.0) for i in range(3)] + [_req("b", 3, t=2.0)]
     for request in requests:
         q.push(request)
     for request in requests[:2]:  # a0 (the head) and a1 (lazily)
