@@ -22,16 +22,23 @@ from tests.engine.tiny_models import save_servable_tiny
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+def _serve(
+    tmp_path_factory: pytest.TempPathFactory, directory: Path, parser: str
+) -> Iterator[tuple[Path, Server]]:
+    """`hearth serve` of the tiny model in `directory` with `--reasoning-parser parser`."""
+    server = start_server(
+        tmp_path_factory.mktemp(f"{parser}-logs"), str(directory), "--served-model-name", "tiny",
+        "--max-model-len", "128", "--reasoning-parser", parser,
+    )  # fmt: skip
+    yield directory, server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Server]]:
     directory = tmp_path_factory.mktemp("tiny-qwen3")
     save_servable_tiny("qwen3", directory)
-    server = start_server(
-        tmp_path_factory.mktemp("thinking-logs"), str(directory), "--served-model-name", "tiny",
-        "--max-model-len", "128", "--reasoning-parser", "think",
-    )  # fmt: skip
-    yield directory, server
-    server.stop()
+    yield from _serve(tmp_path_factory, directory, "think")
 
 
 def _greedy_ids(server: Server, prompt: list[int], max_tokens: int, **extra) -> list[int]:
@@ -73,12 +80,7 @@ def harmony_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
     specials = [START, END, MESSAGE, CHANNEL, CALL, RETURN, "<|constrain|>"]
     raw.add_special_tokens([AddedToken(t, special=True) for t in specials])
     raw.save(str(directory / "tokenizer.json"))
-    server = start_server(
-        tmp_path_factory.mktemp("harmony-logs"), str(directory), "--served-model-name", "tiny",
-        "--max-model-len", "128", "--reasoning-parser", "harmony",
-    )  # fmt: skip
-    yield directory, server
-    server.stop()
+    yield from _serve(tmp_path_factory, directory, "harmony")
 
 
 def test_the_analysis_channel_is_closed_and_the_final_answer_opened(harmony_server) -> None:
