@@ -317,6 +317,8 @@ class ResponsesRequest(OpenAIBaseModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    ignore_eos: bool = False
+    """vLLM: generate past the end-of-sequence token, up to `max_output_tokens`."""
     priority: int = Field(default=0, ge=-INT64_MAX - 1, le=INT64_MAX)
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
 

@@ -106,6 +106,7 @@ def chat_request(
         "min_p": request.min_p,
         "repetition_penalty": request.repetition_penalty,
         "seed": request.seed,
+        "ignore_eos": request.ignore_eos or None,
         "tools": [
             {"type": "function", "function": t.definition().model_dump(exclude_none=True)}
             for t in request.tools

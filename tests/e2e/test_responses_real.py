@@ -198,9 +198,14 @@ def test_a_background_response_is_polled_and_cancelled_from_any_worker(
     assert polled.output_text == sdk.responses.create(**kwargs).output_text
 
     long = sdk.responses.create(
-        model=MODEL, input="Tell me a very long story.", max_output_tokens=2000, background=True
-    )
-    time.sleep(1.0)
+        model=MODEL, input="Tell me a very long story.", max_output_tokens=2000,
+        background=True, extra_body={"ignore_eos": True},  # ~20 s here: cancelled long before
+    )  # fmt: skip
+    for _ in range(100):
+        if client(default_server).responses.retrieve(long.id).status == "in_progress":
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
     cancelled = client(default_server).responses.cancel(long.id)
     assert cancelled.status == "cancelled"
     assert wait_metric(default_server, "hearth:num_requests_running", 0) == 0

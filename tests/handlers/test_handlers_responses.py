@@ -90,6 +90,10 @@ async def test_sampling_fields_reach_the_engine_by_their_chat_meaning(client, en
     assert result.status == 200, result.body
     params = engine.added[0].params
     assert (params.max_tokens, params.temperature, params.top_p, params.seed) == (7, 0.5, 0.9, 3)
+    assert params.ignore_eos is False
+    _script(engine, tokenizer, "one two three four five six seven eight nine ten")
+    again = await call_asgi(client.app, RESPONSES, {**body, "ignore_eos": True})  # vLLM's extra
+    assert again.status == 200 and engine.added[1].params.ignore_eos is True
     assert result.json["max_output_tokens"] == 7 and result.json["temperature"] == 0.5
 
 
