@@ -50,15 +50,15 @@ def _check_whitespace_pattern(value: str | None) -> str | None:
 
 
 def whitespace_pattern(any_whitespace: bool, separators: tuple[str, str] | None) -> str | None:
-    """The `whitespace_pattern` that gives a JSON constraint this layout back (None: the
-    default layout, which needs none)."""
-    if any_whitespace:
-        return r"\s*"
-    if separators is not None and tuple(separators) == NO_WHITESPACE_SEPARATORS:
-        return ""
-    if separators is None:
+    """The first of `WHITESPACE_PATTERNS` that gives a JSON constraint this layout back
+    (None: the default layout, which needs none)."""
+    layout = (any_whitespace, tuple(separators) if separators is not None else None)
+    if layout == (False, None):
         return None
-    raise ValueError(f"no whitespace_pattern gives separators {separators!r}")
+    for pattern, gives in WHITESPACE_PATTERNS.items():
+        if gives == layout:
+            return pattern
+    raise ValueError(f"no whitespace_pattern gives the layout {layout!r}")
 
 
 def _json_layout(pattern: str | None) -> dict[str, Any]:

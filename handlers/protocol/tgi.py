@@ -179,11 +179,16 @@ class TGIToken(WireModel):
     special: bool = False
 
 
-def _without_empty(data: dict[str, Any], name: str) -> dict[str, Any]:
-    """TGI's `skip_serializing_if = "Vec::is_empty"`."""
-    if not data.get(name):
-        data.pop(name, None)
-    return data
+class _WithTopTokens(WireModel):
+    """A TGI answer with `top_tokens`, left out when empty (TGI's `skip_serializing_if =
+    "Vec::is_empty"`)."""
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_top_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if not data.get("top_tokens"):
+            data.pop("top_tokens", None)
+        return data
 
 
 class TGIPrefillToken(WireModel):
@@ -193,7 +198,7 @@ class TGIPrefillToken(WireModel):
     """None for the first prompt token (nothing precedes it)."""
 
 
-class TGIDetails(WireModel):
+class TGIDetails(_WithTopTokens):
     finish_reason: str
     """'length', 'eos_token' or 'stop_sequence'."""
     generated_tokens: int
@@ -203,10 +208,6 @@ class TGIDetails(WireModel):
     top_tokens: list[list[TGIToken]] = Field(default_factory=list)
     """With `top_n_tokens`: the n most likely tokens at each generated position (left out
     when empty, as TGI)."""
-
-    @model_serializer(mode="wrap")
-    def _drop_empty_top_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_empty(handler(self), "top_tokens")
 
 
 class TGIResponse(WireModel):
@@ -224,16 +225,11 @@ class TGIStreamDetails(WireModel):
     seed: int | None = None
 
 
-class TGIStreamResponse(WireModel):
+class TGIStreamResponse(_WithTopTokens):
     index: int
     token: TGIToken
     top_tokens: list[TGIToken] = Field(default_factory=list)
     """With `top_n_tokens`: this token's position's n most likely (left out when empty,
     as TGI)."""
-
-    @model_serializer(mode="wrap")
-    def _drop_empty_top_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_empty(handler(self), "top_tokens")
-
     generated_text: str | None = None
     details: TGIStreamDetails | None = None

@@ -92,9 +92,8 @@ class ServingChat(ServingBase):
         (`<think>`, harmony's analysis channel) and is dropped elsewhere."""
         model_name = self.model_name(request.model)
         template, prompt_text, prompt_ids = await self.render_prompt(request)
-        reasons = template.reasoning or template.harmony
-        budget = self.thinking_budget(request.thinking_budget, reasons)
-        if budget is None and reasons:
+        budget = self.thinking_budget(request.thinking_budget, template.reasons_in_blocks)
+        if budget is None and template.reasons_in_blocks:
             budget = advisory_thinking_budget
         structured = forced_tool_spec(request)
         if structured is not None and request.use_beam_search:
@@ -173,9 +172,7 @@ class ServingChat(ServingBase):
             client_request_id=first.request_id,
             priority=first.priority,
             cache_salt=first.cache_salt,
-            thinking_budget=self.thinking_budget(
-                first.thinking_budget, template.reasoning or template.harmony
-            ),
+            thinking_budget=self.thinking_budget(first.thinking_budget, template.reasons_in_blocks),
             harmony=template.harmony,
             beam_search=beam_search_options(first),
         )

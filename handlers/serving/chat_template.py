@@ -56,6 +56,22 @@ class ChatTemplateChoice:
     calls by channel (--reasoning-parser harmony, else a gpt-oss model or a template
     that writes ``<|channel|>``); `reasoning` and `tool_format` are then unused."""
 
+    @property
+    def reasons_in_blocks(self) -> bool:
+        """Whether outputs hold a reasoning block a thinking budget can cap: `<think>`
+        or harmony's analysis channel."""
+        return self.reasoning or self.harmony
+
+
+def reasoning_style(served: ServedModel, source: str | None) -> tuple[bool, bool]:
+    """(`<think>` reasoning, harmony channels) of outputs under template `source`: one
+    rule for the chat routes and for completions (which render no template, so they ask
+    with the server's)."""
+    config = served.config
+    info = served.engine.model_info
+    harmony = uses_harmony(config.reasoning_parser, source, info.architecture if info else "")
+    return not harmony and reasoning_enabled(config.reasoning_parser, source), harmony
+
 
 def requested_template(request: ChatTemplateRequest) -> str | None:
     """The template the request itself names, from either of its two fields."""
@@ -78,13 +94,12 @@ def choose_chat_template(served: ServedModel, request: ChatTemplateRequest) -> C
         )
     source = from_request or config.chat_template or served.tokenizer().chat_template
     detected_format, renders_tools = detect_tool_format(source)
-    info = served.engine.model_info
-    harmony = uses_harmony(config.reasoning_parser, source, info.architecture if info else "")
+    reasoning, harmony = reasoning_style(served, source)
     return ChatTemplateChoice(
         source=source,
         from_request=from_request is not None,
         tool_format=config.tool_call_parser or detected_format,
         renders_tools=renders_tools,
-        reasoning=not harmony and reasoning_enabled(config.reasoning_parser, source),
+        reasoning=reasoning,
         harmony=harmony,
     )

@@ -16,11 +16,10 @@ from handlers.protocol.completion import (
 )
 from handlers.serving.base import PromptInput, Run, ServingBase
 from handlers.serving.beam_search import beam_search_options
+from handlers.serving.chat_template import reasoning_style
 from handlers.serving.choice import Choice, ChoiceDelta
 from handlers.serving.context import RequestContext
-from handlers.serving.harmony import uses_harmony
 from handlers.serving.logprobs import completion_logprobs, prompt_logprobs
-from handlers.serving.reasoning import reasoning_enabled
 from handlers.serving.sse import SSEPayload, SSEStream
 from handlers.serving.stream_chunks import StreamChunks
 
@@ -54,11 +53,8 @@ class ServingCompletion(ServingBase):
         if budget is not None:
             served = self.served
             source = served.config.chat_template or served.tokenizer().chat_template
-            harmony = uses_harmony(
-                served.config.reasoning_parser, source, served.info().architecture
-            )
-            reasons = harmony or reasoning_enabled(served.config.reasoning_parser, source)
-            budget = self.thinking_budget(budget, reasons)
+            reasoning, harmony = reasoning_style(served, source)
+            budget = self.thinking_budget(budget, reasoning or harmony)
         run = await self.start_run(
             ctx,
             model_name=model_name,

@@ -36,7 +36,7 @@ from handlers.serving.chat import ServingChat
 from handlers.serving.chat_template import ChatTemplateChoice
 from handlers.serving.context import RequestContext
 from handlers.serving.logprobs import chat_logprobs
-from handlers.serving.response_store import ResponseStore
+from handlers.serving.response_store import ResponseStore, StoredResponse
 from handlers.serving.responses_background import BackgroundRuns
 from handlers.serving.responses_input import chat_request, input_messages, responses_params
 from handlers.serving.responses_output import (
@@ -113,10 +113,14 @@ class ServingResponses:
         return chat_request(request, history, self.limits)
 
     async def retrieve(self, response_id: str) -> ResponseObject:
+        return (await self._stored(response_id))[1]
+
+    async def _stored(self, response_id: str) -> tuple[StoredResponse, ResponseObject]:
+        """The stored entry and its response object; 404 when there is none."""
         stored = await self.store.get(response_id)
         if stored is None:
             raise _not_found(response_id)
-        return ResponseObject.model_validate(stored.response)
+        return stored, ResponseObject.model_validate(stored.response)
 
     async def delete(self, response_id: str) -> ResponseDeleted:
         if not await self.store.delete(response_id):
@@ -128,10 +132,7 @@ class ServingResponses:
         running turns `cancelled` in the store, where the worker running it sees it
         (handlers/serving/responses_background.py). A finished one is returned as it is.
         404 when there is none."""
-        stored = await self.store.get(response_id)
-        if stored is None:
-            raise _not_found(response_id)
-        response = ResponseObject.model_validate(stored.response)
+        stored, response = await self._stored(response_id)
         if not response.background:
             raise BadRequestError("Cannot cancel a synchronous response.", param="response_id")
         if response.status in ("queued", "in_progress"):
