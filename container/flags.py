@@ -410,9 +410,11 @@ def add_serve_flags(
         "on AMX, under 6 on AVX512-BF16, bfloat16 tiles with float32 sums from there up; "
         "needs AMX-BF16 or AVX512-BF16), gguf-int8 (the "
         "blocks times int8 activations: faster, below the quality bar), none (dense weights "
-        "of --dtype); auto = gguf-bf16 for a GGUF model where AMX-BF16 or AVX512-BF16 runs, gguf on other CPUs, "
-        "unless --dtype float32 asks for the exact mode. A model without a GGUF (safetensors) "
-        "stays exact under auto; a gguf mode named for it quantizes its linears to Q8_0 at load",
+        "of --dtype), q8_0 (a model without a GGUF quantized to Q8_0 at load, as gguf: "
+        "faster, below the quality bar); auto = gguf-bf16 where AMX-BF16 or AVX512-BF16 "
+        "runs, gguf on other CPUs, unless --dtype float32 asks for the exact mode. A model "
+        "without a GGUF (safetensors) runs the gguf modes from its own weights in 16 bits "
+        "(bfloat16 or float16 where they hold every value, else rounded to float16)",
         choices=QUANTIZATIONS,
     )
     eng.value(

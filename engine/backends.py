@@ -62,6 +62,7 @@ from engine.layers.gguf_linear import (
     GGUFSource,
     GGUFTiledLinearMethod,
 )
+from engine.layers.half_weights import HalfWeights
 from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
 from engine.layers.moe import GROUPED_GEMM, use_moe_method
@@ -134,17 +135,15 @@ def choose_backends(
     path = gguf_source(model_dir)
     why_not = CpuAttentionBackend.supported(model.head_dim, dtype, device, has_sinks(model))
     if why_not is not None:
-        if asked.startswith("gguf"):
+        if asked != "auto":
             raise ValueError(f"--quantization {asked} cannot run: {why_not}")
         return _exact_checked(model, config, dtype, device)
-    if path is None and asked == "auto":
-        modes = " or ".join(dict.fromkeys((auto_gguf_mode(), "gguf")))
-        say(
-            f"exact torch path: the model ships no GGUF; --quantization {modes} would "
-            "quantize its linears to Q8_0 at load for the C kernels (faster, not exact)"
+    if asked == "q8_0" and path is not None:
+        raise ValueError(
+            "--quantization q8_0 quantizes a model that ships no GGUF at load; this model "
+            "is a GGUF, whose own blocks run under --quantization gguf (or auto)"
         )
-        return _exact_checked(model, config, dtype, device)
-    mode = asked if asked != "auto" else auto_gguf_mode()
+    mode = {"auto": auto_gguf_mode(), "q8_0": "gguf"}.get(asked, asked)
     if mode == "gguf-bf16" and not bf16_ops.available(host_isa().variant):
         raise ValueError(
             f"--quantization gguf-bf16 cannot run: it needs AMX-BF16 or AVX512-BF16 "
@@ -156,11 +155,11 @@ def choose_backends(
         "gguf-bf16": GGUFTiledLinearMethod,
         "gguf-int8": GGUFInt8LinearMethod,
     }[mode]
-    source: BlockSource = QuantizedWeights() if path is None else GGUFSource(path)
+    source = _block_source(path, asked, mode)
     started = time.perf_counter()
     kinds = _use_gguf_blocks(model, method_cls(source))
     if not kinds:
-        if asked.startswith("gguf"):
+        if asked != "auto":
             raise ValueError(f"--quantization {asked}: no linear fits: {source.describe()}")
         return _exact_checked(model, config, dtype, device)
     use_kernel_ops(model, ops)
@@ -176,7 +175,7 @@ def choose_backends(
         f"({bf16_ops.tile_path()}) from {min_t} up"
         + (
             f" (tiles built from the blocks from {bf16_ops.QTILES_MIN_T} up)"
-            if bf16_ops.qtiles_path()
+            if bf16_ops.qtiles_path() and not isinstance(source, HalfWeights)
             else ""
         ),
         "gguf-int8": f"int8 activations ({q8_ops.integer_path()})",
@@ -194,8 +193,9 @@ def choose_backends(
         if path is not None
         else f", {source.describe()} in {time.perf_counter() - started:.1f} s"
     )
+    weights = "16-bit weights" if isinstance(source, HalfWeights) else "GGUF blocks"
     description = (
-        f"GGUF blocks ({counts}; {nbytes / 2**20:.0f} MiB{origin}) x {activations}, "
+        f"{weights} ({counts}; {nbytes / 2**20:.0f} MiB{origin}) x {activations}, "
         f"{kv} KV cache{attention}, "
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
@@ -204,9 +204,27 @@ def choose_backends(
         mode == "gguf-int8" and q8_ops.integer_path() == "amx"
     )
     return Backends(
-        mode, description, CpuAttentionBackend(min_run), kv_dtype,
+        asked if asked == "q8_0" else mode, description, CpuAttentionBackend(min_run), kv_dtype,
         v_dtype if v_dtype != kv_dtype else None, tiled,
     )  # fmt: skip
+
+
+ROUND_BY_DEFAULT = True
+"""Whether ``auto`` serves a model without a GGUF from float16-rounded weights where its
+checkpoint holds values no 16-bit kind holds exactly (a float32 checkpoint): the rounding
+passes the quality bar by a wide margin (docs/performance.md, "A model without a GGUF"), as
+vLLM's own CPU default rounds such a model to 16 bits. ``--dtype float32`` keeps it exact."""
+
+
+def _block_source(path, asked: str, mode: str) -> BlockSource:
+    """Where the kernels' weights come from: the GGUF file at `path`; for a model without
+    one, its own weights in 16 bits, or, for ``q8_0`` and the int8 kernels (which read
+    integer blocks only), the weights quantized to Q8_0 at load."""
+    if path is not None:
+        return GGUFSource(path)
+    if asked == "q8_0" or mode == "gguf-int8":
+        return QuantizedWeights()
+    return HalfWeights(rounding=asked != "auto" or ROUND_BY_DEFAULT)
 
 
 DEFAULT_FAST_KV = "float16-int8"

@@ -19,7 +19,7 @@ from engine.pooling_config import PoolingConfig
 from engine.profiler_config import ProfilerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "gguf", "gguf-bf16", "gguf-int8", "none")
+QUANTIZATIONS = ("auto", "gguf", "gguf-bf16", "gguf-int8", "q8_0", "none")
 KERNELS = ("auto", "torch", "triton")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "float16-int8", "int8")
 SCHEDULING_POLICIES = ("fcfs", "priority")

@@ -76,7 +76,6 @@ ATTENTION_MIN_RUN = 16
 """Under gguf-bf16, runs of at least this many consecutive positions of one sequence (prefill
 chunks) take the bfloat16 attention kernel (`ops.paged_attention`'s ``min_run``): one
 query tile is 16 tokens. Shorter runs (decodes) keep the float32 kernel."""
-_KINDS = {"q4_1": 0, "q8_0": 1}
 
 
 @functools.cache
@@ -169,8 +168,14 @@ def pack_tiles(
         raise ValueError(f"dense [{n}, {k}] does not match blocks [{blocks.n}, {blocks.k}]")
     lib = library()
     tile_bytes = lib.hearth_bf16_packed_bytes(n, k)
-    kind = _KINDS[blocks.kind]
-    with_q = raw is not None and q_min_t > 0 and k % 32 == 0 and qtiles_path()
+    kind = ops.KIND_CODES[blocks.kind]
+    with_q = (
+        raw is not None
+        and blocks.kind not in ops.WIDE_KINDS
+        and q_min_t > 0
+        and k % 32 == 0
+        and qtiles_path()
+    )
     q_bytes = lib.hearth_qtiles_bytes(kind, n, k) if with_q else 0
     data = torch.empty((tile_bytes + q_bytes + 1) // 2, dtype=torch.int16)
     lib.hearth_pack_bf16(dense.contiguous().data_ptr(), n, k, data.data_ptr())
@@ -193,14 +198,14 @@ def linear_tiles(
         out = rec.new(weight.n) if out is None else out
         rec.emit(
             capture.OP_LINEAR_BF16, [x, weight.data, out, weight.bias],
-            (weight.k, weight.n, weight.min_t, weight.q_min_t), kind=_KINDS[weight.blocks.kind],
+            (weight.k, weight.n, weight.min_t, weight.q_min_t), kind=ops.KIND_CODES[weight.blocks.kind],
             aux=weight.blocks.data,
         )  # fmt: skip
         return out
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
     if t >= weight.min_t and library().hearth_bf16_linear(
-        _KINDS[weight.blocks.kind], *ops.gemm_args(x, weight, out), weight.q_min_t
+        ops.KIND_CODES[weight.blocks.kind], *ops.gemm_args(x, weight, out), weight.q_min_t
     ):
         return out
     return ops.linear(x, weight.blocks, out)

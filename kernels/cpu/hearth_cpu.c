@@ -81,6 +81,27 @@ void hearth_pack_q8_0(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
     }
 }
 
+/*
+ * 16-bit weights (F16 / BF16: a checkpoint's own weights, or a GGUF's F16 / BF16 tensors):
+ *   W16: w[32][8] uint16, column j of the block = the 8 rows' values     512 B / block
+ * src: row-major uint16 [n, k].
+ */
+int64_t hearth_w16_packed_bytes(int64_t n, int64_t k) { return (n / GROUP) * (k / Q4_BLOCK) * 512; }
+
+void hearth_pack_w16(const uint16_t *src, int64_t n, int64_t k, uint16_t *dst) {
+    const int64_t nb = k / Q4_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / GROUP; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint16_t *out = dst + (g * nb + b) * 256;
+            for (int r = 0; r < GROUP; r++) {
+                const uint16_t *row = src + (g * GROUP + r) * k + b * Q4_BLOCK;
+                for (int j = 0; j < Q4_BLOCK; j++) out[j * GROUP + r] = row[j];
+            }
+        }
+    }
+}
+
 static inline float hsum(__m256 v);
 
 /* ------------------------------------------------------------------ quantized GEMM */
@@ -194,6 +215,52 @@ Q4_TILE_FN(3, 1)
 Q4_TILE_FN(4, 1)
 TILE_SET(Q8, 1)
 
+/*
+ * 16-bit weights: each weight widens exactly to float32 (F16 by F16C's vcvtph2ps, BF16 by
+ * a 16-bit shift), and each lane (token, output row) accumulates x * w in one float32 FMA
+ * chain in column order, the same for every G, NT and token count. No block scale: the
+ * result is the float32 product of the 16-bit weights up to the order of the sums.
+ */
+static inline __m256 load_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 load_bf16(const uint8_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+#define W16_TILE_FN(NAME, G, NT)                                                              \
+    static void NAME##_tile_##G##_##NT(const float *x, int64_t ldx, int64_t nb, const uint8_t *wg, \
+                                       int64_t group_bytes, const float *xsum, __m256 *out) { \
+        (void)xsum;                                                                           \
+        __m256 acc[G][NT];                                                                    \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                  \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps(); \
+        for (int64_t b = 0; b < nb; b++) {                                                    \
+            const float *xb = x + b * Q4_BLOCK;                                               \
+            for (int j = 0; j < Q4_BLOCK; j++) {                                              \
+                __m256 w[G];                                                                  \
+                _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                          \
+                    w[g] = load_##NAME(wg + g * group_bytes + b * 512 + j * 2 * GROUP);       \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {                        \
+                    const __m256 xv = bcast(xb + t * ldx + j);                                \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                      \
+                        acc[g][t] = _mm256_fmadd_ps(xv, w[g], acc[g][t]);                     \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                  \
+            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[g * TILE + t] = acc[g][t]; \
+    }
+#define W16_TILE_SET(NAME, G)                                                                 \
+    W16_TILE_FN(NAME, G, 1) W16_TILE_FN(NAME, G, 2) W16_TILE_FN(NAME, G, 3) W16_TILE_FN(NAME, G, 4) \
+    W16_TILE_FN(NAME, G, 5)
+W16_TILE_SET(f16, 1)
+W16_TILE_SET(f16, 2)
+W16_TILE_FN(f16, 3, 1)
+W16_TILE_FN(f16, 4, 1)
+W16_TILE_SET(bf16, 1)
+W16_TILE_SET(bf16, 2)
+W16_TILE_FN(bf16, 3, 1)
+W16_TILE_FN(bf16, 4, 1)
+
 typedef void (*tile_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, const float *,
                         __m256 *);
 /* [G - 1][NT]. Three and four groups exist for single tokens only: one token's tile of two
@@ -207,6 +274,20 @@ static const tile_fn Q4_TILES[4][TILE + 1] = {
     {0, q4_tile_4_1}};
 static const tile_fn Q8_TILES[1][TILE + 1] = {
     {0, q8_tile_1_1, q8_tile_1_2, q8_tile_1_3, q8_tile_1_4, q8_tile_1_5}};
+
+static const tile_fn F16_TILES[4][TILE + 1] = {
+    {0, f16_tile_1_1, f16_tile_1_2, f16_tile_1_3, f16_tile_1_4, f16_tile_1_5},
+    {0, f16_tile_2_1, f16_tile_2_2, f16_tile_2_3, f16_tile_2_4, f16_tile_2_5},
+    {0, f16_tile_3_1},
+    {0, f16_tile_4_1}};
+static const tile_fn BF16_TILES[4][TILE + 1] = {
+    {0, bf16_tile_1_1, bf16_tile_1_2, bf16_tile_1_3, bf16_tile_1_4, bf16_tile_1_5},
+    {0, bf16_tile_2_1, bf16_tile_2_2, bf16_tile_2_3, bf16_tile_2_4, bf16_tile_2_5},
+    {0, bf16_tile_3_1},
+    {0, bf16_tile_4_1}};
+#ifndef W16_SINGLE_GROUPS
+#define W16_SINGLE_GROUPS 4 /* groups per tile for a single token (1 to 4) */
+#endif
 
 /* The sum of a block's 32 inputs (Q4_1's min term), in one fixed order. */
 static inline float block_sum(const float *xb) {
@@ -381,6 +462,17 @@ void hearth_q8_0_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const u
      * for the 16-lane GEMV of four group pairs (`wide_gemv`, which the Q4_1 layers keep); the
      * batch-1 engine step 5.3-6.0 ms vs 5.8-6.6 with that GEMV. */
     quant_gemm(x, t, ldx, k, w, n, 272, Q8_TILES, 1, bias, out, ldo);
+}
+
+/* 16-bit weights (hearth_pack_w16): every build runs the 8-lane tiles. */
+void hearth_f16_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
+                     const float *bias, float *out, int64_t ldo) {
+    quant_gemm(x, t, ldx, k, w, n, 512, F16_TILES, t == 1 ? W16_SINGLE_GROUPS : 2, bias, out, ldo);
+}
+
+void hearth_bf16w_gemm(const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w, int64_t n,
+                       const float *bias, float *out, int64_t ldo) {
+    quant_gemm(x, t, ldx, k, w, n, 512, BF16_TILES, t == 1 ? W16_SINGLE_GROUPS : 2, bias, out, ldo);
 }
 
 /* ------------------------------------------------------------------ vector helpers */
@@ -1186,8 +1278,12 @@ static inline void linear_f32(int32_t kind, const float *x, int64_t t, int64_t l
                               int64_t n, const float *bias, float *out, int64_t ldo) {
     if (kind == 0)
         hearth_q4_1_gemm(x, t, ldx, k, w, n, bias, out, ldo);
-    else
+    else if (kind == 1)
         hearth_q8_0_gemm(x, t, ldx, k, w, n, bias, out, ldo);
+    else if (kind == 2)
+        hearth_f16_gemm(x, t, ldx, k, w, n, bias, out, ldo);
+    else
+        hearth_bf16w_gemm(x, t, ldx, k, w, n, bias, out, ldo);
 }
 
 static inline float *operand(const hearth_op *op, const hearth_step *st, int j) {

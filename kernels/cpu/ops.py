@@ -27,8 +27,12 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_q8_0_packed_bytes": [_i64, _i64],
     "hearth_pack_q4_1": [_ptr, _i64, _i64, _ptr],
     "hearth_pack_q8_0": [_ptr, _i64, _i64, _ptr],
+    "hearth_w16_packed_bytes": [_i64, _i64],
+    "hearth_pack_w16": [_ptr, _i64, _i64, _ptr],
     "hearth_q4_1_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_q8_0_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
+    "hearth_f16_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
+    "hearth_bf16w_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -123,10 +127,11 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> No
 
 @dataclass(frozen=True, slots=True)
 class PackedWeight:
-    """An [n, k] linear weight in the kernels' packed GGUF-block layout (see hearth_cpu.c)."""
+    """An [n, k] linear weight in the kernels' packed layout (see hearth_cpu.c): GGUF blocks,
+    or 16-bit weights."""
 
     kind: str
-    """``q4_1`` | ``q8_0``"""
+    """``q4_1`` | ``q8_0`` | ``f16`` | ``bf16``"""
     n: int
     k: int
     data: torch.Tensor
@@ -138,11 +143,15 @@ class PackedWeight:
         return self.data.numel()
 
 
-_RAW_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+_RAW_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34, "f16": 64, "bf16": 64}
+"""Bytes of 32 columns of one row as stored: GGUF blocks, or 32 16-bit weights."""
+WIDE_KINDS = ("f16", "bf16")
+"""Kinds of 16-bit weights (IEEE half, bfloat16), one packed layout for both."""
 
 
 def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> PackedWeight:
-    """Pack GGUF rows (``[n, k/32 * block_bytes]`` uint8, row-major) for the GEMM kernel."""
+    """Pack rows as stored (``[n, k/32 * block_bytes]`` uint8, row-major: GGUF blocks, or
+    little-endian 16-bit weights) for the GEMM kernel."""
     if kind not in _RAW_BLOCK_BYTES:
         raise ValueError(f"unsupported packed weight kind {kind!r}")
     raw = np.ascontiguousarray(raw_rows, dtype=np.uint8)
@@ -151,15 +160,23 @@ def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> P
     if raw.shape[1] % _RAW_BLOCK_BYTES[kind] or n % GROUP:
         raise ValueError(f"{kind} weight [{n}, {k}] needs rows % {GROUP} == 0 and whole blocks")
     lib = library()
-    size = getattr(lib, f"hearth_{kind}_packed_bytes")(n, k)
+    layout = "w16" if kind in WIDE_KINDS else kind
+    size = getattr(lib, f"hearth_{layout}_packed_bytes")(n, k)
     out = torch.empty(size, dtype=torch.uint8)
-    getattr(lib, f"hearth_pack_{kind}")(_p(raw), n, k, _p(out))
+    getattr(lib, f"hearth_pack_{layout}")(_p(raw), n, k, _p(out))
     if bias is not None:
         bias = bias.detach().to(torch.float32).contiguous()
     return PackedWeight(kind, n, k, out, bias)
 
 
-_KINDS = {"q4_1": 0, "q8_0": 1}
+KIND_CODES = {"q4_1": 0, "q8_0": 1, "f16": 2, "bf16": 3}
+"""Packed kinds and their codes in the C API (the step program's `linear_f32`)."""
+_GEMMS = {
+    "q4_1": "hearth_q4_1_gemm",
+    "q8_0": "hearth_q8_0_gemm",
+    "f16": "hearth_f16_gemm",
+    "bf16": "hearth_bf16w_gemm",
+}
 
 
 def check_rows(x: torch.Tensor, k: int) -> int:
@@ -188,14 +205,12 @@ def linear(
         out = rec.new(weight.n) if out is None else out
         rec.emit(
             capture.OP_LINEAR_F32, [x, weight.data, out, weight.bias], (weight.k, weight.n),
-            kind=_KINDS[weight.kind],
+            kind=KIND_CODES[weight.kind],
         )  # fmt: skip
         return out
     if out is None:
         out = torch.empty((t, weight.n), dtype=torch.float32)
-    lib = library(variant)
-    fn = lib.hearth_q4_1_gemm if weight.kind == "q4_1" else lib.hearth_q8_0_gemm
-    fn(*gemm_args(x, weight, out))
+    getattr(library(variant), _GEMMS[weight.kind])(*gemm_args(x, weight, out))
     return out
 
 

@@ -1,15 +1,15 @@
-"""A model that ships as safetensors alone on the CPU fast path: ``--quantization gguf``
-(and the other GGUF modes, asked for by name) quantize its linears to Q8_0 at load.
+"""A model that ships as safetensors alone, quantized to Q8_0 at load: ``--quantization
+q8_0`` (float32 activations), and ``gguf-int8``, whose integer kernels read blocks only.
 
 The contract: the blocks are the ones llama.cpp's converter would write for the same
 checkpoint as a Q8_0 GGUF, so the engine computes the same bits as it does from that file
-(tokens and logprobs equal, not close); `--quantization auto` leaves such a model on the
-exact path and says how to ask; a layer the kernels can't take keeps its dense weight.
+(tokens and logprobs equal, not close); `q8_0` named for a GGUF model is refused; a layer
+the kernels can't take keeps its dense weight. (`auto` and the other GGUF modes run such a
+model's own weights in 16 bits: tests/engine/test_half_weights.py.)
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
 from pathlib import Path
 
@@ -120,29 +120,20 @@ def _checkpoint_and_its_q8_0_gguf(config, tmp_path: Path) -> Path:
     return converted
 
 
-def _modes() -> list:
-    from kernels.cpu import bf16_ops
-    from kernels.cpu.build import host_isa
-
-    bf16 = bf16_ops.available(host_isa().variant) if ops.available() else False
-    skip_bf16 = pytest.mark.skipif(not bf16, reason="gguf-bf16 needs AMX-BF16 or AVX512-BF16")
-    return ["gguf", "gguf-int8", pytest.param("gguf-bf16", marks=skip_bf16)]
-
-
 @needs_avx2
-@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("mode", ["q8_0", "gguf-int8"])
 @pytest.mark.parametrize("config", [_tied_llama, _tied_qwen3], ids=["llama", "qwen3"])
 def test_safetensors_model_computes_what_its_q8_0_gguf_computes(
     config, mode: str, tmp_path: Path
 ) -> None:
     converted = _checkpoint_and_its_q8_0_gguf(config, tmp_path)
     quantized = _core(tmp_path / "hf", mode)
-    from_file = _core(converted, mode)
-    assert quantized.backends.quantization == from_file.backends.quantization == mode
+    from_file = _core(converted, "gguf" if mode == "q8_0" else mode)  # the file's own blocks
+    assert quantized.backends.quantization == mode
     assert "quantized at load" in quantized.backends.description
     assert "quantized at load" not in from_file.backends.description
     assert all(m.packed is not None for m in quantized.model.modules() if isinstance(m, Linear))
-    if mode == "gguf":  # the same blocks, packed the same way
+    if mode == "q8_0":  # the same blocks, packed the same way
         pairs = zip(
             [m for m in quantized.model.modules() if isinstance(m, Linear)],
             [m for m in from_file.model.modules() if isinstance(m, Linear)],
@@ -160,11 +151,7 @@ def test_safetensors_model_computes_what_its_q8_0_gguf_computes(
 
 
 @needs_avx2
-def test_auto_keeps_a_safetensors_model_exact_and_says_how_to_ask(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    _checkpoint_and_its_q8_0_gguf(_tied_llama, tmp_path)
-    with caplog.at_level(logging.INFO, logger="hearth.engine"):
-        core = _core(tmp_path / "hf", "auto")
-    assert core.backends.quantization == "none"
-    assert "--quantization gguf" in caplog.text and "Q8_0 at load" in caplog.text
+def test_q8_0_is_refused_for_a_gguf_model(tmp_path: Path) -> None:
+    converted = _checkpoint_and_its_q8_0_gguf(_tied_llama, tmp_path)
+    with pytest.raises(ValueError, match="q8_0 quantizes a model that ships no GGUF"):
+        _core(converted, "q8_0")

@@ -38,7 +38,14 @@ pytestmark = pytest.mark.skipif(not ops.available(), reason="host has no AVX2 (t
 gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType  # noqa: E402
 
-KINDS = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
+KINDS = {
+    "q4_1": GGMLQuantizationType.Q4_1,
+    "q8_0": GGMLQuantizationType.Q8_0,
+    "f16": GGMLQuantizationType.F16,
+    "bf16": GGMLQuantizationType.BF16,
+}
+"""The packed kinds: GGUF blocks, and 16-bit weights (a checkpoint's own, or a GGUF's F16 /
+BF16 tensors), each against gguf-py's own conversion of the same values."""
 EPS32 = float(np.finfo(np.float32).eps)
 # Every kernel build this host runs: each has its own single-token GEMM tiles (the AVX2
 # build's 8-lane multi-group tiles, the AVX-512 builds' 16-lane GEMV), so each is checked.
@@ -48,7 +55,7 @@ VARIANTS = host_isa().supported
 def _quantized(kind: str, n: int, k: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
-    raw = gguf_quants.quantize(w, KINDS[kind])  # [n, k/32 * block bytes] uint8
+    raw = gguf_quants.quantize(w, KINDS[kind]).view(np.uint8)  # [n, k/32 * block bytes]
     dequant = torch.from_numpy(gguf_quants.dequantize(raw, KINDS[kind]).astype(np.float32))
     return raw, dequant
 
@@ -87,8 +94,8 @@ def test_quantized_gemm_bias_and_strided_rows() -> None:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_quantized_gemm_is_batch_invariant(kind: str, n: int, variant: str) -> None:
     """Every token's output is bitwise the same alone and in batches of 6, 9, 16 and 40.
-    A single token runs tiles of four 8-row groups (eight in the AVX-512 builds' 16-lane
-    GEMV), a batch tiles of two (Q4_1) or one (Q8_0) groups by near-equal token counts (6:
+    A single token runs tiles of four 8-row groups (Q4_1 and 16-bit; eight in the AVX-512
+    builds' 16-lane Q4_1 GEMV), a batch tiles of two (Q4_1, 16-bit) or one (Q8_0) groups by near-equal token counts (6:
     3 + 3, 9: 5 + 4, 16: 4 x 4, 40: 8 x 5): 40 and 56 rows leave a last tile of one and of
     three groups, 120 a full 16-lane tile and a short one of three pairs and a group."""
     raw, _ = _quantized(kind, n, 128, seed=7)

@@ -1,0 +1,245 @@
+"""A model that ships as safetensors alone on the CPU fast path: its own weights in 16 bits.
+
+The contract (engine/layers/half_weights.py): a weight every value of which is a bfloat16
+(a bf16 checkpoint loaded in float32) or a float16 is handed to the kernels in that kind,
+bit for bit, so the engine computes the exact model's function up to the order of float32
+sums; a float32 weight is rounded once to float16 and the loaded weight becomes the rounded
+one, so the engine computes what it computes for the same checkpoint saved in float16.
+`--quantization auto` serves such a model this way, `--dtype float32` keeps it exact, and
+`--quantization q8_0` is the Q8_0-at-load mode (tests/engine/test_q8_0_weights.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.layers.half_weights import HalfWeights, half_rows
+from engine.layers.linear import Linear, Shard
+from engine.messages import AddRequest
+from engine.sampling_params import SamplingParams
+from tests.engine.tiny_models import COMMON, SERVED_VOCAB
+from tests.engine.tiny_models import save_random_config as _save_weights
+from tests.handlers.handlers_testing import build_tiny_model
+
+ops = pytest.importorskip("kernels.cpu.ops")
+needs_avx2 = pytest.mark.skipif(
+    not ops.available(), reason="host has no AVX2: the C kernels do not run here"
+)
+
+VOCAB = SERVED_VOCAB
+"""The handler tests' tokenizer (400 ids) fits; a multiple of the kernels' row group."""
+NEW_TOKENS = 8
+
+
+def _llama() -> LlamaConfig:
+    # head_dim 32: the C attention kernel takes multiples of 32.
+    return LlamaConfig(**{**COMMON, "vocab_size": VOCAB}, head_dim=32, tie_word_embeddings=True)
+
+
+def _qwen3_untied() -> Qwen3Config:
+    return Qwen3Config(
+        **{**COMMON, "vocab_size": VOCAB}, head_dim=32, tie_word_embeddings=False,
+        attention_bias=True,
+    )  # fmt: skip
+
+
+def _linear(weight: torch.Tensor) -> Linear:
+    rows, cols = weight.shape
+    layer = Linear(
+        cols, rows, [Shard("model.layers.0.mlp.down_proj", rows)], bias=False,
+        dtype=torch.float32, device=torch.device("cpu"),
+    )  # fmt: skip
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    return layer
+
+
+def test_each_weight_takes_the_16_bit_kind_that_holds_it_exactly() -> None:
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 64, generator=gen) * 0.05
+    as_bf16 = w.to(torch.bfloat16).float()
+    as_f16 = w.to(torch.float16).float()  # not all bfloat16 values (10 mantissa bits)
+    assert not torch.equal(as_f16.to(torch.bfloat16).float(), as_f16)
+    kind, half = half_rows(as_bf16, rounding=False)
+    assert kind == "bf16" and torch.equal(half.view(torch.bfloat16).float(), as_bf16)
+    kind, half = half_rows(as_f16, rounding=False)
+    assert kind == "f16" and torch.equal(half.view(torch.float16).float(), as_f16)
+    assert half_rows(w, rounding=False) is None  # float32 values: neither holds them
+    kind, half = half_rows(w, rounding=True)
+    assert kind == "f16" and torch.equal(half.view(torch.float16), w.to(torch.float16))
+    big = w.clone()
+    big[3, 5] = 1e5  # past float16's range: bfloat16 rounding instead of inf
+    kind, half = half_rows(big, rounding=True)
+    assert kind == "bf16" and torch.equal(half.view(torch.bfloat16), big.to(torch.bfloat16))
+
+
+def test_rows_replace_only_a_rounded_weight_and_skip_shapes_the_kernels_cant_take() -> None:
+    gen = torch.Generator().manual_seed(4)
+    exact = (torch.randn(16, 64, generator=gen) * 0.05).to(torch.bfloat16).float()
+    layer = _linear(exact)
+    source = HalfWeights(rounding=True)
+    kind, rows = source.rows(layer, row_multiple=8)
+    assert kind == "bf16" and rows.shape == (16, 128) and source.rounded == 0
+    assert torch.equal(layer.weight.detach(), exact)
+    w = torch.randn(16, 64, generator=gen) * 0.05
+    layer = _linear(w)
+    kind, _ = source.rows(layer, row_multiple=8)
+    assert kind == "f16" and source.rounded == 1
+    assert torch.equal(layer.weight.detach(), w.to(torch.float16).float())
+    assert source.describe().endswith(", 1 rounded to float16")
+    assert HalfWeights(rounding=False).rows(_linear(w), row_multiple=8) is None
+    for rows_, cols in ((16, 48), (2, 64)):  # columns not whole blocks; a two-label head
+        layer = _linear(torch.randn(rows_, cols, generator=gen))
+        before = layer.weight.detach().clone()
+        assert source.rows(layer, row_multiple=8) is None
+        assert torch.equal(layer.weight.detach(), before)
+
+
+def save_random_config(config, directory: Path) -> None:
+    """Random weights of `config` plus the handler tests' tokenizer files."""
+    build_tiny_model(directory)
+    _save_weights(config, directory)
+
+
+def _save_in(directory: Path, dtype: torch.dtype, matrices_only: bool = False) -> None:
+    """Rewrite the checkpoint in `directory` with every tensor (every matrix: the linear
+    and embedding weights, not the norms) in `dtype`."""
+    path = directory / "model.safetensors"
+    tensors = {
+        k: (v.to(dtype) if v.dim() == 2 or not matrices_only else v).contiguous()
+        for k, v in load_file(path).items()
+    }
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _core(model_dir: Path, **overrides) -> EngineCore:
+    return EngineCore(EngineConfig(model=str(model_dir), max_model_len=64, **overrides))
+
+
+def _run(core: EngineCore, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    """Greedy tokens and their logprobs, all prompts in one batch."""
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
+    for i, ids in enumerate(prompts):
+        core.add_request(AddRequest(request_id=f"r{i}", prompt_token_ids=ids, params=params))
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    while core.has_work():
+        for _, out in core.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            logprobs.setdefault(out.request_id, []).extend(
+                lp.logprob for lp in out.new_logprobs or []
+            )
+    assert core.block_manager.num_used_blocks == 0
+    return [(tokens[f"r{i}"], logprobs[f"r{i}"]) for i in range(len(prompts))]
+
+
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(11)
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 19, 33)]
+
+
+def _packed_kinds(core: EngineCore) -> set[str]:
+    linears = [m for m in core.model.modules() if isinstance(m, Linear)]
+    assert all(m.packed is not None for m in linears)
+    return {m.packed.kind for m in linears}
+
+
+@needs_avx2
+@pytest.mark.parametrize("config", [_llama, _qwen3_untied], ids=["llama", "qwen3"])
+def test_a_bf16_checkpoint_runs_its_own_weights_on_the_kernels_by_default(
+    config, tmp_path: Path
+) -> None:
+    """auto: every linear packed as bfloat16 (nothing rounded); greedy tokens are
+    transformers' float32 ones and the logprobs within float32 sum-order error of the exact
+    mode's; --dtype float32 stays on the exact torch path."""
+    save_random_config(config(), tmp_path)
+    _save_in(tmp_path, torch.bfloat16)
+    fast = _core(tmp_path, kv_cache_dtype="float32")
+    assert fast.backends.quantization == "gguf"
+    assert "16-bit weights" in fast.backends.description
+    assert "rounded" not in fast.backends.description
+    assert _packed_kinds(fast) == {"bf16"}
+    exact = _core(tmp_path, dtype="float32")
+    assert exact.backends.quantization == "none"
+    prompts = _prompts()
+    got, want = _run(fast, prompts), _run(exact, prompts)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    for ids, (tokens, logprobs), (exact_tokens, exact_logprobs) in zip(
+        prompts, got, want, strict=True
+    ):
+        out = hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            min_new_tokens=NEW_TOKENS,
+        )
+        assert tokens == exact_tokens == out[0, len(ids) :].tolist()
+        assert max(abs(a - b) for a, b in zip(logprobs, exact_logprobs, strict=True)) < 1e-4
+
+
+@needs_avx2
+def test_a_float32_checkpoint_computes_what_its_float16_copy_computes(tmp_path: Path) -> None:
+    """auto on float32 weights rounds them once to float16: the same packed bits, tokens
+    and logprobs as the checkpoint with its matrices saved in float16 (exact in f16, norms
+    float32 in both); not the exact mode's logprobs."""
+    save_random_config(_llama(), tmp_path / "f32")
+    save_random_config(_llama(), tmp_path / "f16")
+    _save_in(tmp_path / "f16", torch.float16, matrices_only=True)
+    rounded, saved = _core(tmp_path / "f32"), _core(tmp_path / "f16")
+    assert "rounded to float16" in rounded.backends.description
+    assert "rounded" not in saved.backends.description
+    assert _packed_kinds(rounded) == _packed_kinds(saved) == {"f16"}
+    pairs = zip(
+        [m for m in rounded.model.modules() if isinstance(m, Linear)],
+        [m for m in saved.model.modules() if isinstance(m, Linear)],
+        strict=True,
+    )
+    for mine, theirs in pairs:
+        assert torch.equal(mine.packed.data, theirs.packed.data)
+    prompts = _prompts()
+    got = _run(rounded, prompts)
+    assert got == _run(saved, prompts)
+    exact = _core(tmp_path / "f32", quantization="none")
+    assert [lp for _, lp in _run(exact, prompts)] != [lp for _, lp in got]
+
+
+def _bf16_kernels() -> bool:
+    from kernels.cpu import bf16_ops
+
+    return ops.available() and bf16_ops.available()
+
+
+@pytest.mark.skipif(not _bf16_kernels(), reason="needs AMX-BF16 or AVX512-BF16 (gguf-bf16)")
+def test_where_bfloat16_kernels_run_auto_tiles_the_checkpoints_own_weights(tmp_path: Path) -> None:
+    """auto is gguf-bf16 there: each linear's tiles hold the bf16 checkpoint's weights (the
+    16-bit blocks serve calls under the threshold), and a prompt's first-token logprob stays
+    within bfloat16 activation rounding of the exact mode's."""
+    from kernels.cpu import bf16_ops
+
+    save_random_config(_llama(), tmp_path)
+    _save_in(tmp_path, torch.bfloat16)
+    tiled = _core(tmp_path)
+    assert tiled.backends.quantization == "gguf-bf16"
+    linears = [m for m in tiled.model.modules() if isinstance(m, Linear)]
+    assert all(isinstance(m.packed, bf16_ops.TiledWeight) for m in linears)
+    assert {m.packed.blocks.kind for m in linears} == {"bf16"}
+    exact = _core(tmp_path, dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=0)
+    firsts = []
+    for core in (tiled, exact):
+        for i, ids in enumerate(_prompts()):
+            core.add_request(AddRequest(request_id=f"p{i}", prompt_token_ids=ids, params=params))
+        got: dict[str, float] = {}
+        while core.has_work():
+            for _, out in core.step():
+                for lp in out.new_logprobs or []:
+                    got[out.request_id] = lp.logprob
+        firsts.append([got[f"p{i}"] for i in range(3)])
+    assert max(abs(a - b) for a, b in zip(*firsts, strict=True)) < 0.05
