@@ -26,14 +26,17 @@
 - ``gguf-int8``: the same with int8-quantized activations (`GGUFInt8LinearMethod`: AMX
   tiles, AVX512-VNNI or AVX2, the same bits on each). Faster, but it misses the quality
   bar on SmolLM2 (top-1 agreement 97 %), so it is never the default.
-- A model that ships no GGUF (safetensors alone) runs the three GGUF modes only when one
-  is named: its linears are quantized to Q8_0 at load (`QuantizedWeights`,
-  engine/layers/q8_0_weights.py), the blocks llama.cpp would write for it. That rounds the
-  checkpoint's weights (SmolLM2: top-1 98.1 % against the exact model, under the 99 % bar),
-  so ``auto`` never picks it; it keeps such a model exact and logs how to ask.
-- ``auto``: ``gguf-bf16`` for a GGUF model on a CPU with AMX-BF16 or AVX512-BF16
-  (``gguf`` on other CPUs with AVX2, or with ``--cpu-isa`` below them) when ``--dtype`` is
-  left at auto, else ``none``. Asking for ``--dtype float32`` is asking for the exact mode.
+- A model that ships no GGUF (safetensors alone) runs ``gguf`` and ``gguf-bf16`` from its
+  own weights in 16 bits (`HalfWeights`, engine/layers/half_weights.py): bfloat16 where a
+  weight's values all are (a bf16 checkpoint: exactly its weights), float16 where they all
+  are, else rounded once to float16 (a float32 checkpoint: SmolLM2 KL 3e-6, top-1 99.86 %,
+  within the quality bar by a wide margin). ``q8_0`` (and ``gguf-int8``, whose integer
+  kernels read blocks only) quantize its linears to Q8_0 at load instead (`QuantizedWeights`,
+  engine/layers/q8_0_weights.py), the blocks llama.cpp would write for it: faster at one
+  stream, but below the quality bar (SmolLM2 top-1 98.1 %), so never the default.
+- ``auto``: ``gguf-bf16`` for a GGUF or safetensors model on a CPU with AMX-BF16 or
+  AVX512-BF16 (``gguf`` on other CPUs with AVX2, or with ``--cpu-isa`` below them) when
+  ``--dtype`` is left at auto, else ``none``. Asking for ``--dtype float32`` is asking for the exact mode.
   What ``auto`` picks runs with float16 keys and int8 values (`DEFAULT_FAST_KV`), as both
   GGUF modes pass the quality bar with them; a GGUF mode asked for by name keeps its own
   KV default (float32 for ``gguf``, the mode that matches the dequantized model).

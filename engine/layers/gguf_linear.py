@@ -1,4 +1,5 @@
-"""GGUF blocks as a linear method: the file's own Q4_1/Q8_0 weights through the C kernels.
+"""GGUF blocks as a linear method: the file's own Q4_1/Q8_0 weights through the C kernels
+(and F16 / BF16 tensors, as 16-bit weights).
 
 The default model ships as a Q4_1 GGUF (token embedding Q8_0). The float32 model the
 engine loads is that file dequantized, so computing straight from the blocks is the same
@@ -20,8 +21,8 @@ its kernel; `apply` runs the quantized GEMM. Two methods share that:
   ISA, batch size and thread count, but below the quality bar on SmolLM2.
 
 The blocks come from a `BlockSource`: a GGUF file (`GGUFSource`), or, for a model that
-ships as safetensors alone and asks for a GGUF mode by name, its own weights quantized to
-Q8_0 at load (`engine/layers/q8_0_weights.py`).
+ships as safetensors alone, its own weights in 16 bits (`engine/layers/half_weights.py`) or,
+asked for by name, quantized to Q8_0 at load (`engine/layers/q8_0_weights.py`).
 
 Row order in a file is not assumed: llama.cpp's converter permutes the rows of Q and K for some
 architectures, and transformers undoes it on load. For every tensor, sample rows are
@@ -91,9 +92,10 @@ def _sample_rows(n: int) -> list[int]:
     return sorted({0, 1, 2, 3, n // 3, n // 2 + 1, n - 2, n - 1})
 
 
-_GGML_KINDS = {3: "q4_1", 8: "q8_0"}
-"""GGML type ids of the block formats the kernels read (Q4_1, Q8_0)."""
-_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+_GGML_KINDS = {3: "q4_1", 8: "q8_0", 1: "f16", 30: "bf16"}
+"""GGML type ids of the formats the kernels read (Q4_1, Q8_0 blocks; F16, BF16 weights)."""
+_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34, "f16": 64, "bf16": 64}
+"""Bytes of 32 columns of a row."""
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """GGUF metadata value types of fixed size (8 = string and 9 = array are variable)."""
 
@@ -197,7 +199,7 @@ def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    qtype = GGMLQuantizationType.Q4_1 if kind == "q4_1" else GGMLQuantizationType.Q8_0
+    qtype = GGMLQuantizationType[kind.upper()]
     rows = _sample_rows(raw.shape[0])
     got = torch.from_numpy(dequantize(raw[rows], qtype).astype(np.float32))
     return bool(got.shape == dense[rows].shape and torch.equal(got, dense[rows].float()))
@@ -224,8 +226,9 @@ def _ordered(
 
 
 class BlockSource(Protocol):
-    """Where a linear's blocks come from: a GGUF file (`GGUFSource`) or the checkpoint's
-    weights quantized at load (`engine.layers.q8_0_weights.QuantizedWeights`)."""
+    """Where a linear's blocks come from: a GGUF file (`GGUFSource`), or the checkpoint's
+    weights in 16 bits (`engine.layers.half_weights.HalfWeights`) or quantized at load
+    (`engine.layers.q8_0_weights.QuantizedWeights`)."""
 
     def describe(self) -> str: ...
 

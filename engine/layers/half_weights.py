@@ -38,21 +38,22 @@ QBLOCK = 32
 F16_MAX = 65504.0
 
 
-def half_rows(weight: torch.Tensor, rounding: bool) -> tuple[str, torch.Tensor] | None:
-    """`weight` (``[rows, k]``) as 16-bit values: ``("bf16" | "f16", int16 tensor)``, the
-    kind that holds every value exactly (bfloat16 first), else, with `rounding`, float16
-    rounded to nearest even (bfloat16 if a value is past float16's range); None without
+def half_rows(weight: torch.Tensor, rounding: bool) -> tuple[str, torch.Tensor, bool] | None:
+    """`weight` (``[rows, k]``) as 16-bit values: ``("bf16" | "f16", int16 tensor, exact)``,
+    the kind that holds every value exactly (bfloat16 first), else, with `rounding`, float16
+    rounded to nearest even (bfloat16 where a value is past float16's range); None without
     `rounding` when no kind is exact."""
     w = weight.detach().to(torch.float32)
-    for dtype, kind in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
-        half = w.to(dtype)
-        if torch.equal(half.to(torch.float32), w):
-            return kind, half.view(torch.int16)
-    if not rounding:
-        return None
-    if bool(w.isfinite().all()) and float(w.abs().max()) <= F16_MAX:
-        return "f16", w.to(torch.float16).view(torch.int16)
-    return "bf16", w.to(torch.bfloat16).view(torch.int16)
+    bits = w.view(torch.int32)
+    if not bool((bits & 0xFFFF).any()):  # every value is a bfloat16: its top 16 bits
+        return "bf16", (bits >> 16).to(torch.int16), True
+    half = w.to(torch.float16)
+    exact = torch.equal(half.to(torch.float32), w)
+    if exact or (rounding and not bool(half.isinf().any())):
+        return "f16", half.view(torch.int16), exact
+    if rounding:  # past float16's range (inf there): bfloat16 keeps the range
+        return "bf16", w.to(torch.bfloat16).view(torch.int16), False
+    return None
 
 
 class HalfWeights:
@@ -81,11 +82,10 @@ class HalfWeights:
         found = half_rows(weight, self.rounding)
         if found is None:
             return None
-        kind, half = found
-        wide = half.view(torch.float16 if kind == "f16" else torch.bfloat16).to(torch.float32)
-        if not torch.equal(wide, weight.detach().to(torch.float32)):
+        kind, half, exact = found
+        if not exact:
             self.rounded += 1
             with torch.no_grad():
-                weight.copy_(wide)
+                weight.copy_(half.view(torch.float16 if kind == "f16" else torch.bfloat16))
         self.kinds[kind] += 1
         return kind, half.numpy().view(np.uint8)

@@ -1,10 +1,10 @@
 """Q8_0 blocks made from a checkpoint's own weights, for models that ship no GGUF.
 
 The CPU fast path computes from GGUF blocks (engine/layers/gguf_linear.py). A model that
-comes as safetensors alone (a fine-tuned Llama, Qwen3, a classifier or reranker) had no
-blocks, so it ran the exact torch path (a GGUF mode named for it was refused). Asked for by name
-(``--quantization gguf``, ``gguf-bf16`` or ``gguf-int8``), `QuantizedWeights` quantizes
-each linear's loaded weight to llama.cpp's Q8_0 at start-up (32 columns per block, one
+comes as safetensors alone (a fine-tuned Llama, Qwen3, a classifier or reranker) runs it
+from its own weights in 16 bits by default (engine/layers/half_weights.py). Asked for by
+name (``--quantization q8_0``, and ``gguf-int8``, whose integer kernels read blocks only),
+`QuantizedWeights` quantizes each linear's loaded weight to llama.cpp's Q8_0 at start-up (32 columns per block, one
 float16 scale, ``round(w / d)`` with ``d = max|w| / 127``) by gguf-py's quantizer, bit for
 bit ggml's reference: the same model written as a Q8_0 GGUF by llama.cpp's converter packs
 into the same blocks and computes the same bits.

@@ -120,7 +120,7 @@ def _metadata(w: Any, cfg: dict[str, Any], arch: str) -> None:
 
 def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
     """Write the checkpoint saved in `hf_dir` to `out` as llama.cpp would convert it, with
-    its 2-D weights in `qtype` ("F32", "Q8_0" or "Q4_1"); returns `out`."""
+    its 2-D weights in `qtype` ("F32", "F16", "BF16", "Q8_0" or "Q4_1"); returns `out`."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -133,6 +133,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
     )
     quant = {
         "F32": None,
+        "F16": gguf.GGMLQuantizationType.F16,
+        "BF16": gguf.GGMLQuantizationType.BF16,
         "Q8_0": gguf.GGMLQuantizationType.Q8_0,
         "Q4_1": gguf.GGMLQuantizationType.Q4_1,
     }[qtype]
@@ -170,7 +172,9 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
     writer.add_name(f"tiny-{model_type}")
     writer.add_file_type(
         {None: gguf.LlamaFileType.ALL_F32, gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
-         gguf.GGMLQuantizationType.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}[quant]
+         gguf.GGMLQuantizationType.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
+         gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16,
+         gguf.GGMLQuantizationType.BF16: gguf.LlamaFileType.MOSTLY_BF16}[quant]
     )  # fmt: skip
     _metadata(writer, cfg, arch)
     tokens, merges, types = _vocab(cfg["vocab_size"])

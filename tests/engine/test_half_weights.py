@@ -67,17 +67,22 @@ def test_each_weight_takes_the_16_bit_kind_that_holds_it_exactly() -> None:
     as_bf16 = w.to(torch.bfloat16).float()
     as_f16 = w.to(torch.float16).float()  # not all bfloat16 values (10 mantissa bits)
     assert not torch.equal(as_f16.to(torch.bfloat16).float(), as_f16)
-    kind, half = half_rows(as_bf16, rounding=False)
-    assert kind == "bf16" and torch.equal(half.view(torch.bfloat16).float(), as_bf16)
-    kind, half = half_rows(as_f16, rounding=False)
-    assert kind == "f16" and torch.equal(half.view(torch.float16).float(), as_f16)
+    kind, half, exact = half_rows(as_bf16, rounding=False)
+    assert kind == "bf16" and exact and torch.equal(half.view(torch.bfloat16).float(), as_bf16)
+    kind, half, exact = half_rows(as_f16, rounding=False)
+    assert kind == "f16" and exact and torch.equal(half.view(torch.float16).float(), as_f16)
     assert half_rows(w, rounding=False) is None  # float32 values: neither holds them
-    kind, half = half_rows(w, rounding=True)
-    assert kind == "f16" and torch.equal(half.view(torch.float16), w.to(torch.float16))
+    kind, half, exact = half_rows(w, rounding=True)
+    assert kind == "f16" and not exact
+    assert torch.equal(half.view(torch.float16), w.to(torch.float16))
     big = w.clone()
     big[3, 5] = 1e5  # past float16's range: bfloat16 rounding instead of inf
-    kind, half = half_rows(big, rounding=True)
-    assert kind == "bf16" and torch.equal(half.view(torch.bfloat16), big.to(torch.bfloat16))
+    kind, half, exact = half_rows(big, rounding=True)
+    assert kind == "bf16" and not exact
+    assert torch.equal(half.view(torch.bfloat16), big.to(torch.bfloat16))
+    negative = -as_bf16.abs()  # sign bits: the top half taken as it is
+    kind, half, _ = half_rows(negative, rounding=False)
+    assert kind == "bf16" and torch.equal(half.view(torch.bfloat16).float(), negative)
 
 
 def test_rows_replace_only_a_rounded_weight_and_skip_shapes_the_kernels_cant_take() -> None:
@@ -108,12 +113,20 @@ def save_random_config(config, directory: Path) -> None:
     _save_weights(config, directory)
 
 
-def _save_in(directory: Path, dtype: torch.dtype, matrices_only: bool = False) -> None:
+def _save_in(
+    directory: Path,
+    dtype: torch.dtype,
+    matrices_only: bool = False,
+    stored: torch.dtype | None = None,
+) -> None:
     """Rewrite the checkpoint in `directory` with every tensor (every matrix: the linear
-    and embedding weights, not the norms) in `dtype`."""
+    and embedding weights, not the norms) rounded to `dtype`, stored as `dtype` (or as
+    `stored`: float32 values that `dtype` holds exactly)."""
     path = directory / "model.safetensors"
     tensors = {
-        k: (v.to(dtype) if v.dim() == 2 or not matrices_only else v).contiguous()
+        k: (
+            v.to(dtype).to(stored or dtype) if v.dim() == 2 or not matrices_only else v
+        ).contiguous()
         for k, v in load_file(path).items()
     }
     save_file(tensors, path, metadata={"format": "pt"})
@@ -243,3 +256,36 @@ def test_where_bfloat16_kernels_run_auto_tiles_the_checkpoints_own_weights(tmp_p
                     got[out.request_id] = lp.logprob
         firsts.append([got[f"p{i}"] for i in range(3)])
     assert max(abs(a - b) for a, b in zip(*firsts, strict=True)) < 0.05
+
+
+@needs_avx2
+@pytest.mark.parametrize(("qtype", "dtype"), [("F16", torch.float16), ("BF16", torch.bfloat16)])
+def test_a_16_bit_gguf_runs_its_tensors_as_stored(qtype: str, dtype, tmp_path: Path) -> None:
+    """A GGUF whose weights are F16 / BF16 tensors (llama.cpp's ``--outtype f16`` / ``bf16``)
+    packs the file's own rows: the same packed bits, tokens and logprobs as the same
+    checkpoint served from safetensors in that dtype."""
+    from engine.model_resolver import resolve_model_dir
+    from tests.engine.gguf_writer import write_gguf
+
+    save_random_config(_llama(), tmp_path / "hf")
+    # float32 values the 16-bit type holds (the GGUF writer reads the file with numpy,
+    # which has no bfloat16)
+    _save_in(tmp_path / "hf", dtype, matrices_only=True, stored=torch.float32)
+    gguf_path = write_gguf(tmp_path / "hf", tmp_path / "model.gguf", qtype=qtype)
+    converted = Path(resolve_model_dir(str(gguf_path), str(tmp_path / "cache")))
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the GGUF's vocabulary
+        (tmp_path / "hf" / name).write_bytes((converted / name).read_bytes())
+    from_file, from_hf = _core(converted), _core(tmp_path / "hf")
+    assert "GGUF blocks" in from_file.backends.description
+    assert "16-bit weights" in from_hf.backends.description
+    kind = qtype.lower()
+    assert _packed_kinds(from_file) == _packed_kinds(from_hf) == {kind}
+    pairs = zip(
+        [m for m in from_file.model.modules() if isinstance(m, Linear)],
+        [m for m in from_hf.model.modules() if isinstance(m, Linear)],
+        strict=True,
+    )
+    for mine, theirs in pairs:
+        assert torch.equal(mine.packed.data, theirs.packed.data)
+    prompts = _prompts()
+    assert _run(from_file, prompts) == _run(from_hf, prompts)
