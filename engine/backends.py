@@ -68,7 +68,7 @@ from engine.layers.gguf_linear import (
 from engine.layers.half_weights import HalfWeights
 from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
-from engine.layers.moe import GROUPED_GEMM, use_moe_method
+from engine.layers.moe import GROUPED_GEMM, FusedMoE, use_moe_method
 from engine.layers.q8_0_weights import QuantizedWeights
 from engine.model_resolver import gguf_source
 from kernels.cpu import bf16_ops, ops, q8_ops
@@ -293,4 +293,17 @@ def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[st
         kinds[packed.kind] = kinds.get(packed.kind, 0) + 1
         if id(module.weight) not in shared:
             module.weight.data = torch.empty(0)
+    _release_packed_experts(model)
     return kinds
+
+
+def _release_packed_experts(model: nn.Module) -> None:
+    """Drop the stacked dense weights of a MoE layer whose every expert linear was packed:
+    its experts then run through those linears' methods (`ExpertLinearsMoEMethod`), and the
+    stack would hold a second, float32 copy of every expert (the bulk of a MoE model)."""
+    for module in model.modules():
+        if isinstance(module, FusedMoE) and all(
+            linear.packed is not None for linear in (*module.gate_up, *module.down)
+        ):
+            module.w13 = torch.empty(0)
+            module.w2 = torch.empty(0)

@@ -289,3 +289,34 @@ def test_a_16_bit_gguf_runs_its_tensors_as_stored(qtype: str, dtype, tmp_path: P
         assert torch.equal(mine.packed.data, theirs.packed.data)
     prompts = _prompts()
     assert _run(from_file, prompts) == _run(from_hf, prompts)
+
+
+@needs_avx2
+@pytest.mark.parametrize("name", ["mixtral", "qwen3-moe"])
+def test_a_bf16_moe_checkpoint_runs_its_experts_on_the_kernels(name: str, tmp_path: Path) -> None:
+    """Every expert linear packed as bfloat16 (the routers of 4 and 6 experts are not whole
+    8-row groups, nor is Qwen3-MoE's dense layer's 80-column down projection: those stay
+    dense), the stacked float32 copies of the experts dropped; greedy tokens those of the
+    exact mode, logprobs within float32 sum-order error."""
+    from engine.layers.moe import FusedMoE
+    from tests.engine.moe_models import CONFIGS
+
+    config = CONFIGS[name]()
+    config.head_dim, config.vocab_size = 32, VOCAB
+    save_random_config(config, tmp_path)
+    _save_in(tmp_path, torch.bfloat16)
+    fast, exact = _core(tmp_path, kv_cache_dtype="float32"), _core(tmp_path, dtype="float32")
+    assert fast.backends.quantization == "gguf"
+    linears = [m for m in fast.model.modules() if isinstance(m, Linear)]
+    assert {m.packed.kind for m in linears if m.packed is not None} == {"bf16"}
+    moe = [m for m in fast.model.modules() if isinstance(m, FusedMoE)]
+    experts = [linear for m in moe for linear in (*m.gate_up, *m.down)]
+    assert experts and all(linear.packed is not None for linear in experts)
+    assert all(m.w13.numel() == m.w2.numel() == 0 for m in moe)
+    assert all(m.w13.numel() > 0 for m in exact.model.modules() if isinstance(m, FusedMoE))
+    prompts = _prompts()
+    for (tokens, logprobs), (exact_tokens, exact_logprobs) in zip(
+        _run(fast, prompts), _run(exact, prompts), strict=True
+    ):
+        assert tokens == exact_tokens
+        assert max(abs(a - b) for a, b in zip(logprobs, exact_logprobs, strict=True)) < 1e-4
