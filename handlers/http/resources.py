@@ -254,6 +254,12 @@ class ResponseById:
     async def on_get(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
     ) -> None:
+        """With `?stream=true` (and `starting_after=N`), a background response's events
+        after event N, then as they come (`ServingResponses.stream_stored`)."""
+        if req.get_param_as_bool("stream", default=False):
+            after = req.get_param_as_int("starting_after", min_value=0, default=-1)
+            send_result(resp, await self._serving.stream_stored(response_id, after))
+            return
         send_model(resp, await self._serving.retrieve(response_id))
 
     async def on_delete(

@@ -293,7 +293,9 @@ class ResponsesRequest(OpenAIBaseModel):
     store: bool = True
     background: bool = False
     """Answer at once with the response `queued`; it runs on in the server, and `GET
-    /v1/responses/{id}` reads it (needs `store`; not streamed here)."""
+    /v1/responses/{id}` reads it (needs `store`). With `stream`, the events are sent as
+    they come and kept: a dropped stream resumes with `GET /v1/responses/{id}?stream=true
+    &starting_after=N`, and a disconnect does not stop the response."""
     metadata: dict[str, str] | None = None
     truncation: Literal["disabled"] | None = None
     """Only 'disabled' (a prompt that does not fit is a 400); 'auto' is refused."""
@@ -358,12 +360,6 @@ class ResponsesRequest(OpenAIBaseModel):
             raise FieldError(
                 "background",
                 "background mode needs store=true: the response is read later by its id",
-            )
-        if self.background and self.stream:
-            raise FieldError(
-                "stream",
-                "a background response is not streamed here; poll GET /v1/responses/{id}, "
-                "or stream without background",
             )
         return self
 

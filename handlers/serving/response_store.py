@@ -44,8 +44,27 @@ CREATE TABLE IF NOT EXISTS responses (
     size INTEGER NOT NULL,
     response BLOB NOT NULL,
     messages BLOB NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS response_events (
+    response_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (response_id, seq)
+);
 """
+_ORPHAN_EVENTS = "DELETE FROM response_events WHERE response_id NOT IN (SELECT id FROM responses)"
+"""An entry's stream events go with it (expired, evicted or deleted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One event of a background response's stream, as it was sent."""
+
+    seq: int
+    """Its `sequence_number`."""
+    name: str
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +115,19 @@ class ResponseStore:
             return False
         return await asyncio.to_thread(self._delete, response_id)
 
+    async def append_events(self, response_id: str, events: list[StoredEvent]) -> None:
+        """Add stream events of a stored response (a background one streamed); their bytes
+        count in its entry's size, so the store's bounds hold the log too. Nothing is
+        kept for an entry that is gone."""
+        if self.enabled and events:
+            await asyncio.to_thread(self._append_events, response_id, events)
+
+    async def events_after(self, response_id: str, after: int) -> list[StoredEvent]:
+        """The stored events of `response_id` with a sequence number above `after`, in order."""
+        if not self.enabled:
+            return []
+        return await asyncio.to_thread(self._events_after, response_id, after)
+
     # -- SQLite, in a worker thread ---------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -104,7 +136,7 @@ class ResponseStore:
             )
             if self._path != ":memory:":
                 db.execute("PRAGMA journal_mode=WAL")
-            db.execute(_SCHEMA)
+            db.executescript(_SCHEMA)
             self._db = db
         return self._db
 
@@ -123,15 +155,55 @@ class ResponseStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.execute("DELETE FROM responses WHERE stored_at < ?", (now - self.ttl_s,))
+                (logged,) = db.execute(
+                    "SELECT COALESCE(SUM(LENGTH(name) + LENGTH(data)), 0) FROM response_events "
+                    "WHERE response_id = ?",
+                    (response_id,),
+                ).fetchone()  # a background response's stream so far: still counted
                 db.execute(
                     "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                    (response_id, now, size, response, messages),
+                    (response_id, now, size + logged, response, messages),
                 )
                 self._evict(db)
+                db.execute(_ORPHAN_EVENTS)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+
+    def _append_events(self, response_id: str, events: list[StoredEvent]) -> None:
+        size = sum(len(e.name) + len(e.data) for e in events)
+        with self._lock:
+            db = self._connection()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                cursor = db.execute(
+                    "UPDATE responses SET size = size + ? WHERE id = ?", (size, response_id)
+                )
+                if cursor.rowcount:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO response_events VALUES (?, ?, ?, ?)",
+                        [(response_id, e.seq, e.name, e.data) for e in events],
+                    )
+                    self._evict(db)
+                    db.execute(_ORPHAN_EVENTS)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def _events_after(self, response_id: str, after: int) -> list[StoredEvent]:
+        with self._lock:
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT seq, name, data FROM response_events WHERE response_id = ? AND "
+                    "seq > ? ORDER BY seq",
+                    (response_id, after),
+                )
+                .fetchall()
+            )
+        return [StoredEvent(seq, name, bytes(data)) for seq, name, data in rows]
 
     def _evict(self, db: sqlite3.Connection) -> None:
         """Oldest first, until both the entry and the byte bounds hold."""
@@ -161,8 +233,10 @@ class ResponseStore:
 
     def _delete(self, response_id: str) -> bool:
         with self._lock:
-            cursor = self._connection().execute(
+            db = self._connection()
+            cursor = db.execute(
                 "DELETE FROM responses WHERE id = ? AND stored_at >= ?",
                 (response_id, self._clock() - self.ttl_s),
             )
+            db.execute("DELETE FROM response_events WHERE response_id = ?", (response_id,))
         return cursor.rowcount > 0

@@ -12,7 +12,7 @@ the finished response and its conversation go into the store the API workers sha
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from engine.messages import TokenLogprob
@@ -51,6 +51,7 @@ from handlers.serving.responses_output import (
     response_usage,
     text_token_logprobs,
 )
+from handlers.serving.responses_replay import EventLog, follow
 from handlers.serving.responses_stream import ResponseEvents
 from handlers.serving.sse import SSEPayload, SSEStream
 
@@ -91,7 +92,8 @@ class ServingResponses:
         shell = response_shell(new_id("resp"), request, run.model_name, run.created)
         conversation = [*history, *input_messages(request)]
         if request.background:
-            return await self._start_background(shell, run, chat, template, request, conversation)
+            queued = await self._start_background(shell, run, chat, template, request, conversation)
+            return follow(self.store, queued.id) if request.stream else queued
         if request.stream:
             events = ResponseEvents(shell, summary=request.wants_summary)
             return self.chat.sse(
@@ -114,6 +116,20 @@ class ServingResponses:
 
     async def retrieve(self, response_id: str) -> ResponseObject:
         return (await self._stored(response_id))[1]
+
+    async def stream_stored(self, response_id: str, starting_after: int = -1) -> SSEStream:
+        """`GET /v1/responses/{id}?stream=true`: the events of a background response
+        created with `stream`, after `starting_after`, then as they come (from the store,
+        so from any worker: `responses_replay.follow`). 404 when there is none; 400 for a
+        response that was not streamed."""
+        _, response = await self._stored(response_id)
+        if not response.background or not await self.store.events_after(response_id, -1):
+            raise BadRequestError(
+                "only a background response created with stream=true can be streamed; "
+                "retrieve it without stream",
+                param="stream",
+            )
+        return follow(self.store, response_id, starting_after)
 
     async def _stored(self, response_id: str) -> tuple[StoredResponse, ResponseObject]:
         """The stored entry and its response object; 404 when there is none."""
@@ -153,9 +169,12 @@ class ServingResponses:
         conversation: list[dict[str, Any]],
     ) -> ResponseObject:
         """Store the response `queued` and run it detached (`BackgroundRuns`); the
-        answer is the queued response."""
+        answer is the queued response. Streamed, the run writes its events to the store
+        (`responses_replay.EventLog`), the first ones before this returns."""
         queued = shell.model_copy(update={"status": "queued", "background": True})
         await self._store(request, queued, conversation)
+        events = ResponseEvents(queued, summary=request.wants_summary) if request.stream else None
+        log = EventLog(self.store, queued.id)
 
         async def finish(response: ResponseObject) -> None:
             stored = await self.store.get(queued.id)
@@ -167,6 +186,9 @@ class ServingResponses:
             await self._store(
                 request, queued.model_copy(update={"status": "in_progress"}), conversation
             )
+            if events is not None:
+                await streamed(events)
+                return
             try:
                 with responses_params():
                     answer = await self.chat.respond(run, chat, template)
@@ -175,16 +197,38 @@ class ServingResponses:
                 response = _failed(queued, exc.type, exc.message)
             await finish(response)
 
+        async def streamed(events: ResponseEvents) -> None:
+            status = "aborted"
+            try:
+                async for payload in self._events(
+                    run, chat, template, events, request, conversation, store=finish
+                ):
+                    if payload is not None:
+                        await log.add(payload)
+                status = "ok"
+            except ServingError as exc:
+                status = "error"
+                await log.add(events.error(exc))
+                await finish(_failed(queued, exc.type, exc.message))
+            finally:
+                await log.flush()
+                self.chat.finish_run(run, status)
+
         async def stopped(reason: str) -> None:
             self.chat.finish_run(run, "aborted")
             if reason == "cancelled":
                 return  # the store already says so
-            await finish(
-                _failed(
-                    queued, "server_shutdown", "The server shut down before the response finished."
-                )
+            failed = _failed(
+                queued, "server_shutdown", "The server shut down before the response finished."
             )
+            await finish(failed)
+            if events is not None:
+                await log.add(events.failed(failed))
 
+        if events is not None:
+            for event in events.start():
+                await log.add(event)
+            await log.flush()
         self.background.start(queued.id, work, stopped)
         return queued
 
@@ -282,9 +326,11 @@ class ServingResponses:
         events: ResponseEvents,
         request: ResponsesRequest,
         conversation: list[dict[str, Any]],
+        store: Callable[[ResponseObject], Awaitable[None]] | None = None,
     ) -> AsyncGenerator[SSEPayload, None]:
         """The chat stream's message deltas (`ServingChat.message_deltas`: the same
-        reasoning split and tool-call streamer) as typed events."""
+        reasoning split and tool-call streamer) as typed events; the final response is
+        stored by `store` (default: as any response) before its last event."""
         for event in events.start():
             yield event
         finish: str | None = None
@@ -299,7 +345,10 @@ class ServingResponses:
             for event in events.delta(message, logprobs=logprobs):
                 yield event
         response, last = events.finish(finish, lambda items: self._usage(run, items))
-        await self._store(request, response, conversation)
+        if store is None:
+            await self._store(request, response, conversation)
+        else:
+            await store(response)
         for event in last:
             yield event
 

@@ -91,9 +91,14 @@ class ResponseEvents:
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> list[SSEEvent]:
+        """`response.created` (the response as it stands: `queued` in the background) and
+        `response.in_progress`; nothing once they were made."""
+        if self._sequence:
+            return []
+        running = self.response.model_copy(update={"status": "in_progress"})
         return [
             self._event(ResponseLifecycleEvent, "response.created", response=self.response),
-            self._event(ResponseLifecycleEvent, "response.in_progress", response=self.response),
+            self._event(ResponseLifecycleEvent, "response.in_progress", response=running),
         ]
 
     def finish(
@@ -121,6 +126,11 @@ class ResponseEvents:
             self._event(ResponseLifecycleEvent, f"response.{status}", response=self.response)
         )
         return self.response, events
+
+    def failed(self, response: ResponseObject) -> SSEEvent:
+        """`response.failed`: the run stopped before its end (the server shut down)."""
+        self.response = response
+        return self._event(ResponseLifecycleEvent, "response.failed", response=response)
 
     def error(self, error: ServingError) -> SSEEvent:
         """The `error` event of a failure after the stream began."""

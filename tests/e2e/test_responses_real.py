@@ -213,6 +213,40 @@ def test_a_background_response_is_polled_and_cancelled_from_any_worker(
         assert client(default_server).responses.retrieve(long.id).status == "cancelled"
 
 
+def test_a_streamed_background_response_resumes_on_any_worker(default_server: Server) -> None:
+    """`background=True, stream=True` through the SDK: the client reads a few events and
+    leaves; the response runs on; `retrieve(stream=True, starting_after=N)` from fresh
+    connections (either API worker) sends the rest, numbered on, to `response.completed`;
+    the text of both parts is the synchronous answer's."""
+    sdk = client(default_server)
+    kwargs: dict[str, Any] = {
+        "model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": 24
+    }  # fmt: skip
+    stream = sdk.responses.create(**kwargs, background=True, stream=True)
+    head = []
+    for event in stream:
+        head.append(event)
+        if sum(e.type == "response.output_text.delta" for e in head) == 2:
+            break
+    stream.close()  # the client leaves mid-response
+    assert head[0].type == "response.created" and head[0].response.status == "queued"
+    response_id = head[0].response.id
+    after = head[-1].sequence_number
+    rest = list(
+        client(default_server).responses.retrieve(response_id, stream=True, starting_after=after)
+    )
+    assert [e.sequence_number for e in rest] == list(range(after + 1, after + 1 + len(rest)))
+    assert rest[-1].type == "response.completed"
+    text = "".join(e.delta for e in [*head, *rest] if e.type == "response.output_text.delta")
+    final = client(default_server).responses.retrieve(response_id)
+    assert final.status == "completed" and final.background is True
+    assert text == final.output_text == rest[-1].response.output_text
+    assert text == sdk.responses.create(**kwargs).output_text
+    again = list(client(default_server).responses.retrieve(response_id, stream=True))
+    assert [e.sequence_number for e in again] == list(range(len(again)))
+    assert len(again) == after + 1 + len(rest), "from the start: every event once"
+
+
 def test_a_stored_response_continues_and_is_shared_by_the_workers(
     default_server: Server,
 ) -> None:

@@ -230,8 +230,10 @@ async def call_asgi(
     raw = body if isinstance(body, bytes) else (b"" if body is None else orjson.dumps(body))
     all_headers = {"content-type": "application/json"} if body is not None else {}
     all_headers.update(headers or {})
+    path, _, query = path.partition("?")
     scope = falcon.testing.create_scope(
         path=path,
+        query_string=query or None,
         method=method,
         headers=all_headers,
         content_length=len(raw) if content_length else None,

@@ -582,13 +582,62 @@ async def test_cancel_stops_a_background_response(client, engine, tokenizer):
     assert (await _poll(client, response_id, {"cancelled"}))["status"] == "cancelled"
 
 
-@pytest.mark.parametrize(
-    ("extra", "param"), [({"store": False}, "background"), ({"stream": True}, "stream")]
-)
-async def test_background_needs_the_store_and_no_stream(client, engine, extra, param):
-    result = await call_asgi(client.app, RESPONSES, {"input": "Hi", "background": True, **extra})
-    assert result.status == 400 and result.json["error"]["param"] == param
+async def test_background_needs_the_store(client, engine):
+    body = {"input": "Hi", "background": True, "store": False}
+    result = await call_asgi(client.app, RESPONSES, body)
+    assert result.status == 400 and result.json["error"]["param"] == "background"
     assert engine.added == []
+
+
+async def test_a_streamed_background_response_survives_its_client_and_resumes(
+    client, engine, tokenizer
+):
+    """`background` + `stream`: the POST streams the events (`response.created` says
+    `queued`); the client leaving after a few events stops nothing; `GET ?stream=true
+    &starting_after=N` sends the rest, numbered on from N + 1, to `response.completed`, whose
+    text is the stored response's."""
+    text = "word " * 30
+    _script(engine, tokenizer, text, step_delay=0.01)
+    body = {"input": "Talk.", "background": True, "stream": True}
+    first = await call_asgi(
+        client.app, RESPONSES, body, disconnect_when=lambda b: b.count(b"event: ") >= 6
+    )
+    assert first.status == 200 and first.headers["content-type"] == "text/event-stream"
+    head = [data for _, data in sse_named_events(first.body)]
+    assert head[0]["type"] == "response.created" and head[0]["response"]["status"] == "queued"
+    assert head[1]["type"] == "response.in_progress"
+    assert head[-1]["type"] != "response.completed", "the client left before the end"
+    response_id = head[0]["response"]["id"]
+    done = await _poll(client, response_id, {"completed"})
+    after = head[-1]["sequence_number"]
+    rest = await call_asgi(
+        client.app, f"{RESPONSES}/{response_id}?stream=true&starting_after={after}", method="GET"
+    )
+    events = [data for _, data in sse_named_events(rest.body)]
+    assert [e["sequence_number"] for e in events] == list(range(after + 1, after + 1 + len(events)))
+    assert events[-1]["type"] == "response.completed"
+    deltas = "".join(
+        e["delta"] for e in [*head, *events] if e["type"] == "response.output_text.delta"
+    )
+    assert deltas == _output_text(events[-1]["response"]) == _output_text(done)
+    whole = await call_asgi(client.app, f"{RESPONSES}/{response_id}?stream=true", method="GET")
+    assert _events(whole)[: len(head)] == head, "from the start: the same events"
+    assert engine.live == set()
+
+
+async def test_only_a_streamed_background_response_streams_back(client, engine, tokenizer):
+    _script(engine, tokenizer, "Hi")
+    plain = await call_asgi(client.app, RESPONSES, {"input": "Hi"})
+    refused = await call_asgi(
+        client.app, f"{RESPONSES}/{plain.json['id']}?stream=true", method="GET"
+    )
+    assert refused.status == 400 and refused.json["error"]["param"] == "stream"
+    missing = await call_asgi(client.app, f"{RESPONSES}/resp_nope?stream=true", method="GET")
+    assert missing.status == 404
+    bad = await call_asgi(
+        client.app, f"{RESPONSES}/{plain.json['id']}?stream=true&starting_after=x", method="GET"
+    )
+    assert bad.status == 400
 
 
 async def test_a_synchronous_response_cannot_be_cancelled(client, engine, tokenizer):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.serving.response_store import FILE_NAME, ResponseStore
+from handlers.serving.response_store import FILE_NAME, ResponseStore, StoredEvent
 
 pytestmark = pytest.mark.anyio
 
@@ -114,3 +114,40 @@ async def test_processes_of_one_runtime_dir_share_the_store(tmp_path: Path) -> N
     )
     assert out.stdout.strip() == "True"
     assert await store.get("resp_mine") is None
+
+
+def _events(seqs: range, size: int = 10) -> list[StoredEvent]:
+    return [StoredEvent(i, "response.output_text.delta", b"x" * size) for i in seqs]
+
+
+async def test_a_responses_stream_events_are_kept_in_order_and_go_with_it() -> None:
+    store = ResponseStore(None, max_entries=100, max_bytes=1 << 20, ttl_s=60.0)
+    await store.append_events("resp_0", _events(range(3)))
+    assert await store.events_after("resp_0", -1) == [], "no entry: nothing kept"
+    await store.put("resp_0", b"{}", [])
+    await store.append_events("resp_0", _events(range(3, 6)))
+    await store.append_events("resp_0", _events(range(0, 3)))
+    assert [e.seq for e in await store.events_after("resp_0", -1)] == [0, 1, 2, 3, 4, 5]
+    assert [e.seq for e in await store.events_after("resp_0", 3)] == [4, 5]
+    await store.put("resp_0", b'{"status": "completed"}', [])  # the final state: events stay
+    assert len(await store.events_after("resp_0", -1)) == 6
+    assert await store.delete("resp_0")
+    assert await store.events_after("resp_0", -1) == []
+
+
+async def test_stream_events_count_in_the_byte_bound() -> None:
+    """A streamed response's events grow its entry: past the bound the oldest entry goes,
+    events and all; its later `put`s keep counting them."""
+    clock = Clock()
+    store = ResponseStore(None, max_entries=100, max_bytes=600, ttl_s=60.0, clock=clock)
+    await store.put("resp_old", b"{}", [])  # 4 bytes (response + messages)
+    clock.now += 1
+    await store.put("resp_new", b"{}", [])
+    await store.append_events("resp_old", _events(range(2), size=100))
+    await store.append_events("resp_new", _events(range(2), size=100))  # 2 x (4 + 2 x 126)
+    assert await store.get("resp_old") is not None
+    await store.put("resp_new", b"{}", [])  # still 256 bytes with its events
+    await store.append_events("resp_new", _events(range(2, 4), size=100))
+    assert await store.get("resp_old") is None, "the oldest entry went"
+    assert await store.events_after("resp_old", -1) == [], "with its events"
+    assert [e.seq for e in await store.events_after("resp_new", -1)] == [0, 1, 2, 3]
