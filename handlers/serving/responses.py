@@ -11,6 +11,7 @@ the finished response and its conversation go into the store the API workers sha
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -31,7 +32,7 @@ from handlers.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from handlers.serving.base import Run
+from handlers.serving.base import Run, stream_error
 from handlers.serving.chat import ServingChat
 from handlers.serving.chat_template import ChatTemplateChoice
 from handlers.serving.context import RequestContext
@@ -54,6 +55,8 @@ from handlers.serving.responses_output import (
 from handlers.serving.responses_replay import EventLog, follow
 from handlers.serving.responses_stream import ResponseEvents
 from handlers.serving.sse import SSEPayload, SSEStream
+
+logger = logging.getLogger(__name__)
 
 
 class ServingResponses:
@@ -206,10 +209,13 @@ class ServingResponses:
                     if payload is not None:
                         await log.add(payload)
                 status = "ok"
-            except ServingError as exc:
+            except Exception as exc:  # stored as failed, with the stream's error event
                 status = "error"
-                await log.add(events.error(exc))
-                await finish(_failed(queued, exc.type, exc.message))
+                error = stream_error(exc)
+                if error.status >= 500 and not isinstance(exc, ServingError):
+                    logger.exception("background response %s failed", queued.id)
+                await log.add(events.error(error))
+                await finish(_failed(queued, error.type, error.message))
             finally:
                 await log.flush()
                 self.chat.finish_run(run, status)

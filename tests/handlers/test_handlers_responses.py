@@ -625,6 +625,21 @@ async def test_a_streamed_background_response_survives_its_client_and_resumes(
     assert engine.live == set()
 
 
+async def test_a_streamed_background_response_that_fails_ends_its_stream(client, engine, tokenizer):
+    """The engine dies mid-response: the kept stream ends with an `error` event, the
+    response is stored `failed`, and a reader that comes later ends there too."""
+    _script(engine, tokenizer, "word " * 30, step_delay=0.01, raise_at_step=5)
+    body = {"input": "Talk.", "background": True, "stream": True}
+    first = await call_asgi(client.app, RESPONSES, body)
+    events = [data for _, data in sse_named_events(first.body)]
+    assert events[-1]["type"] == "error"
+    response_id = events[0]["response"]["id"]
+    stored = await _poll(client, response_id, {"failed"})
+    assert stored["error"]["code"] == events[-1]["code"]
+    again = await call_asgi(client.app, f"{RESPONSES}/{response_id}?stream=true", method="GET")
+    assert [data for _, data in sse_named_events(again.body)] == events
+
+
 async def test_only_a_streamed_background_response_streams_back(client, engine, tokenizer):
     _script(engine, tokenizer, "Hi")
     plain = await call_asgi(client.app, RESPONSES, {"input": "Hi"})
