@@ -50,6 +50,7 @@ __all__ = [
     "GGUFInt8LinearMethod",
     "GGUFSource",
     "GGUFTiledLinearMethod",
+    "fits_kernels",
     "gguf_tensor_name",
 ]
 
@@ -223,6 +224,17 @@ def _ordered(
             return kind, np.ascontiguousarray(rows)
     logger.warning("GGUF tensor %s does not match the loaded weights; using float32", name)
     return None
+
+
+def fits_kernels(weight: torch.Tensor, row_multiple: int) -> bool:
+    """Whether the kernels can take a `[rows, k]` weight: k whole 32-column blocks, rows
+    whole groups of `row_multiple` (a two-label classifier head is not)."""
+    return (
+        weight.dim() == 2
+        and weight.numel() > 0
+        and weight.shape[1] % 32 == 0
+        and weight.shape[0] % row_multiple == 0
+    )
 
 
 class BlockSource(Protocol):

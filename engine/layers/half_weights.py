@@ -24,17 +24,14 @@ two-label classifier head) keep their dense method.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import torch
 
+from engine.layers.gguf_linear import fits_kernels
 from engine.layers.linear import Linear
 
 __all__ = ["HalfWeights", "half_rows"]
 
-QBLOCK = 32
-"""The kernels' column block: k must be a multiple of it."""
 F16_MAX = 65504.0
 
 
@@ -61,7 +58,6 @@ class HalfWeights:
 
     def __init__(self, rounding: bool) -> None:
         self.rounding = rounding
-        self.kinds: Counter[str] = Counter()
         self.rounded = 0
         """Weights that no 16-bit kind held exactly and were rounded to float16."""
 
@@ -74,10 +70,7 @@ class HalfWeights:
         when the kernels can't take its shape, or no 16-bit kind holds it and rounding is
         off. A rounded weight replaces the loaded one."""
         weight = layer.weight
-        if weight.dim() != 2 or weight.numel() == 0:
-            return None
-        rows, k = weight.shape
-        if k % QBLOCK or rows % row_multiple:
+        if not fits_kernels(weight, row_multiple):
             return None
         found = half_rows(weight, self.rounding)
         if found is None:
@@ -87,5 +80,4 @@ class HalfWeights:
             self.rounded += 1
             with torch.no_grad():
                 weight.copy_(half.view(torch.float16 if kind == "f16" else torch.bfloat16))
-        self.kinds[kind] += 1
         return kind, half.numpy().view(np.uint8)

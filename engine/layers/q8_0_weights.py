@@ -30,6 +30,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from engine.layers.gguf_linear import fits_kernels
 from engine.layers.linear import Linear
 
 __all__ = ["QBLOCK", "QuantizedWeights", "dequantize_q8_0", "quantize_q8_0"]
@@ -72,11 +73,9 @@ class QuantizedWeights:
         or rows not whole groups of `row_multiple` (a classifier's two-label head keeps its
         dense method)."""
         weight = layer.weight
-        if weight.dim() != 2 or weight.numel() == 0:
+        if not fits_kernels(weight, row_multiple):
             return None
-        rows, k = weight.shape
-        if k % QBLOCK or rows % row_multiple:
-            return None
+        rows = weight.shape[0]
         raw = quantize_q8_0(weight.detach())
         with torch.no_grad():
             for start in range(0, rows, _ROWS_PER_CHUNK):

@@ -24,6 +24,7 @@ from engine.layers.half_weights import HalfWeights, half_rows
 from engine.layers.linear import Linear, Shard
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
+from tests.engine.engine_runs import assert_same_packing, greedy_runs
 from tests.engine.tiny_models import COMMON, SERVED_VOCAB
 from tests.engine.tiny_models import save_random_config as _save_weights
 from tests.handlers.handlers_testing import build_tiny_model
@@ -137,20 +138,7 @@ def _core(model_dir: Path, **overrides) -> EngineCore:
 
 
 def _run(core: EngineCore, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-    """Greedy tokens and their logprobs, all prompts in one batch."""
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
-    for i, ids in enumerate(prompts):
-        core.add_request(AddRequest(request_id=f"r{i}", prompt_token_ids=ids, params=params))
-    tokens: dict[str, list[int]] = {}
-    logprobs: dict[str, list[float]] = {}
-    while core.has_work():
-        for _, out in core.step():
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-            logprobs.setdefault(out.request_id, []).extend(
-                lp.logprob for lp in out.new_logprobs or []
-            )
-    assert core.block_manager.num_used_blocks == 0
-    return [(tokens[f"r{i}"], logprobs[f"r{i}"]) for i in range(len(prompts))]
+    return greedy_runs(core, prompts, NEW_TOKENS)
 
 
 def _prompts() -> list[list[int]]:
@@ -209,13 +197,7 @@ def test_a_float32_checkpoint_computes_what_its_float16_copy_computes(tmp_path: 
     assert "rounded to float16" in rounded.backends.description
     assert "rounded" not in saved.backends.description
     assert _packed_kinds(rounded) == _packed_kinds(saved) == {"f16"}
-    pairs = zip(
-        [m for m in rounded.model.modules() if isinstance(m, Linear)],
-        [m for m in saved.model.modules() if isinstance(m, Linear)],
-        strict=True,
-    )
-    for mine, theirs in pairs:
-        assert torch.equal(mine.packed.data, theirs.packed.data)
+    assert_same_packing(rounded, saved)
     prompts = _prompts()
     got = _run(rounded, prompts)
     assert got == _run(saved, prompts)
@@ -280,13 +262,7 @@ def test_a_16_bit_gguf_runs_its_tensors_as_stored(qtype: str, dtype, tmp_path: P
     assert "16-bit weights" in from_hf.backends.description
     kind = qtype.lower()
     assert _packed_kinds(from_file) == _packed_kinds(from_hf) == {kind}
-    pairs = zip(
-        [m for m in from_file.model.modules() if isinstance(m, Linear)],
-        [m for m in from_hf.model.modules() if isinstance(m, Linear)],
-        strict=True,
-    )
-    for mine, theirs in pairs:
-        assert torch.equal(mine.packed.data, theirs.packed.data)
+    assert_same_packing(from_file, from_hf)
     prompts = _prompts()
     assert _run(from_file, prompts) == _run(from_hf, prompts)
 

@@ -22,9 +22,8 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.layers.linear import Linear, Shard
 from engine.layers.q8_0_weights import QuantizedWeights, dequantize_q8_0, quantize_q8_0
-from engine.messages import AddRequest
 from engine.model_resolver import resolve_model_dir
-from engine.sampling_params import SamplingParams
+from tests.engine.engine_runs import assert_same_packing, greedy_runs
 from tests.engine.gguf_writer import write_gguf
 from tests.engine.tiny_models import COMMON, save_random_config
 
@@ -87,20 +86,7 @@ def test_layers_the_kernels_cannot_take_keep_their_weight() -> None:
 
 
 def _run(core: EngineCore, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-    """Greedy tokens and their logprobs, all prompts in one batch."""
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
-    for i, ids in enumerate(prompts):
-        core.add_request(AddRequest(request_id=f"r{i}", prompt_token_ids=ids, params=params))
-    tokens: dict[str, list[int]] = {}
-    logprobs: dict[str, list[float]] = {}
-    while core.has_work():
-        for _, out in core.step():
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-            logprobs.setdefault(out.request_id, []).extend(
-                lp.logprob for lp in out.new_logprobs or []
-            )
-    assert core.block_manager.num_used_blocks == 0
-    return [(tokens[f"r{i}"], logprobs[f"r{i}"]) for i in range(len(prompts))]
+    return greedy_runs(core, prompts, NEW_TOKENS)
 
 
 def _core(model_dir: Path, quantization: str) -> EngineCore:
@@ -134,13 +120,7 @@ def test_safetensors_model_computes_what_its_q8_0_gguf_computes(
     assert "quantized at load" not in from_file.backends.description
     assert all(m.packed is not None for m in quantized.model.modules() if isinstance(m, Linear))
     if mode == "q8_0":  # the same blocks, packed the same way
-        pairs = zip(
-            [m for m in quantized.model.modules() if isinstance(m, Linear)],
-            [m for m in from_file.model.modules() if isinstance(m, Linear)],
-            strict=True,
-        )
-        for mine, theirs in pairs:
-            assert torch.equal(mine.packed.data, theirs.packed.data)
+        assert_same_packing(quantized, from_file)
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 19, 33)]
     got = _run(quantized, prompts)
