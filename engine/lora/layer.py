@@ -15,6 +15,7 @@ import torch
 
 import kernels
 from kernels import LoRAStack, LoRAStep
+from kernels.cpu import ops as cpu_ops
 
 
 @dataclass(slots=True)
@@ -34,8 +35,13 @@ class LinearLoRA:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device,
+        native: bool = False,
     ) -> None:
         self.context = context
+        self.add_lora = cpu_ops.add_lora if native else kernels.add_lora
+        """The C kernel for a linear the CPU fast path computes (`native`; one call per
+        linear and step instead of two torch ops per adapter and shard), else the
+        dispatched reference / Triton op."""
         bounds = [0]
         for rows in shard_rows:
             bounds.append(bounds[-1] + rows)
@@ -81,4 +87,4 @@ class LinearLoRA:
         step = self.context.step
         if step is None:
             return y
-        return kernels.add_lora(y, x, self.stack, step)
+        return self.add_lora(y, x, self.stack, step)

@@ -92,6 +92,7 @@ class LoRAManager:
                 max_rank,
                 dtype,
                 device,
+                native=module.packed is not None,  # on the C kernels: LoRA there too
             )
             module.lora = hook
             for index, shard in enumerate(module.shards):

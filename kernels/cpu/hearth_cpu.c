@@ -1213,6 +1213,57 @@ PAGED_ATTENTION_FN(hearth_paged_attention_f16_i8, KV_F16, KV_I8, uint16_t, int8_
 
 int hearth_num_threads(void) { return omp_get_max_threads(); }
 
+/* ------------------------------------------------------------------ LoRA */
+/*
+ * y[t] += scale[slot, s] * B[slot, rows of s] (A[slot, s] x[t]) for every token t whose slot
+ * is >= 0 (-1: the base model), every shard s of the (possibly fused) output: the batched
+ * LoRA term of one linear (kernels/reference_lora.py's contract) in two passes, shrink then
+ * expand. A[slot, s] is [max_rank, in] and B[slot] [out, max_rank], zero past an adapter's
+ * rank (a zero product adds nothing). Each token's sums run in a fixed order, alone or in
+ * a batch. `h` is scratch of t * shards * max_rank floats.
+ */
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    float s = hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void hearth_lora(const float *x, int64_t t, int64_t ldx, int64_t in, const int32_t *slots, const float *lora_a,
+                 const float *lora_b, const float *scales, const int32_t *row_shard, int64_t shards,
+                 int64_t max_rank, int64_t out, float *y, int64_t ldy, float *h) {
+    const int64_t sr = shards * max_rank;
+#pragma omp parallel for schedule(static) collapse(2) if (t * sr * in > 65536)
+    for (int64_t i = 0; i < t; i++) {
+        for (int64_t j = 0; j < sr; j++) {
+            const int32_t slot = slots[i];
+            h[i * sr + j] = slot < 0 ? 0.0f : dot_f32(lora_a + (slot * sr + j) * in, x + i * ldx, in);
+        }
+    }
+    const int64_t chunk = 64;
+    const int64_t chunks = (out + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) collapse(2) if (t * out * max_rank > 65536)
+    for (int64_t i = 0; i < t; i++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            const int32_t slot = slots[i];
+            if (slot < 0) continue;
+            const int64_t end = (c + 1) * chunk < out ? (c + 1) * chunk : out;
+            for (int64_t o = c * chunk; o < end; o++) {
+                const int32_t s = row_shard[o];
+                const float scale = scales[slot * shards + s];
+                if (scale == 0.0f) continue;
+                y[i * ldy + o] += scale * dot_f32(lora_b + (slot * out + o) * max_rank, h + i * sr + s * max_rank,
+                                                  max_rank);
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ embedding */
 
 /* out[r] = table[ids[r]] for T rows of width h. */

@@ -47,6 +47,10 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_run_program": [_ptr, _i64, _ptr],
     "hearth_attention_scratch_floats": [_i64],
     "hearth_attention_f32_path": [],
+    "hearth_lora": [
+        *[_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr],
+        *[_i64, _i64, _i64, _ptr, _i64, _ptr],
+    ],
 }
 
 GROUP = 8
@@ -222,6 +226,29 @@ def gemm_args(x: torch.Tensor, weight, out: torch.Tensor) -> tuple:
         _p(x), x.shape[0], x.stride(0), weight.k, _p(weight.data), weight.n, _p(weight.bias),
         _p(out), out.stride(0),
     )  # fmt: skip
+
+
+def add_lora(y: torch.Tensor, x: torch.Tensor, stack, step) -> torch.Tensor:
+    """`kernels.add_lora` by the C kernel (`hearth_lora`): ``y[t] += scale * B(A(x[t]))``
+    with the A/B of token t's slot, in place, for a linear of the fast path. `stack` is the
+    layer's `kernels.LoRAStack`, `step` the step's `kernels.LoRAStep`. A LoRA step runs op
+    by op (the step program holds the base kernels only), so nothing is captured."""
+    if not step.groups:
+        return y
+    if capture.active() is not None:
+        raise capture.CaptureError("a LoRA step runs op by op")
+    t = check_rows(x, stack.lora_a.shape[-1])
+    _, shards, max_rank, k = stack.lora_a.shape
+    out = stack.lora_b.shape[1]
+    _check(y, "y")
+    if y.shape != (t, out) or y.stride(1) != 1:
+        raise ValueError(f"y must be [{t}, {out}] with unit column stride, got {tuple(y.shape)}")
+    h = torch.empty(t * shards * max_rank, dtype=torch.float32)
+    library().hearth_lora(
+        _p(x), t, x.stride(0), k, _p(step.token_slots), _p(stack.lora_a), _p(stack.lora_b),
+        _p(stack.scales), _p(stack.row_shard), shards, max_rank, out, _p(y), y.stride(0), _p(h),
+    )  # fmt: skip
+    return y
 
 
 # ----------------------------------------------------------------------------- elementwise

@@ -1,8 +1,9 @@
 """LoRA over the CPU fast path (the default model's GGUF blocks, C kernels): the adapter
 term is added after the GGUF linear method. An adapter whose B is zero leaves every token
 as the base's (the adapter path runs op by op; the base steps replay the step program),
-a random one changes them, and an adapter's tokens do not depend on what else shares its
-steps (the base, another adapter)."""
+a random one changes them as the exact mode's adapter does (the fast path adds the term
+with the C kernel `hearth_lora`), and an adapter's tokens do not depend on what else
+shares its steps (the base, another adapter)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ def test_lora_on_the_gguf_fast_path(model_smollm2_dir: str, tmp_path: Path) -> N
         )
     )
     assert core.backends.quantization == "gguf"
+    from engine.layers.linear import Linear
+    from kernels.cpu import ops
+
+    hooks = [m.lora for m in core.model.modules() if isinstance(m, Linear) and m.lora]
+    assert hooks and all(h.add_lora is ops.add_lora for h in hooks), "the C LoRA kernel"
     alone = {
         lora: _run(core, [(f"{lora}-{i}", p, lora) for i, p in enumerate(PROMPTS)])
         for lora in (None, "zero", "tuned")
@@ -66,3 +72,12 @@ def test_lora_on_the_gguf_fast_path(model_smollm2_dir: str, tmp_path: Path) -> N
     for i in range(len(PROMPTS)):
         for lora in (None, "zero", "tuned"):
             assert mixed[f"m-{lora}-{i}"] == alone[lora][f"{lora}-{i}"], (lora, i)
+    # The C LoRA term is the exact mode's (torch, PEFT's order): the same greedy tokens.
+    exact = EngineCore(
+        EngineConfig(
+            enable_lora=True, lora_modules=(("tuned", tuned),), num_kv_blocks=64,
+            max_model_len=512, quantization="none",
+        )
+    )  # fmt: skip
+    reference = _run(exact, [(f"tuned-{i}", p, "tuned") for i, p in enumerate(PROMPTS)])
+    assert reference == alone["tuned"]

@@ -17,19 +17,21 @@ RANKS = [[8, 8, 0], [4, 0, 4], [2, 2, 2]]  # per slot, per shard; 0: untargeted
 TOKEN_SLOTS = [-1, 0, 2, 0, -1, 1, 2, 2, -1]
 
 
-def _stack(device: str, dtype: torch.dtype, seed: int = 0) -> LoRAStack:
+def _stack(
+    device: str, dtype: torch.dtype, seed: int = 0, in_features: int = IN_FEATURES
+) -> LoRAStack:
     g = torch.Generator().manual_seed(seed)
     num_slots, out = len(RANKS), sum(SHARD_ROWS)
     bounds = [0]
     for rows in SHARD_ROWS:
         bounds.append(bounds[-1] + rows)
-    a = torch.zeros(num_slots, len(SHARD_ROWS), MAX_RANK, IN_FEATURES)
+    a = torch.zeros(num_slots, len(SHARD_ROWS), MAX_RANK, in_features)
     b = torch.zeros(num_slots, out, MAX_RANK)
     scales = torch.zeros(num_slots, len(SHARD_ROWS))
     for slot, ranks in enumerate(RANKS):
         for shard, r in enumerate(ranks):
             if r:
-                a[slot, shard, :r] = torch.randn(r, IN_FEATURES, generator=g)
+                a[slot, shard, :r] = torch.randn(r, in_features, generator=g)
                 b[slot, bounds[shard] : bounds[shard + 1], :r] = torch.randn(
                     SHARD_ROWS[shard], r, generator=g
                 )
@@ -60,9 +62,11 @@ def _oracle(y: torch.Tensor, x: torch.Tensor, stack: LoRAStack) -> torch.Tensor:
     return out
 
 
-def _inputs(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(
+    device: str, dtype: torch.dtype, in_features: int = IN_FEATURES
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(len(TOKEN_SLOTS), IN_FEATURES, generator=g).to(device, dtype)
+    x = torch.randn(len(TOKEN_SLOTS), in_features, generator=g).to(device, dtype)
     y = torch.randn(len(TOKEN_SLOTS), sum(SHARD_ROWS), generator=g).to(device, dtype)
     return x, y
 
@@ -117,3 +121,40 @@ def test_triton_matches_the_oracle(force_triton: str, dtype: torch.dtype) -> Non
     torch.testing.assert_close(got.cpu().double(), expected, **tol)
     base = [t for t, s in enumerate(TOKEN_SLOTS) if s < 0]
     assert torch.equal(got[base], y[base])
+
+
+def _cpu_ops():
+    ops = pytest.importorskip("kernels.cpu.ops")
+    if not ops.available():
+        pytest.skip("host has no AVX2: the C kernels do not run here")
+    return ops
+
+
+@pytest.mark.parametrize("in_features", [IN_FEATURES, 576])
+def test_the_c_kernel_matches_the_oracle_and_leaves_base_tokens(in_features: int) -> None:
+    """`kernels.cpu.ops.add_lora` (the fast path's, `hearth_lora`): within float32 sums
+    of the float64 oracle, base tokens untouched bit for bit, input rows strided (a column
+    range of a fused output) and 576 columns (past the 16-wide vector loop, with a tail)."""
+    ops = _cpu_ops()
+    stack = _stack("cpu", torch.float32, in_features=in_features)
+    x, y = _inputs("cpu", torch.float32, in_features)
+    wide = torch.randn(x.shape[0], in_features + 8)
+    wide[:, 3 : 3 + in_features] = x
+    step = LoRAStep.build(TOKEN_SLOTS, torch.device("cpu"))
+    got = ops.add_lora(y.clone(), wide[:, 3 : 3 + in_features], stack, step)
+    torch.testing.assert_close(got.double(), _oracle(y, x, stack), atol=1e-4, rtol=1e-5)
+    base = [t for t, s in enumerate(TOKEN_SLOTS) if s < 0]
+    assert torch.equal(got[base], y[base])
+    assert torch.equal(ops.add_lora(y.clone(), x, stack, LoRAStep.build([-1] * 9, x.device)), y)
+
+
+def test_the_c_kernel_gives_a_token_the_same_bits_alone_or_batched() -> None:
+    ops = _cpu_ops()
+    stack = _stack("cpu", torch.float32)
+    x, y = _inputs("cpu", torch.float32)
+    batched = ops.add_lora(y.clone(), x, stack, LoRAStep.build(TOKEN_SLOTS, x.device))
+    for t, slot in enumerate(TOKEN_SLOTS):
+        alone = ops.add_lora(
+            y[t : t + 1].clone(), x[t : t + 1], stack, LoRAStep.build([slot], x.device)
+        )
+        assert torch.equal(alone[0], batched[t]), t
