@@ -149,8 +149,9 @@ class ModelRunner:
         input_ids, positions, slots, logits_rows, sampled = self._flatten(ordered)
         dev = self.device
         hidden = None
-        # A step with adapter tokens runs eagerly: the captured graphs and the CPU step
-        # program hold the base model's kernels only (docs/architecture.md, "LoRA").
+        # A step with adapter tokens runs eagerly on CUDA (the captured graphs hold the
+        # base model's kernels only); on the CPU fast path it replays the step program
+        # captured with the LoRA ops, fed each token's slot (docs/architecture.md, "LoRA").
         # --- CUDA graphs hook: a pure-decode step within the largest bucket replays a
         # captured graph (None otherwise: run eagerly below). See engine/cuda_graphs.py.
         if self.cuda_graphs is not None and not prefills and not has_lora:
@@ -168,9 +169,11 @@ class ModelRunner:
             if (
                 isinstance(self.attention, CpuAttentionBackend)
                 and self.attention.program
-                and not has_lora
+                and (not has_lora or self.attention.lora_program)
             ):
-                hidden = self.attention.run_program(ids_t, positions_t, meta)
+                lora = self.lora.context.step if has_lora and self.lora is not None else None
+                lora_slots = lora.token_slots if lora is not None else None
+                hidden = self.attention.run_program(ids_t, positions_t, meta, lora_slots)
             else:
                 hidden = self.model(ids_t, positions_t, meta)
         # Prompt logprobs: scored from this step's hidden rows, chunk by chunk.

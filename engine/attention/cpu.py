@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend
+from engine.layers.linear import Linear
+from kernels import LoRAStep
 from kernels.cpu import capture, ops
 from kernels.cpu.program import StepProgram
 from kernels.metadata import AttentionMetadata, SeqSpan
@@ -32,6 +34,7 @@ logger = logging.getLogger("hearth.engine")
 
 if TYPE_CHECKING:
     from engine.layers.attention import Attention
+    from engine.lora.layer import LinearLoRA
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -41,12 +44,25 @@ class CpuAttentionBackend(AttentionBackend):
     def __init__(self, min_run: int = 0) -> None:
         self.scratch = ops.AttentionScratch()
         self.program: StepProgram | None = None
+        self.lora_program: StepProgram | None = None
+        """The same forward with every LoRA hook's op (steps with adapter tokens)."""
         self.min_run = min_run
         """Runs of this many tokens of a sequence and more take the bfloat16 kernel (0: none)."""
 
     def capture_program(self, model: nn.Module, block_size: int) -> StepProgram | None:
         """Record `model`'s forward (bound to its caches) as a step program; None, with
-        the reason logged, when some op of it is not a C kernel."""
+        the reason logged, when some op of it is not a C kernel. With LoRA hooks on its
+        linears, a second program with each hook's LoRA op (`lora_program`) runs the
+        steps that hold adapter tokens."""
+        self.program = self._capture(model, block_size, [])
+        hooks = [m.lora for m in model.modules() if isinstance(m, Linear) and m.lora is not None]
+        if self.program is not None and hooks:
+            self.lora_program = self._capture(model, block_size, hooks)
+        return self.program
+
+    def _capture(
+        self, model: nn.Module, block_size: int, hooks: list[LinearLoRA]
+    ) -> StepProgram | None:
         t = 3  # any count works: every op must cover all of the step's rows
         cpu = torch.device("cpu")
         meta = self.build_metadata([SeqSpan(0, t, [0])], list(range(t)), block_size, cpu)
@@ -69,34 +85,50 @@ class CpuAttentionBackend(AttentionBackend):
             "token_seq": meta.token_seq,
             "token_ctx": meta.token_ctx,
         }
+        if hooks:  # every token on slot 0: each hook records its op, reading lora_slots
+            lora_step = LoRAStep.build([0] * t, torch.device("cpu"))
+            inputs["lora_slots"] = lora_step.token_slots
+            for hook in hooks:
+                stack = hook.stack
+                persistent += [stack.lora_a, stack.lora_b, stack.scales, stack.row_shard]
+            hooks[0].context.step = lora_step
         recorder = capture.Recorder(
             t,
             capture.persistent_ranges(p for p in persistent if isinstance(p, torch.Tensor)),
             {name: tensor.data_ptr() for name, tensor in inputs.items()},
         )
+        what = "CPU step program with LoRA" if hooks else "CPU step program"
         try:
             with torch.inference_mode(), capture.recording(recorder):
                 result = model(ids, positions, meta)
-            self.program = StepProgram(recorder, result)
+            return StepProgram(recorder, result)
         except capture.CaptureError as exc:
-            logger.warning("CPU step program not captured (%s): the forward runs op by op", exc)
-            self.program = None
-        return self.program
+            logger.warning("%s not captured (%s): the forward runs op by op", what, exc)
+            return None
+        finally:
+            if hooks:
+                hooks[0].context.step = None
 
     @property
     def num_program_ops(self) -> int:
         return self.program.num_ops if self.program is not None else 0
 
     def run_program(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        lora_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The captured forward for this step (`capture_program` must have succeeded)."""
-        assert self.program is not None
+        """The captured forward for this step (`capture_program` must have succeeded);
+        with `lora_slots` (each token's adapter slot), the LoRA program's."""
+        program = self.program if lora_slots is None else self.lora_program
+        assert program is not None
         assert meta.seq_block_tables is not None and meta.token_seq is not None
         assert meta.token_ctx is not None
-        return self.program.run(
+        return program.run(
             input_ids, positions, meta.slot_mapping, meta.seq_block_tables, meta.token_seq,
-            meta.token_ctx, meta.max_ctx, meta.block_size, self.scratch,
+            meta.token_ctx, meta.max_ctx, meta.block_size, self.scratch, lora_slots,
         )  # fmt: skip
 
     @staticmethod

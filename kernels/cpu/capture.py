@@ -22,6 +22,7 @@ import torch
 
 OP_EMBED, OP_RMS_NORM, OP_ADD_RMS_NORM, OP_LINEAR_F32, OP_LINEAR_Q8A = 1, 2, 3, 4, 5
 OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SILU_MUL, OP_LINEAR_BF16 = 6, 7, 8, 9, 10
+OP_LORA = 11
 
 
 class CaptureError(RuntimeError):
@@ -41,6 +42,7 @@ class HearthOp(ctypes.Structure):
         ("i", ctypes.c_int64 * 4),
         ("f", ctypes.c_float * 2),
         ("aux", ctypes.c_void_p),
+        ("aux2", ctypes.c_void_p),
     ]
 
 
@@ -63,6 +65,8 @@ class RecordedOp:
     kind: int = 0
     aux: Operand | None = None
     """A second persistent operand (e.g. the fallback weight of a tiled linear)."""
+    aux2: Operand | None = None
+    """A third (a LoRA op's row shards)."""
 
 
 @dataclass
@@ -122,15 +126,13 @@ class Recorder:
         floats=(),
         kind=0,
         aux: torch.Tensor | None = None,
+        aux2: torch.Tensor | None = None,
     ):
-        extra = self.operand(aux)
-        if extra is not None and extra.buffer >= 0:
+        extras = [self.operand(aux), self.operand(aux2)]
+        if any(e is not None and e.buffer >= 0 for e in extras):
             raise CaptureError("an auxiliary operand must be persistent")
-        self.ops.append(
-            RecordedOp(
-                code, [self.operand(t) for t in operands], tuple(ints), tuple(floats), kind, extra
-            )
-        )
+        operands_ = [self.operand(t) for t in operands]
+        self.ops.append(RecordedOp(code, operands_, tuple(ints), tuple(floats), kind, *extras))
 
     # -- after the forward --------------------------------------------------------------
     def output(self, tensor: torch.Tensor) -> Operand:

@@ -1292,11 +1292,12 @@ enum {
     OP_ATTENTION,
     OP_SILU_MUL,
     OP_LINEAR_BF16,
+    OP_LORA,
 };
 
 typedef struct {
     int32_t code;
-    int32_t kind;       /* linear: 0 = Q4_1, 1 = Q8_0 */
+    int32_t kind;       /* linear: 0 = Q4_1, 1 = Q8_0, 2 = F16, 3 = BF16 */
     int64_t slot[4];    /* operand buffer slots; -1: the operand is ptr[j] */
     int64_t off[4];     /* float offset of the operand inside its buffer's row */
     int64_t ld[4];      /* row stride of the operand (floats) */
@@ -1304,6 +1305,7 @@ typedef struct {
     int64_t i[4];       /* sizes: see each op */
     float f[2];         /* eps, scale */
     const void *aux;    /* a second persistent operand (OP_LINEAR_BF16: the float32 kernel's blocks) */
+    const void *aux2;   /* a third (OP_LORA: each output row's shard) */
 } hearth_op;
 
 typedef struct {
@@ -1316,6 +1318,8 @@ typedef struct {
     int64_t att_per_thread;
     uint8_t *q8_scratch;
     int64_t amx_min_t;
+    const int32_t *lora_slots; /* each token's adapter slot (-1: the base); NULL: no LoRA op runs */
+    float *lora_scratch;       /* t * (shards * max_rank) floats of the widest LoRA op */
 } hearth_step;
 
 void hearth_q8a_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
@@ -1412,6 +1416,12 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
                                        st->block_size, st->tables, st->max_blocks, st->seq, st->ctx,
                                        op->f[1], d, st->att_scratch, st->att_per_thread, op->i[3],
                                        op->kind >> 2);
+            break;
+        case OP_LORA: /* x = a, lora_a = b, y = c (in place), lora_b = d; aux = scales, aux2 = row_shard;
+                       * i0 = in, i1 = out, i2 = max_rank, i3 = shards */
+            if (st->lora_slots)
+                hearth_lora(a, t, op->ld[0], op->i[0], st->lora_slots, b, d, (const float *)op->aux,
+                            (const int32_t *)op->aux2, op->i[3], op->i[2], op->i[1], c, op->ld[2], st->lora_scratch);
             break;
         case OP_SILU_MUL: /* gate_up = a, out = c; i0 = inter */
             hearth_silu_mul(a, c, t, op->i[0]);

@@ -231,18 +231,25 @@ def gemm_args(x: torch.Tensor, weight, out: torch.Tensor) -> tuple:
 def add_lora(y: torch.Tensor, x: torch.Tensor, stack, step) -> torch.Tensor:
     """`kernels.add_lora` by the C kernel (`hearth_lora`): ``y[t] += scale * B(A(x[t]))``
     with the A/B of token t's slot, in place, for a linear of the fast path. `stack` is the
-    layer's `kernels.LoRAStack`, `step` the step's `kernels.LoRAStep`. A LoRA step runs op
-    by op (the step program holds the base kernels only), so nothing is captured."""
+    layer's `kernels.LoRAStack`, `step` the step's `kernels.LoRAStep`. Under capture (the
+    LoRA step program) it records the op, reading the step's ``lora_slots`` input."""
     if not step.groups:
         return y
-    if capture.active() is not None:
-        raise capture.CaptureError("a LoRA step runs op by op")
     t = check_rows(x, stack.lora_a.shape[-1])
     _, shards, max_rank, k = stack.lora_a.shape
     out = stack.lora_b.shape[1]
     _check(y, "y")
     if y.shape != (t, out) or y.stride(1) != 1:
         raise ValueError(f"y must be [{t}, {out}] with unit column stride, got {tuple(y.shape)}")
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        rec.step_input("lora_slots", step.token_slots)
+        rec.emit(
+            capture.OP_LORA, [x, stack.lora_a, y, stack.lora_b], (k, out, max_rank, shards),
+            aux=stack.scales, aux2=stack.row_shard,
+        )  # fmt: skip
+        return y
     h = torch.empty(t * shards * max_rank, dtype=torch.float32)
     library().hearth_lora(
         _p(x), t, x.stride(0), k, _p(step.token_slots), _p(stack.lora_a), _p(stack.lora_b),

@@ -36,6 +36,8 @@ class HearthStep(ctypes.Structure):
         ("att_per_thread", _i64),
         ("q8_scratch", _ptr),
         ("amx_min_t", _i64),
+        ("lora_slots", _ptr),
+        ("lora_scratch", _ptr),
     ]
 
 
@@ -50,6 +52,8 @@ class StepProgram:
         self.num_ops = len(recorder.ops)
         self.ops = (capture.HearthOp * self.num_ops)()
         self.q8_k = 0
+        self.lora_width = 0
+        """Floats per token of the widest LoRA op's scratch (0: the program holds none)."""
         for op, rec in zip(self.ops, recorder.ops, strict=True):
             op.code, op.kind = rec.code, rec.kind
             for j, operand in enumerate(rec.operands):
@@ -61,15 +65,19 @@ class StepProgram:
                     op.slot[j] = slot_of[operand.buffer]
                     op.off[j], op.ld[j] = operand.offset, operand.ld
             op.aux = rec.aux.ptr if rec.aux is not None else None
+            op.aux2 = rec.aux2.ptr if rec.aux2 is not None else None
             for j, v in enumerate(rec.ints):
                 op.i[j] = v
             for j, v in enumerate(rec.floats):
                 op.f[j] = v
             if rec.code == capture.OP_LINEAR_Q8A:
                 self.q8_k = max(self.q8_k, rec.ints[0])
+            if rec.code == capture.OP_LORA:  # h: shards x max_rank floats per token
+                self.lora_width = max(self.lora_width, rec.ints[2] * rec.ints[3])
         self._arena = torch.empty(0, dtype=torch.float32)
         self._bufs = (ctypes.c_void_p * max(len(self.slot_widths), 1))()
         self._q8 = torch.empty(0, dtype=torch.uint8)
+        self._lora_h = torch.empty(0, dtype=torch.float32)
 
     @property
     def floats_per_row(self) -> int:
@@ -86,9 +94,11 @@ class StepProgram:
         max_ctx: int,
         block_size: int,
         scratch: ops.AttentionScratch,
+        lora_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The forward's result ``[T, width]`` for this step (a view of the program's row
-        buffers: valid until the next `run`)."""
+        buffers: valid until the next `run`). `lora_slots` (int32 ``[T]``, -1: the base)
+        feeds the program's LoRA ops; None skips them."""
         t = input_ids.shape[0]
         need = t * self.floats_per_row
         if self._arena.numel() < need:
@@ -118,6 +128,12 @@ class StepProgram:
                 self._q8 = torch.empty(max(nbytes, 2 * self._q8.numel()), dtype=torch.uint8)
             step.q8_scratch = (self._q8.data_ptr() + 63) & ~63
         step.amx_min_t = q8_ops.AMX_AUTO
+        if lora_slots is not None and self.lora_width:
+            if lora_slots.dtype != torch.int32 or lora_slots.shape != (t,):
+                raise ValueError(f"lora_slots must be int32 [{t}]")
+            if self._lora_h.numel() < t * self.lora_width:
+                self._lora_h = torch.empty(t * self.lora_width, dtype=torch.float32)
+            step.lora_slots, step.lora_scratch = lora_slots.data_ptr(), self._lora_h.data_ptr()
         ops.library().hearth_run_program(self.ops, self.num_ops, ctypes.byref(step))
         start, width = views[self.out_slot]
         rows = self._arena[start : start + t * width].view(t, width)

@@ -30,7 +30,7 @@ def core(request, model_smollm2_dir: str):
     return EngineCore(config)
 
 
-def _hidden(core, spans_and_ids, program: bool) -> torch.Tensor:
+def _hidden(core, spans_and_ids, program: bool, lora_slots=None) -> torch.Tensor:
     from kernels.metadata import SeqSpan
 
     backend = core.runner.attention
@@ -46,7 +46,7 @@ def _hidden(core, spans_and_ids, program: bool) -> torch.Tensor:
     ids_t, pos_t = torch.tensor(ids), torch.tensor(positions)
     with torch.inference_mode():
         if program:
-            return backend.run_program(ids_t, pos_t, meta).clone()
+            return backend.run_program(ids_t, pos_t, meta, lora_slots).clone()
         return core.model(ids_t, pos_t, meta).clone()
 
 
@@ -89,3 +89,47 @@ def test_a_forward_with_a_torch_op_between_kernels_is_not_captured(core, monkeyp
         assert backend.capture_program(core.model, core.runner.block_size) is None
     finally:
         backend.program = saved
+
+
+def test_the_lora_program_replays_the_eager_forward_with_adapters(model_smollm2_dir, tmp_path):
+    """With LoRA hooks, a second program holds one LoRA op per linear: a step mixing base
+    tokens and two adapters gives bitwise the eager forward's rows (the hooks' C kernel),
+    and not the base program's."""
+    from engine.core import EngineCore
+    from kernels import LoRAStep
+    from tests.lora_adapters import write_random_adapter
+
+    adapters = tuple(
+        (name, write_random_adapter(model_smollm2_dir, tmp_path / name, seed=i, b_scale=0.05))
+        for i, name in enumerate(("a", "b"), start=1)
+    )
+    core = EngineCore(
+        EngineConfig(
+            model=model_smollm2_dir, max_model_len=512, max_num_seqs=8, quantization="gguf",
+            enable_lora=True, max_loras=2, lora_modules=adapters,
+        )
+    )  # fmt: skip
+    backend = core.runner.attention
+    assert backend.lora_program is not None
+    linears_per_layer = 4  # qkv, o, gate_up, down: one LoRA op each
+    assert backend.lora_program.num_ops == backend.num_program_ops + linears_per_layer * 30
+    slot_a, _ = core.lora.acquire("a")
+    slot_b, _ = core.lora.acquire("b")
+    gen = torch.Generator().manual_seed(4)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(10, 40000, (n,), generator=gen).tolist()
+
+    step = [(0, toks(9), [1, 2]), (0, toks(1), [5]), (0, toks(6), [9])]
+    token_slots = [slot_a] * 9 + [-1] + [slot_b] * 6
+    lora = LoRAStep.build(token_slots, torch.device("cpu"))
+    core.lora.context.step = lora
+    try:
+        eager = _hidden(core, step, program=False)
+    finally:
+        core.lora.context.step = None
+    replayed = _hidden(core, step, program=True, lora_slots=lora.token_slots)
+    assert torch.equal(eager, replayed)
+    base = _hidden(core, step, program=True)
+    assert torch.equal(base[9], replayed[9]), "the base token is the base program's"
+    assert not torch.equal(base[:9], replayed[:9]) and not torch.equal(base[10:], replayed[10:])
