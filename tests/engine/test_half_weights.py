@@ -25,7 +25,7 @@ from engine.layers.linear import Linear, Shard
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
 from tests.engine.engine_runs import assert_same_packing, greedy_runs
-from tests.engine.tiny_models import COMMON, SERVED_VOCAB
+from tests.engine.tiny_models import COMMON, CONFIGS, SERVED_VOCAB
 from tests.engine.tiny_models import save_random_config as _save_weights
 from tests.handlers.handlers_testing import build_tiny_model
 
@@ -290,6 +290,37 @@ def test_a_bf16_moe_checkpoint_runs_its_experts_on_the_kernels(name: str, tmp_pa
     assert experts and all(linear.packed is not None for linear in experts)
     assert all(m.w13.numel() == m.w2.numel() == 0 for m in moe)
     assert all(m.w13.numel() > 0 for m in exact.model.modules() if isinstance(m, FusedMoE))
+    prompts = _prompts()
+    for (tokens, logprobs), (exact_tokens, exact_logprobs) in zip(
+        _run(fast, prompts), _run(exact, prompts), strict=True
+    ):
+        assert tokens == exact_tokens
+        assert max(abs(a - b) for a, b in zip(logprobs, exact_logprobs, strict=True)) < 1e-4
+
+
+@needs_avx2
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_architecture_on_the_16_bit_path_computes_the_exact_model(
+    name: str, tmp_path: Path
+) -> None:
+    """Every tiny architecture (sliding windows, NoPE layers, q/k norms, GeGLU, partial and
+    LongRoPE rotary, fused Phi-3 tensors...) with heads of 32 (the C attention's multiple)
+    as a bf16 checkpoint: `auto` puts it on the kernels, and its greedy tokens and logprobs
+    are the exact mode's up to float32 sum order."""
+    config = CONFIGS[name]()
+    config.vocab_size = VOCAB
+    config.num_attention_heads, config.num_key_value_heads = 2, 1
+    if getattr(config, "head_dim", None) is not None:
+        config.head_dim = 32
+    rope = getattr(config, "rope_parameters", None) or {}
+    for key in ("short_factor", "long_factor"):  # LongRoPE: one factor per rotated pair
+        if key in rope:
+            rope[key] = [f for f in rope[key] for _ in range(2)]
+    save_random_config(config, tmp_path)
+    _save_in(tmp_path, torch.bfloat16)
+    fast, exact = _core(tmp_path, kv_cache_dtype="float32"), _core(tmp_path, dtype="float32")
+    assert fast.backends.quantization == "gguf" and exact.backends.quantization == "none"
+    assert "16-bit weights" in fast.backends.description
     prompts = _prompts()
     for (tokens, logprobs), (exact_tokens, exact_logprobs) in zip(
         _run(fast, prompts), _run(exact, prompts), strict=True
