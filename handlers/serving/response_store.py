@@ -53,8 +53,9 @@ CREATE TABLE IF NOT EXISTS response_events (
     PRIMARY KEY (response_id, seq)
 );
 """
-_ORPHAN_EVENTS = "DELETE FROM response_events WHERE response_id NOT IN (SELECT id FROM responses)"
-"""An entry's stream events go with it (expired, evicted or deleted)."""
+_DROP_EVENTS = "DELETE FROM response_events WHERE response_id = ?"
+"""An entry's stream events go with it (expired, evicted or deleted): by its id, on the
+table's (response_id, seq) key, never a scan of every stored event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,10 @@ class ResponseStore:
         if self.enabled and events:
             await asyncio.to_thread(self._append_events, response_id, events)
 
+    async def has_events(self, response_id: str) -> bool:
+        """Whether `response_id` keeps a stream (a background response created streamed)."""
+        return self.enabled and await asyncio.to_thread(self._has_events, response_id)
+
     async def events_after(self, response_id: str, after: int) -> list[StoredEvent]:
         """The stored events of `response_id` with a sequence number above `after`, in order."""
         if not self.enabled:
@@ -154,6 +159,10 @@ class ResponseStore:
             db = self._connection()
             db.execute("BEGIN IMMEDIATE")
             try:
+                expired = db.execute(
+                    "SELECT id FROM responses WHERE stored_at < ?", (now - self.ttl_s,)
+                ).fetchall()
+                db.executemany(_DROP_EVENTS, expired)
                 db.execute("DELETE FROM responses WHERE stored_at < ?", (now - self.ttl_s,))
                 (logged,) = db.execute(
                     "SELECT COALESCE(SUM(LENGTH(name) + LENGTH(data)), 0) FROM response_events "
@@ -165,7 +174,6 @@ class ResponseStore:
                     (response_id, now, size + logged, response, messages),
                 )
                 self._evict(db)
-                db.execute(_ORPHAN_EVENTS)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -186,11 +194,21 @@ class ResponseStore:
                         [(response_id, e.seq, e.name, e.data) for e in events],
                     )
                     self._evict(db)
-                    db.execute(_ORPHAN_EVENTS)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+
+    def _has_events(self, response_id: str) -> bool:
+        with self._lock:
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT 1 FROM response_events WHERE response_id = ? LIMIT 1", (response_id,)
+                )
+                .fetchone()
+            )
+        return row is not None
 
     def _events_after(self, response_id: str, after: int) -> list[StoredEvent]:
         with self._lock:
@@ -215,6 +233,7 @@ class ResponseStore:
                 "SELECT id, size FROM responses ORDER BY stored_at, rowid LIMIT 1"
             ).fetchone()
             db.execute("DELETE FROM responses WHERE id = ?", (row[0],))
+            db.execute(_DROP_EVENTS, (row[0],))
             count, total = count - 1, total - row[1]
 
     def _get(self, response_id: str) -> StoredResponse | None:
@@ -238,5 +257,5 @@ class ResponseStore:
                 "DELETE FROM responses WHERE id = ? AND stored_at >= ?",
                 (response_id, self._clock() - self.ttl_s),
             )
-            db.execute("DELETE FROM response_events WHERE response_id = ?", (response_id,))
+            db.execute(_DROP_EVENTS, (response_id,))
         return cursor.rowcount > 0

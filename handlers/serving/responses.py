@@ -126,7 +126,7 @@ class ServingResponses:
         so from any worker: `responses_replay.follow`). 404 when there is none; 400 for a
         response that was not streamed."""
         _, response = await self._stored(response_id)
-        if not response.background or not await self.store.events_after(response_id, -1):
+        if not response.background or not await self.store.has_events(response_id):
             raise BadRequestError(
                 "only a background response created with stream=true can be streamed; "
                 "retrieve it without stream",

@@ -151,3 +151,15 @@ async def test_stream_events_count_in_the_byte_bound() -> None:
     assert await store.get("resp_old") is None, "the oldest entry went"
     assert await store.events_after("resp_old", -1) == [], "with its events"
     assert [e.seq for e in await store.events_after("resp_new", -1)] == [0, 1, 2, 3]
+
+
+async def test_an_expired_entrys_events_go_with_it() -> None:
+    clock = Clock()
+    store = ResponseStore(None, max_entries=100, max_bytes=1 << 20, ttl_s=60.0, clock=clock)
+    await store.put("resp_old", b"{}", [])
+    await store.append_events("resp_old", _events(range(3)))
+    assert await store.has_events("resp_old")
+    clock.now += 61
+    await store.put("resp_new", b"{}", [])  # a write purges what expired
+    assert not await store.has_events("resp_old")
+    assert await store.events_after("resp_old", -1) == []
