@@ -167,20 +167,16 @@ def choose_backends(
         return _exact_checked(model, config, dtype, device)
     use_kernel_ops(model, ops)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    nbytes = sum(
-        m.packed.nbytes for m in model.modules() if isinstance(m, Linear) and m.packed is not None
-    )
+    packed = [m.packed for m in model.modules() if isinstance(m, Linear) and m.packed is not None]
+    nbytes = sum(p.nbytes for p in packed)
+    qtiles = any(getattr(p, "q_min_t", 0) for p in packed)  # only block kinds have Q-tiles
     isa = host_isa()
     min_t = bf16_ops.default_min_t()
     activations = {
         "gguf": "float32 activations",
         "gguf-bf16": f"float32 activations under {min_t} tokens, bfloat16 "
         f"({bf16_ops.tile_path()}) from {min_t} up"
-        + (
-            f" (tiles built from the blocks from {bf16_ops.QTILES_MIN_T} up)"
-            if bf16_ops.qtiles_path() and not isinstance(source, HalfWeights)
-            else ""
-        ),
+        + (f" (tiles built from the blocks from {bf16_ops.QTILES_MIN_T} up)" if qtiles else ""),
         "gguf-int8": f"int8 activations ({q8_ops.integer_path()})",
     }[mode]
     kv_dtype, v_dtype = _fast_kv_dtypes(config.kv_cache_dtype, mode, by_auto=asked == "auto")
