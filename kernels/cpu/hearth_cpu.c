@@ -307,11 +307,15 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
      * is set by its FMA chains, so a lone token's tile costs ~1.5 of a full tile's tokens. */
     const int64_t tiles_t = (t_count + TILE - 1) / TILE;
     const int64_t tile_base = t_count / tiles_t, tile_rem = t_count % tiles_t;
-    /* Per token and block, the sum of its 32 inputs (Q4_1's min term), in a fixed order. */
-    float *xsum = (float *)malloc((size_t)(t_count * nb + 1) * sizeof(float));
-    if (!xsum) return;
+    /* Per token and block, the sum of its 32 inputs (Q4_1's min term), in a fixed order:
+     * only the Q4_1 tiles read it (Q8_0 and 16-bit weights have no min). */
+    float *xsum = NULL;
+    if (tiles == Q4_TILES) {
+        xsum = (float *)malloc((size_t)(t_count * nb + 1) * sizeof(float));
+        if (!xsum) return;
 #pragma omp parallel for schedule(static) if (t_count * nb > 4096)
-    for (int64_t i = 0; i < t_count * nb; i++) xsum[i] = block_sum(x + (i / nb) * ldx + (i % nb) * Q4_BLOCK);
+        for (int64_t i = 0; i < t_count * nb; i++) xsum[i] = block_sum(x + (i / nb) * ldx + (i % nb) * Q4_BLOCK);
+    }
     /* One work item = (pair of groups, token tile). Dynamic chunks of ~1/8 of a thread's
      * share: on a two-core host the API workers preempt engine threads all the time, and
      * a static split would leave the other thread waiting for the preempted half. */
@@ -327,7 +331,7 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
             const int nt = (int)(tile_base + (tt < tile_rem));
             __m256 acc[4 * TILE];
             tiles[ng - 1][nt](x + t0 * ldx, ldx, nb, w + g0 * group_bytes, group_bytes,
-                              xsum + t0 * nb, acc);
+                              xsum ? xsum + t0 * nb : NULL, acc);
             for (int g = 0; g < ng; g++) {
                 const int64_t col = (g0 + g) * GROUP;
                 const __m256 bv = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();
