@@ -17,7 +17,7 @@ import msgspec
 import torch
 
 from engine.attention import CpuAttentionBackend, PagedAttentionBackend
-from engine.backends import choose_backends
+from engine.backends import choose_backends, linear_storage_dtype
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelInfo, default_prefill_chunk
 from engine.gpu_memory import (
@@ -99,7 +99,8 @@ class EngineCore:
         model_dir = resolved.model_dir
         start = time.monotonic()
         say(f"loading {model_dir} ({self.dtype}, {self.device})")
-        self.model, hf_config = load_model(model_dir, self.dtype, self.device)
+        held = linear_storage_dtype(config, model_dir, self.dtype, self.device)
+        self.model, hf_config = load_model(model_dir, self.dtype, self.device, say, held)
         self.backends = choose_backends(self.model, config, model_dir, self.dtype, self.device, say)
         say(f"weights loaded in {time.monotonic() - start:.1f} s")
 

@@ -8,6 +8,7 @@ happened before, in `engine.model_resolver`.
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["iter_safetensors", "load_model"]
+__all__ = ["checkpoint_dtype", "iter_safetensors", "load_model"]
 
 
 def _shard_path(model_dir: Path, name: object) -> Path:
@@ -68,11 +69,34 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
                 yield name, f.get_tensor(name)
 
 
+def _header(file: Path) -> dict[str, Any]:
+    """A safetensors file's header: tensor name → dtype, shape, offsets (8-byte length,
+    then JSON; no tensor is read)."""
+    with file.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100 << 20:
+            raise ModelNotFoundError(f"{file} is not a safetensors file (header of {n} bytes)")
+        return json.loads(f.read(n))
+
+
+def checkpoint_dtype(model_dir: str | Path) -> str | None:
+    """The safetensors element type (``BF16``, ``F16``, ``F32``...) of every matrix in the
+    checkpoint, or None when they differ (or there is none)."""
+    kinds = {
+        info["dtype"]
+        for file in _safetensors_files(Path(model_dir))
+        for name, info in _header(file).items()
+        if name != "__metadata__" and len(info.get("shape", ())) == 2
+    }
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def load_model(
     model_dir: str,
     dtype: torch.dtype,
     device: torch.device,
     progress: Progress | None = None,
+    linear_dtype: torch.dtype | None = None,
 ) -> tuple[nn.Module, Any]:
     """Build the native model for `model_dir` and stream its safetensors weights into it.
 
@@ -80,6 +104,9 @@ def load_model(
     `dtype`: no random init, no meta-device round trip, each checkpoint tensor is
     copied (and cast) exactly once. Returns the model in eval mode and its config
     (`engine.model_config`: config.json's values, or transformers' config object).
+
+    `linear_dtype`: the type linear weights are held in until packing (the checkpoint's own
+    16 bits, `engine/layers/weight_storage.py`), when it is not `dtype`.
     """
     import torch
 
@@ -91,11 +118,19 @@ def load_model(
     model_cls = get_model_class(config)
     with torch.no_grad():
         model = model_cls(config, dtype=dtype, device=device)
+        held = 0
+        if linear_dtype is not None and linear_dtype != dtype:
+            from engine.layers.weight_storage import hold_linears_in
+
+            held = hold_linears_in(model, linear_dtype)
         model.load_weights(iter_safetensors(model_dir))
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
+    held_in = (
+        f", {held} linear weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""
+    )
     say(
-        f"loaded {model_cls.__name__} ({n_params / 1e6:.1f} M params, {dtype}, {device}) "
+        f"loaded {model_cls.__name__} ({n_params / 1e6:.1f} M params, {dtype}{held_in}, {device}) "
         f"from {model_dir} in {time.monotonic() - start:.2f} s"
     )
     return model, config

@@ -33,6 +33,7 @@ from engine.layers.linear import Linear
 __all__ = ["HalfWeights", "half_rows"]
 
 F16_MAX = 65504.0
+_HELD = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def half_rows(weight: torch.Tensor, rounding: bool) -> tuple[str, torch.Tensor, bool] | None:
@@ -40,6 +41,8 @@ def half_rows(weight: torch.Tensor, rounding: bool) -> tuple[str, torch.Tensor, 
     the kind that holds every value exactly (bfloat16 first), else, with `rounding`, float16
     rounded to nearest even (bfloat16 where a value is past float16's range); None without
     `rounding` when no kind is exact."""
+    if weight.dtype in _HELD:  # held in its checkpoint's own 16 bits (weight_storage.py)
+        return _HELD[weight.dtype], weight.detach().view(torch.int16), True
     w = weight.detach().to(torch.float32)
     bits = w.view(torch.int32)
     if not bool((bits & 0xFFFF).any()):  # every value is a bfloat16: its top 16 bits
