@@ -105,8 +105,8 @@ def load_model(
     copied (and cast) exactly once. Returns the model in eval mode and its config
     (`engine.model_config`: config.json's values, or transformers' config object).
 
-    `linear_dtype`: the type linear weights are held in until packing (the checkpoint's own
-    16 bits, `engine/layers/weight_storage.py`), when it is not `dtype`.
+    `linear_dtype`: the type linear weights and embedding tables are held in (the
+    checkpoint's own 16 bits, `engine/layers/weight_storage.py`), when it is not `dtype`.
     """
     import torch
 
@@ -120,15 +120,13 @@ def load_model(
         model = model_cls(config, dtype=dtype, device=device)
         held = 0
         if linear_dtype is not None and linear_dtype != dtype:
-            from engine.layers.weight_storage import hold_linears_in
+            from engine.layers.weight_storage import hold_weights_in
 
-            held = hold_linears_in(model, linear_dtype)
+            held = hold_weights_in(model, linear_dtype)
         model.load_weights(iter_safetensors(model_dir))
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
-    held_in = (
-        f", {held} linear weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""
-    )
+    held_in = f", {held} weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""
     say(
         f"loaded {model_cls.__name__} ({n_params / 1e6:.1f} M params, {dtype}{held_in}, {device}) "
         f"from {model_dir} in {time.monotonic() - start:.2f} s"

@@ -1270,9 +1270,31 @@ void hearth_lora(const float *x, int64_t t, int64_t ldx, int64_t in, const int32
 
 /* ------------------------------------------------------------------ embedding */
 
-/* out[r] = table[ids[r]] for T rows of width h. */
-void hearth_embedding(const int64_t *ids, int64_t t, const float *table, int64_t h, float *out) {
-    for (int64_t r = 0; r < t; r++) memcpy(out + r * h, table + ids[r] * h, (size_t)h * sizeof(float));
+/* out[r] = table[ids[r]] widened exactly to float32, for T rows of width h. kind: the
+ * table's element type, EMBED_F32, or the packed kinds' codes for float16 (2) and bfloat16
+ * (3): a table held in the checkpoint's 16 bits (engine/layers/weight_storage.py). */
+enum { EMBED_F32 = 0, EMBED_F16 = 2, EMBED_BF16 = 3 };
+void hearth_embedding(const int64_t *ids, int64_t t, const void *table, int64_t h, int64_t kind,
+                      float *out) {
+    for (int64_t r = 0; r < t; r++) {
+        float *o = out + r * h;
+        if (kind == EMBED_F32) {
+            memcpy(o, (const float *)table + ids[r] * h, (size_t)h * sizeof(float));
+            continue;
+        }
+        const uint16_t *row = (const uint16_t *)table + ids[r] * h;
+        int64_t j = 0;
+        if (kind == EMBED_F16) {
+            for (; j + 8 <= h; j += 8)
+                _mm256_storeu_ps(o + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + j))));
+            for (; j < h; j++) o[j] = _cvtsh_ss(row[j]);
+        } else {
+            for (; j < h; j++) {
+                const uint32_t bits = (uint32_t)row[j] << 16;
+                memcpy(o + j, &bits, sizeof bits);
+            }
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ step programs */
@@ -1357,8 +1379,8 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
         float *a = operand(op, st, 0), *b = operand(op, st, 1), *c = operand(op, st, 2);
         float *d = operand(op, st, 3);
         switch (op->code) {
-        case OP_EMBED: /* table = a (persistent), out = c; i0 = width */
-            hearth_embedding(st->ids, t, a, op->i[0], c);
+        case OP_EMBED: /* table = a (persistent, element type `kind`), out = c; i0 = width */
+            hearth_embedding(st->ids, t, a, op->i[0], op->kind, c);
             break;
         case OP_RMS_NORM: /* x = a, w = b, out = c; i0 = width */
             hearth_rms_norm(a, b, c, t, op->i[0], op->f[0]);

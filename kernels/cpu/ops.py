@@ -43,7 +43,7 @@ _SIGNATURES: dict[str, list[type]] = {
         *[_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _f32, _ptr, _ptr, _i64, _i64, _i64],
     ],
     "hearth_num_threads": [],
-    "hearth_embedding": [_ptr, _i64, _ptr, _i64, _ptr],
+    "hearth_embedding": [_ptr, _i64, _ptr, _i64, _i64, _ptr],
     "hearth_run_program": [_ptr, _i64, _ptr],
     "hearth_attention_scratch_floats": [_i64],
     "hearth_attention_f32_path": [],
@@ -584,9 +584,18 @@ def paged_attention(
     return out
 
 
+_EMBED_KINDS = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
+"""Element types of an embedding table the C gather widens (its `kind` codes)."""
+
+
 def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.embedding`` of float32 rows (the C gather, so a step program can record it)."""
-    _check(weight, "weight")
+    """``F.embedding`` as float32 rows (the C gather, so a step program can record it) of
+    a float32 table, or of one held in 16 bits, each value widened exactly."""
+    kind = _EMBED_KINDS.get(weight.dtype)
+    if kind is None or weight.device.type != "cpu":
+        raise ValueError(
+            f"weight must be a CPU float32, float16 or bfloat16 table, got {weight.dtype}"
+        )
     if input_ids.dtype != torch.int64 or not weight.is_contiguous():
         raise ValueError("embedding needs int64 ids and a contiguous table")
     t, h = input_ids.shape[0], weight.shape[1]
@@ -595,8 +604,8 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         rec.rows(t)
         rec.step_input("input_ids", input_ids)
         out = rec.new(h)
-        rec.emit(capture.OP_EMBED, [weight, None, out, None], (h,))
+        rec.emit(capture.OP_EMBED, [weight, None, out, None], (h,), kind=kind)
         return out
     out = torch.empty((t, h), dtype=torch.float32)
-    library().hearth_embedding(_p(input_ids), t, _p(weight), h, _p(out))
+    library().hearth_embedding(_p(input_ids), t, _p(weight), h, kind, _p(out))
     return out

@@ -49,7 +49,10 @@ def _dense_16_bit(model: torch.nn.Module) -> list[str]:
     held = [
         name
         for name, m in model.named_modules()
-        if isinstance(m, Linear) and m.weight.numel() and m.weight.dtype != torch.float32
+        if isinstance(m, Linear)
+        and m.packed is None
+        and m.weight.numel()
+        and m.weight.dtype != torch.float32
     ]
     return held + [
         name
@@ -62,9 +65,9 @@ def _dense_16_bit(model: torch.nn.Module) -> list[str]:
 def test_a_16_bit_checkpoint_loads_its_linears_bit_for_bit_in_its_own_type(
     dtype: torch.dtype, name: str, tmp_path: Path
 ) -> None:
-    """Untied linears hold the checkpoint's tensors in its type (fused q/k/v rows each
-    their own tensor's bits); the embedding, which a tied head shares, and the norms stay
-    float32."""
+    """Linears and the embedding table hold the checkpoint's tensors in its type (fused
+    q/k/v rows each their own tensor's bits; a tied head still shares the table); the
+    norms stay float32."""
     save_random_config(_qwen3_untied(), tmp_path)
     _save_in(tmp_path, dtype, matrices_only=True)
     assert checkpoint_dtype(tmp_path) == name
@@ -79,14 +82,15 @@ def test_a_16_bit_checkpoint_loads_its_linears_bit_for_bit_in_its_own_type(
     )
     assert linears["lm_head"].weight.dtype == dtype
     assert torch.equal(linears["lm_head"].weight, stored["lm_head.weight"])
-    assert model.model.embed_tokens.weight.dtype == torch.float32
+    table = model.model.embed_tokens.weight
+    assert table.dtype == dtype and torch.equal(table, stored["model.embed_tokens.weight"])
     assert model.model.norm.weight.dtype == torch.float32
 
     save_random_config(_llama(), tmp_path / "tied")
     _save_in(tmp_path / "tied", dtype, matrices_only=True)
     tied, _ = load_model(str(tmp_path / "tied"), torch.float32, CPU, lambda _: None, dtype)
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
-    assert tied.lm_head.weight.dtype == torch.float32
+    assert tied.lm_head.weight.dtype == dtype
 
 
 def test_only_runs_that_pack_16_bit_weights_hold_them(tmp_path: Path) -> None:
@@ -138,7 +142,7 @@ def test_held_weights_pack_the_bytes_the_widened_ones_did(tmp_path: Path) -> Non
     _save_in(tmp_path, torch.bfloat16)
     said: list[str] = []
     core = EngineCore(_config(tmp_path), progress=said.append)
-    assert any(", 9 linear weights in bfloat16, " in line for line in said), said
+    assert any(", 10 weights in bfloat16, " in line for line in said), said
     wide, _ = load_model(str(tmp_path), torch.float32, CPU, lambda _: None)
     choose_backends(wide, _config(tmp_path), str(tmp_path), torch.float32, CPU, lambda _: None)
     pairs = zip(
@@ -149,6 +153,7 @@ def test_held_weights_pack_the_bytes_the_widened_ones_did(tmp_path: Path) -> Non
     for mine, theirs in pairs:
         assert mine.packed is not None and torch.equal(mine.packed.data, theirs.packed.data)
     assert _dense_16_bit(core.model) == []
+    assert core.model.model.embed_tokens.weight.dtype == torch.bfloat16  # the C gather's
 
 
 def _tiny_moe(tmp_path: Path, head_dim: int) -> Path:
@@ -181,6 +186,10 @@ def test_a_dense_fallback_widens_held_weights_and_computes_the_float32_load(
     exact = EngineCore(_config(tmp_path, dtype="float32"))
     assert fallback.backends.quantization == exact.backends.quantization == "none"
     assert _dense_16_bit(fallback.model) == []
+    table = fallback.model.model.embed_tokens.weight
+    assert table.dtype == torch.float32  # the torch gather reads float32 alone
+    if model == "llama":
+        assert fallback.model.lm_head.weight is table  # still tied
     for moe in (m for m in fallback.model.modules() if isinstance(m, FusedMoE)):
         assert moe.gate_up[1].weight.data_ptr() == moe.w13[1].data_ptr()
         assert moe.down[2].weight.data_ptr() == moe.w2[2].data_ptr()

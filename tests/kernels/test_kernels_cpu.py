@@ -151,6 +151,24 @@ def test_silu_and_mul_matches_reference(inter: int) -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_embedding_gathers_each_tables_rows_widened_exactly(dtype: torch.dtype) -> None:
+    """A table held in 16 bits (a checkpoint's own: engine/layers/weight_storage.py) is
+    gathered as float32 rows bit for bit, infinities, signed zeros and subnormals included,
+    at a width the 8-lane loop covers and one with a tail."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.tensor([3, 0, 49, 3, 17])
+    for width in (64, 36):
+        table = torch.randn(50, width, generator=gen).to(dtype)
+        table[3, :5] = torch.tensor([float("inf"), float("-inf"), -0.0, 3e-7, -6e-8]).to(dtype)
+        got = ops.embedding(ids, table)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, table[ids].float())
+        assert torch.equal(torch.signbit(got), torch.signbit(table[ids].float()))
+    with pytest.raises(ValueError, match="float16 or bfloat16 table"):
+        ops.embedding(ids, table.double())
+
+
 def test_rope_and_kv_write_match_reference() -> None:
     torch.manual_seed(1)
     nh, nkv, hd, bs, blocks = 6, 2, 64, 4, 8
