@@ -1,7 +1,8 @@
 """Sequence classifiers (`*ForSequenceClassification`, engine/models/classifier.py) in
 the engine: each prompt, pooled at its last token through the score head, gives
 transformers' float32 logits (tied and untied decoders, one and several labels, chunked
-prefill, beside each other in one step); the pooling config reads the labels and the
+prefill, beside each other in one step; a bf16 one on the 16-bit kernels within float32 sum
+order); the pooling config reads the labels and the
 activation as vLLM does; a generation request is refused, and nothing is left in the KV
 cache."""
 
@@ -19,6 +20,7 @@ from engine.config import EngineConfig
 from engine.messages import AddRequest, PoolingParams
 from engine.pooling_config import read_pooling_config
 from engine.sampling_params import SamplingParams
+from kernels.cpu import ops
 from tests.engine.tiny_models import save_servable_classifier
 
 PROMPTS = [[5, 17, 33, 2, 9], [44, 3, 120, 7, 7, 81, 12, 19, 250, 31, 8, 6, 77], [300]]
@@ -70,6 +72,30 @@ def test_logits_match_transformers(tmp_path: Path, name: str, num_labels: int) -
     worst = float(np.abs(got - expected).max())
     print(f"\n{name}: max |hearth - transformers| = {worst:.2e}")
     assert worst <= TOL
+
+
+@pytest.mark.skipif(not ops.available(), reason="host has no AVX2: the C kernels do not run here")
+def test_a_bf16_classifier_runs_the_16_bit_kernels_by_default(tmp_path: Path) -> None:
+    """A reranker or classifier saved in bfloat16 with heads the C attention takes (32
+    wide) runs the fast path like a causal LM: its decoder's linears packed from the held
+    bf16 weights, the 2-label score head (not whole 8-row groups) widened back to float32
+    and dense; the logits are transformers' on the same weights up to float32 sum order."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    save_servable_classifier("qwen3", tmp_path, 2, head_dim=32)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(path).items()}, path)
+    hf = AutoModelForSequenceClassification.from_pretrained(
+        tmp_path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    core = make_core(tmp_path, kv_cache_dtype="float32")
+    assert core.backends.quantization == "gguf"
+    assert "16-bit weights" in core.backends.description
+    score = core.model.score
+    assert score.packed is None and score.weight.dtype == torch.float32
+    got = np.stack(classify(core, PROMPTS))
+    assert np.abs(got - reference(hf, PROMPTS)).max() <= 1e-4
 
 
 def test_chunked_prefill_pools_the_last_chunk(tmp_path: Path) -> None:
