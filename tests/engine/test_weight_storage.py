@@ -95,8 +95,9 @@ def test_a_16_bit_checkpoint_loads_its_linears_bit_for_bit_in_its_own_type(
 
 def test_only_runs_that_pack_16_bit_weights_hold_them(tmp_path: Path) -> None:
     """The exact mode (asked for by --quantization none or --dtype float32), the integer
-    modes (which quantize at load from float32), a float32 or mixed checkpoint, a GGUF
-    model and a GPU all load as before."""
+    modes (which quantize at load from float32), a float32 or mixed checkpoint (a float32
+    head, or float32 stacked experts, beside bf16 matrices), a GGUF model and a GPU all
+    load as before."""
     from tests.engine.gguf_writer import write_gguf
 
     save_random_config(_llama(), tmp_path / "bf16")
@@ -126,6 +127,10 @@ def test_only_runs_that_pack_16_bit_weights_hold_them(tmp_path: Path) -> None:
 
     save_file(stored, tmp_path / "mixed" / "model.safetensors")
     assert checkpoint_dtype(tmp_path / "mixed") is None and held(tmp_path / "mixed") is None
+    del stored["lm_head.weight"]  # bf16 matrices again, beside float32 stacked experts
+    stored["model.layers.0.mlp.experts.gate_up_proj"] = torch.zeros(2, 8, 4)
+    save_file(stored, tmp_path / "mixed" / "model.safetensors")
+    assert checkpoint_dtype(tmp_path / "mixed") is None
     save_random_config(_llama(), tmp_path / "hf")
     gguf = write_gguf(tmp_path / "hf", tmp_path / "model.gguf", qtype="F16")
     from engine.model_resolver import resolve_model_dir
@@ -156,31 +161,32 @@ def test_held_weights_pack_the_bytes_the_widened_ones_did(tmp_path: Path) -> Non
     assert core.model.model.embed_tokens.weight.dtype == torch.bfloat16  # the C gather's
 
 
-def _tiny_moe(tmp_path: Path, head_dim: int) -> Path:
+def _tiny_moe(tmp_path: Path, head_dim: int, name: str = "mixtral") -> Path:
     from tests.engine.moe_models import CONFIGS
 
-    config = CONFIGS["mixtral"]()
+    config = CONFIGS[name]()
     config.head_dim, config.vocab_size = head_dim, VOCAB
     save_random_config(config, tmp_path)
     _save_in(tmp_path, torch.bfloat16)
     return tmp_path
 
 
-@pytest.mark.parametrize("model", ["llama", "mixtral"])
+@pytest.mark.parametrize("model", ["llama", "mixtral", "gpt-oss"])
 def test_a_dense_fallback_widens_held_weights_and_computes_the_float32_load(
     model: str, tmp_path: Path
 ) -> None:
-    """Heads of 16 (the C attention takes multiples of 32): `auto` falls back to the exact
-    mode after loading bf16 linears; every weight (MoE expert stacks and the expert
-    linears viewing them included) is float32 again, and greedy tokens and logprobs are
-    those of the run that loaded float32 from the start."""
+    """Heads of 16 (the C attention takes multiples of 32), or gpt-oss's attention sinks
+    (which it has no term for): `auto` falls back to the exact mode after loading bf16
+    weights; every weight (MoE expert stacks and the expert linears viewing them, the
+    embedding table and a head tied to it included) is float32 again, and greedy tokens
+    and logprobs are those of the run that loaded float32 from the start."""
     if model == "llama":
         config = llama_tied()
         config.vocab_size = VOCAB
         save_random_config(config, tmp_path)
         _save_in(tmp_path, torch.bfloat16)
     else:
-        _tiny_moe(tmp_path, head_dim=16)
+        _tiny_moe(tmp_path, head_dim=32 if model == "gpt-oss" else 16, name=model)
     assert linear_storage_dtype(_config(tmp_path), str(tmp_path), torch.float32, CPU)
     fallback = EngineCore(_config(tmp_path))
     exact = EngineCore(_config(tmp_path, dtype="float32"))
