@@ -21,7 +21,9 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.layers.linear import Linear
 from engine.layers.moe import FusedMoE
+from engine.messages import AddRequest
 from engine.model_loader import checkpoint_dtype, load_model
+from engine.sampling_params import SamplingParams
 from tests.engine.engine_runs import greedy_runs
 from tests.engine.test_half_weights import (
     VOCAB,
@@ -214,3 +216,42 @@ def test_layers_the_kernels_cant_take_are_widened_beside_packed_ones(tmp_path: P
     assert dense and all(m.weight.dtype == torch.float32 for m in dense)
     assert _dense_16_bit(core.model) == []
     assert all(m.w13.numel() == 0 for m in core.model.modules() if isinstance(m, FusedMoE))
+
+
+@needs_avx2
+def test_a_lora_adapter_over_held_weights_computes_the_exact_modes_tokens(tmp_path: Path) -> None:
+    """An adapter on every projection of a bf16 model served from its held weights: the
+    C LoRA term over the packed base gives the greedy tokens of the exact mode (base
+    widened to float32, the adapter in torch, PEFT's order)."""
+    from tests.lora_adapters import write_random_adapter
+
+    save_random_config(_llama(), tmp_path / "base")
+    _save_in(tmp_path / "base", torch.bfloat16)
+    adapter = write_random_adapter(str(tmp_path / "base"), tmp_path / "tuned", seed=2, b_scale=0.05)
+
+    def core(**overrides) -> EngineCore:
+        return EngineCore(
+            _config(
+                tmp_path / "base", enable_lora=True, lora_modules=(("tuned", adapter),),
+                max_lora_rank=16, **overrides,
+            )
+        )  # fmt: skip
+
+    fast, exact = core(kv_cache_dtype="float32"), core(dtype="float32")
+    assert fast.backends.quantization == "gguf" and exact.backends.quantization == "none"
+    tokens = {}
+    for name, engine in (("fast", fast), ("exact", exact)):
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        for i, ids in enumerate(_prompts()):
+            for lora in (None, "tuned"):
+                engine.add_request(
+                    AddRequest(request_id=f"{lora}-{i}", prompt_token_ids=ids, params=params,
+                               lora_name=lora)
+                )  # fmt: skip
+        got: dict[str, list[int]] = {}
+        while engine.has_work():
+            for _, out in engine.step():
+                got.setdefault(out.request_id, []).extend(out.new_token_ids)
+        tokens[name] = got
+    assert tokens["fast"] == tokens["exact"]
+    assert any(tokens["fast"][f"tuned-{i}"] != tokens["fast"][f"None-{i}"] for i in range(3))
