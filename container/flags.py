@@ -451,7 +451,8 @@ def add_serve_flags(
         "--kv-cache-memory",
         parse_bytes,
         None,
-        "Bytes of KV cache on CPU, e.g. 8GiB (default: up to 4 GiB, committed as it fills)",
+        "Bytes of KV cache on CPU, e.g. 8GiB (default: up to 4 GiB, committed as it fills, "
+        "and no more than the host or container has left after the weights, less a reserve)",
     )
     eng.value(
         "--kv-cache-dtype",

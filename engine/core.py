@@ -25,6 +25,7 @@ from engine.gpu_memory import (
     kv_cache_budget_bytes,
     profile_peak_step_bytes,
 )
+from engine.host_memory import available_bytes, cpu_kv_budget_bytes
 from engine.lora.manager import AdapterError, AdapterNotFoundError, LoRAManager, NoFreeSlotError
 from engine.lora_source import AdapterSourceError, resolve_adapter_source
 from engine.messages import (
@@ -122,7 +123,7 @@ class EngineCore:
         block_size = config.block_size
         # Before the KV cache is sized: on a GPU the stacked adapter slots take memory too.
         self.lora = self._start_lora(say)
-        num_blocks = self._num_kv_blocks(max_len, block_size)
+        num_blocks = self._num_kv_blocks(max_len, block_size, say)
         # A single sequence must always fit, or preemption could never make room.
         max_len = min(max_len, num_blocks * block_size)
         self.max_model_len = max_len
@@ -218,7 +219,9 @@ class EngineCore:
         )
         return manager
 
-    def _num_kv_blocks(self, max_model_len: int, block_size: int) -> int:
+    def _num_kv_blocks(
+        self, max_model_len: int, block_size: int, say: Callable[[str], None]
+    ) -> int:
         cfg = self.config
         if cfg.num_kv_blocks:
             return cfg.num_kv_blocks
@@ -238,14 +241,30 @@ class EngineCore:
             budget = kv_cache_budget_bytes(
                 total, free, peak, cfg.gpu_memory_utilization, GRAPH_AND_FRAGMENTATION_RESERVE
             )
+        elif cfg.kv_cache_memory:
+            budget = cfg.kv_cache_memory
+            available = available_bytes()
+            if available is not None and budget > available:
+                say(
+                    f"--kv-cache-memory {budget / 2**30:.1f} GiB is more than the "
+                    f"{available / 2**30:.1f} GiB this host (or container) has left: a full "
+                    "cache will not fit"
+                )
         else:
             needed = cfg.max_num_seqs * max_model_len * per_block // block_size
-            budget = cfg.kv_cache_memory or min(DEFAULT_CPU_KV_BYTES, needed)
+            available = available_bytes()
+            budget, capped = cpu_kv_budget_bytes(needed, available, DEFAULT_CPU_KV_BYTES)
+            if capped and available is not None:
+                say(
+                    f"KV cache capped at {budget / 2**30:.2f} GiB: the host (or container) has "
+                    f"{available / 2**30:.2f} GiB left after the weights, less a reserve "
+                    f"(--kv-cache-memory sets it)"
+                )
         blocks = budget // per_block
         if blocks < 1:
             raise ValueError(
-                "no room for the KV cache: raise --kv-cache-memory (CPU) or "
-                "--gpu-memory-utilization (GPU)"
+                "no room for the KV cache: free memory on the host or raise "
+                "--kv-cache-memory (CPU), or raise --gpu-memory-utilization (GPU)"
             )
         return int(blocks)
 

@@ -1,0 +1,99 @@
+"""How much memory a CPU engine may still commit, and the KV cache's share of it.
+
+The CPU KV cache is allocated at start-up but committed only as blocks are written
+(`engine/model_runner.py` `zeros_on_touch`), so a budget the host can't hold does not fail
+at start: it fails under load, when the kernel's OOM killer ends the engine in the middle
+of serving. vLLM-CPU takes a fixed 4 GiB (``VLLM_CPU_KVCACHE_SPACE``) whatever is left;
+hearth takes the same default, but never more than what the host, or the container's
+memory limit, still has after the weights are loaded, less a reserve for everything a
+step and the API workers allocate beside the cache.
+
+Available memory is the smaller of the kernel's ``MemAvailable`` and the cgroup's headroom
+(v2 ``memory.max`` / v1 ``memory.limit_in_bytes``, less the working set: usage without
+the page cache the kernel can drop, as the kubelet counts it). The files are parameters so
+the parsing is tested on written copies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["CPU_RESERVE_MIN", "available_bytes", "cpu_kv_budget_bytes"]
+
+CPU_RESERVE_MIN = 1 << 30
+"""Bytes left free beside the KV cache at least (a tenth of what is available where that is
+more): the API workers and grammar compilers, a step's activations and logits, the
+allocator's slack."""
+
+_NO_LIMIT = 1 << 60
+"""cgroup v1 writes an unlimited limit as a page-rounded 2^63 - 1."""
+
+
+def _meminfo_available(meminfo: Path) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
+def _cgroup_headroom(cgroup: Path) -> int | None:
+    """The container's memory limit less its working set, or None without a limit."""
+    for limit_file, usage_file, stat_key in (
+        ("memory.max", "memory.current", "inactive_file"),  # v2
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        limit = _read_int(cgroup / limit_file)
+        usage = _read_int(cgroup / usage_file)
+        if limit is None or usage is None or limit >= _NO_LIMIT:
+            continue
+        stat = cgroup / Path(limit_file).parent / "memory.stat"
+        working_set = max(0, usage - _stat(stat, stat_key))
+        return max(0, limit - working_set)
+    return None
+
+
+def available_bytes(
+    meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """Bytes this process may still commit: the smaller of the host's ``MemAvailable`` and
+    the cgroup's headroom; None where neither can be read (not Linux)."""
+    found = [b for b in (_meminfo_available(meminfo), _cgroup_headroom(cgroup)) if b is not None]
+    return min(found) if found else None
+
+
+def cpu_kv_budget_bytes(needed: int, available: int | None, default: int) -> tuple[int, bool]:
+    """The CPU KV cache's bytes: `default` (vLLM-CPU's 4 GiB), or `needed` (every sequence
+    at its full length) when that is less, but no more than `available` less the reserve.
+    Returns the budget and whether the available memory is what capped it."""
+    budget = min(default, needed)
+    if available is None:
+        return budget, False
+    usable = max(0, available - max(CPU_RESERVE_MIN, available // 10))
+    return (usable, True) if usable < budget else (budget, False)
