@@ -64,6 +64,7 @@ from engine.layers.gguf_linear import (
     GGUFInt8LinearMethod,
     GGUFSource,
     GGUFTiledLinearMethod,
+    gather_table_from_blocks,
 )
 from engine.layers.half_weights import HalfWeights
 from engine.layers.kernel_ops import use_kernel_ops
@@ -204,6 +205,9 @@ def _choose(
             raise ValueError(f"--quantization {asked}: no linear fits: {source.describe()}")
         return _exact_checked(model, config, dtype, device)
     use_kernel_ops(model, ops)
+    table = ""
+    if isinstance(source, GGUFSource) and gather_table_from_blocks(model, source):
+        table = ", token table as its Q8_0 rows"
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     packed = [m.packed for m in model.modules() if isinstance(m, Linear) and m.packed is not None]
     nbytes = sum(p.nbytes for p in packed)
@@ -232,7 +236,7 @@ def _choose(
     )
     weights = "16-bit weights" if isinstance(source, HalfWeights) else "GGUF blocks"
     description = (
-        f"{weights} ({counts}; {nbytes / 2**20:.0f} MiB{origin}) x {activations}, "
+        f"{weights} ({counts}; {nbytes / 2**20:.0f} MiB{origin}{table}) x {activations}, "
         f"{kv} KV cache{attention}, "
         f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )

@@ -1271,15 +1271,28 @@ void hearth_lora(const float *x, int64_t t, int64_t ldx, int64_t in, const int32
 /* ------------------------------------------------------------------ embedding */
 
 /* out[r] = table[ids[r]] widened exactly to float32, for T rows of width h. kind: the
- * table's element type, EMBED_F32, or the packed kinds' codes for float16 (2) and bfloat16
- * (3): a table held in the checkpoint's 16 bits (engine/layers/weight_storage.py). */
-enum { EMBED_F32 = 0, EMBED_F16 = 2, EMBED_BF16 = 3 };
+ * table's element type, EMBED_F32, or the packed kinds' codes for a GGUF's Q8_0 rows (1:
+ * 34 bytes per 32 values, each d * q in float32 as gguf-py dequantizes them) and for
+ * float16 (2) and bfloat16 (3): a table held in the checkpoint's 16 bits
+ * (engine/layers/weight_storage.py). */
+enum { EMBED_F32 = 0, EMBED_Q8_0 = 1, EMBED_F16 = 2, EMBED_BF16 = 3 };
 void hearth_embedding(const int64_t *ids, int64_t t, const void *table, int64_t h, int64_t kind,
                       float *out) {
     for (int64_t r = 0; r < t; r++) {
         float *o = out + r * h;
         if (kind == EMBED_F32) {
             memcpy(o, (const float *)table + ids[r] * h, (size_t)h * sizeof(float));
+            continue;
+        }
+        if (kind == EMBED_Q8_0) {
+            const uint8_t *row = (const uint8_t *)table + ids[r] * (h / Q4_BLOCK) * 34;
+            for (int64_t b = 0; b < h / Q4_BLOCK; b++, row += 34) {
+                uint16_t dbits;
+                memcpy(&dbits, row, sizeof dbits);
+                const float d = _cvtsh_ss(dbits);
+                const int8_t *q = (const int8_t *)(row + 2);
+                for (int j = 0; j < Q4_BLOCK; j++) o[b * Q4_BLOCK + j] = d * (float)q[j];
+            }
             continue;
         }
         const uint16_t *row = (const uint16_t *)table + ids[r] * h;

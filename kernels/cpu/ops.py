@@ -584,21 +584,28 @@ def paged_attention(
     return out
 
 
-_EMBED_KINDS = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
-"""Element types of an embedding table the C gather widens (its `kind` codes)."""
+_EMBED_KINDS = {torch.float32: 0, torch.uint8: 1, torch.float16: 2, torch.bfloat16: 3}
+"""Element types of an embedding table the C gather widens (its `kind` codes; uint8: a
+GGUF's Q8_0 rows, `KIND_CODES["q8_0"]`)."""
 
 
 def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.embedding`` as float32 rows (the C gather, so a step program can record it) of
-    a float32 table, or of one held in 16 bits, each value widened exactly."""
+    a float32 table, of one held in 16 bits (each value widened exactly), or of a GGUF's
+    Q8_0 rows (uint8 ``[vocab, h / 32 * 34]``, dequantized exactly as gguf-py does)."""
     kind = _EMBED_KINDS.get(weight.dtype)
-    if kind is None or weight.device.type != "cpu":
+    if kind is None or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(
-            f"weight must be a CPU float32, float16 or bfloat16 table, got {weight.dtype}"
+            "weight must be a CPU float32, float16 or bfloat16 table or Q8_0 rows, got "
+            f"{weight.dtype}"
         )
     if input_ids.dtype != torch.int64 or not weight.is_contiguous():
         raise ValueError("embedding needs int64 ids and a contiguous table")
     t, h = input_ids.shape[0], weight.shape[1]
+    if kind == 1:
+        if h % 34:
+            raise ValueError(f"Q8_0 rows of {h} bytes are not whole 34-byte blocks")
+        h = h // 34 * QBLOCK
     rec = capture.active()
     if rec is not None:
         rec.rows(t)

@@ -90,6 +90,22 @@ def test_packed_weights_are_the_files_weights(model_smollm2_dir: str) -> None:
         assert torch.equal(got, linear.weight.detach())
 
 
+def test_the_token_table_is_gathered_from_the_files_q8_0_rows(fast_core, model_smollm2_dir) -> None:
+    """The fast path embeds from the GGUF's own Q8_0 token table (34 bytes a 32-value
+    block, 3.8x fewer than float32), the tied LM head holds its packed copy alone, and a
+    gathered row is the exact mode's float32 row bit for bit."""
+    from engine.core import EngineCore
+
+    table = fast_core.model.model.embed_tokens.weight
+    assert table.dtype == torch.uint8 and table.shape[1] == 576 // 32 * 34
+    assert fast_core.model.lm_head.weight.numel() == 0
+    assert "token table as its Q8_0 rows" in fast_core.backends.description
+    exact = EngineCore(EngineConfig(model=model_smollm2_dir, dtype="float32", num_kv_blocks=8))
+    ids = torch.tensor([0, 1, 504, 3200, 49151])
+    dense = exact.model.model.embed_tokens.weight.detach()
+    assert torch.equal(fast_core.model.model.embed_tokens(ids), dense[ids])
+
+
 def test_outputs_do_not_depend_on_load(fast_core, model_smollm2_dir, prompts) -> None:  # noqa: F811
     alone = _generate(fast_core, prompts, "alone", at_once=False)
     batched = _generate(fast_core, prompts, "batched", at_once=True)

@@ -169,6 +169,18 @@ def test_embedding_gathers_each_tables_rows_widened_exactly(dtype: torch.dtype) 
         ops.embedding(ids, table.double())
 
 
+def test_embedding_gathers_q8_0_rows_as_gguf_py_dequantizes_them() -> None:
+    """A GGUF's Q8_0 token table gathered straight from its rows (the default model's:
+    engine/layers/gguf_linear.py `gather_table_from_blocks`) equals gguf-py's dequantized
+    rows bit for bit; rows that are not whole blocks are refused."""
+    raw, dequant = _quantized("q8_0", 40, 96, seed=5)
+    ids = torch.tensor([39, 0, 7, 7, 21])
+    got = ops.embedding(ids, torch.from_numpy(raw.copy()))
+    assert got.shape == (5, 96) and torch.equal(got, dequant[ids])
+    with pytest.raises(ValueError, match="34-byte blocks"):
+        ops.embedding(ids, torch.zeros(40, 50, dtype=torch.uint8))
+
+
 def test_rope_and_kv_write_match_reference() -> None:
     torch.manual_seed(1)
     nh, nkv, hd, bs, blocks = 6, 2, 64, 4, 8
