@@ -71,7 +71,6 @@ from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear
 from engine.layers.moe import GROUPED_GEMM, FusedMoE, use_moe_method
 from engine.layers.q8_0_weights import QuantizedWeights
-from engine.layers.weight_storage import widen_dense_weights
 from engine.model_loader import checkpoint_dtype
 from engine.model_resolver import gguf_source
 from kernels.cpu import bf16_ops, ops, q8_ops
@@ -129,7 +128,8 @@ def linear_storage_dtype(
     (`load_model`'s `linear_dtype`): a bf16 or f16 checkpoint's own, where its weights are
     to be packed in 16 bits (`HalfWeights`: a model without a GGUF under ``auto``, ``gguf``
     or ``gguf-bf16`` on CPU); None (the model's `dtype`) otherwise. What ends up dense is
-    widened back by `choose_backends` (engine/layers/weight_storage.py)."""
+    widened back once the backends are chosen (`widen_dense_weights`,
+    engine/layers/weight_storage.py)."""
     asked = config.quantization
     if device.type != "cpu" or dtype != torch.float32:
         return None
@@ -151,21 +151,8 @@ def choose_backends(
     """Resolve ``config.quantization`` for the loaded `model`, give its linear layers their
     methods and select the kernel backend. Raises ValueError when ``gguf`` was asked for
     and cannot run (so the user learns it at start, not from slower answers). Weights
-    loaded in 16 bits (`linear_storage_dtype`) that stay dense get `dtype` back (embedding
-    tables only in the exact mode: the C gather widens their rows itself)."""
-    backends = _choose(model, config, model_dir, dtype, device, say)
-    widen_dense_weights(model, dtype, tables=backends.quantization == "none")
-    return backends
-
-
-def _choose(
-    model: nn.Module,
-    config: EngineConfig,
-    model_dir: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    say: Callable[[str], None],
-) -> Backends:
+    loaded in 16 bits (`linear_storage_dtype`) that stay dense are widened back after it
+    (`widen_dense_weights`, engine/layers/weight_storage.py)."""
     set_cache_dir(config.kernel_cache_dir)
     if device.type == "cpu" and host_isa().supported:
         select_variant(config.cpu_isa)  # before any library loads

@@ -26,6 +26,7 @@ from engine.gpu_memory import (
     profile_peak_step_bytes,
 )
 from engine.host_memory import available_bytes, cpu_kv_budget_bytes
+from engine.layers.weight_storage import widen_dense_weights
 from engine.lora.manager import AdapterError, AdapterNotFoundError, LoRAManager, NoFreeSlotError
 from engine.lora_source import AdapterSourceError, resolve_adapter_source
 from engine.messages import (
@@ -103,6 +104,9 @@ class EngineCore:
         held = linear_storage_dtype(config, model_dir, self.dtype, self.device)
         self.model, hf_config = load_model(model_dir, self.dtype, self.device, say, held)
         self.backends = choose_backends(self.model, config, model_dir, self.dtype, self.device, say)
+        # What runs dense gets the model dtype back; a held embedding table stays in 16 bits
+        # where the C gather reads it (every mode but the exact one).
+        widen_dense_weights(self.model, self.dtype, tables=self.backends.quantization == "none")
         say(f"weights loaded in {time.monotonic() - start:.1f} s")
 
         self.eos_token_ids = Tokenizer(model_dir).eos_token_ids
