@@ -84,12 +84,15 @@ def checkpoint_dtype(model_dir: str | Path) -> str | None:
     stack of them: a checkpoint's stacked experts) in the checkpoint, or None when they
     differ (or there is none). Vectors (norms, biases) are left out: some checkpoints keep
     those in float32 beside bf16 matrices, and they are never held in 16 bits."""
-    kinds = {
-        info["dtype"]
-        for file in _safetensors_files(Path(model_dir))
-        for name, info in _header(file).items()
-        if name != "__metadata__" and len(info.get("shape", ())) >= 2
-    }
+    try:
+        kinds = {
+            info["dtype"]
+            for file in _safetensors_files(Path(model_dir))
+            for name, info in _header(file).items()
+            if name != "__metadata__" and len(info.get("shape", ())) >= 2
+        }
+    except (OSError, ValueError, KeyError, AttributeError, ModelNotFoundError):
+        return None  # the loader reports what is wrong with the files
     return kinds.pop() if len(kinds) == 1 else None
 
 

@@ -133,6 +133,9 @@ def test_only_runs_that_pack_16_bit_weights_hold_them(tmp_path: Path) -> None:
     stored["model.layers.0.mlp.experts.gate_up_proj"] = torch.zeros(2, 8, 4)
     save_file(stored, tmp_path / "mixed" / "model.safetensors")
     assert checkpoint_dtype(tmp_path / "mixed") is None
+    (tmp_path / "mixed" / "model.safetensors").write_bytes(b"\xff" * 16)  # not safetensors
+    assert checkpoint_dtype(tmp_path / "mixed") is None  # load_model names the problem
+    assert checkpoint_dtype(tmp_path / "absent") is None
     save_random_config(_llama(), tmp_path / "hf")
     gguf = write_gguf(tmp_path / "hf", tmp_path / "model.gguf", qtype="F16")
     from engine.model_resolver import resolve_model_dir
