@@ -48,40 +48,38 @@ def _expert_stacks(moe: FusedMoE, make) -> None:
         down.weight = nn.Parameter(moe.w2[e], requires_grad=False)
 
 
-def _retie(model: nn.Module, tables: dict[int, nn.Parameter]) -> None:
-    """Point every linear that shared a replaced embedding table (a tied LM head) at the
-    new one."""
-    for module in model.modules():
-        if isinstance(module, Linear) and id(module.weight) in tables:
-            module.weight = tables[id(module.weight)]
-
-
-def hold_weights_in(model: nn.Module, dtype: torch.dtype) -> int:
-    """Reallocate the (not yet loaded) linear weights and token embedding tables of `model`
-    as uninitialised `dtype` tensors; returns how many weights now have it. Call between
-    building the model and loading its checkpoint."""
-
-    def make(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty(t.shape, dtype=dtype, device=t.device)
-
-    held = 0
+def _retype_tables(model: nn.Module, dtype: torch.dtype, make) -> int:
+    """Replace every embedding table not of `dtype` by ``make(table)``, and point each
+    linear that shared it (a tied LM head) at the new one; returns how many."""
     tables: dict[int, nn.Parameter] = {}
     for module in model.modules():
         if isinstance(module, VocabEmbedding) and module.weight.dtype != dtype:
             tables[id(module.weight)] = module.weight = nn.Parameter(
                 make(module.weight), requires_grad=False
             )
-            held += 1
-    _retie(model, tables)
+    for module in model.modules():
+        if isinstance(module, Linear) and id(module.weight) in tables:
+            module.weight = tables[id(module.weight)]
+    return len(tables)
+
+
+def hold_weights_in(model: nn.Module, dtype: torch.dtype) -> int:
+    """Reallocate the (not yet loaded) linear weights and token embedding tables of `model`
+    as uninitialised `dtype` tensors; returns how many weights now have it. Call between
+    building the model and loading its checkpoint. (An expert linear views its MoE
+    layer's new stack, and a tied head the new table: both already have `dtype`.)"""
+
+    def make(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(t.shape, dtype=dtype, device=t.device)
+
+    held = _retype_tables(model, dtype, make)
     shared = _shared_ids(model)
-    experts: set[int] = set()
     for module in model.modules():
         if isinstance(module, FusedMoE):
             _expert_stacks(module, make)
-            experts |= {id(m) for m in (*module.gate_up, *module.down)}
             held += 2
     for module in model.modules():
-        if isinstance(module, Linear) and id(module) not in experts:
+        if isinstance(module, Linear):
             if id(module.weight) in shared or module.weight.dtype == dtype:
                 continue
             module.weight = nn.Parameter(make(module.weight), requires_grad=False)
@@ -93,29 +91,20 @@ def widen_dense_weights(model: nn.Module, dtype: torch.dtype, tables: bool) -> i
     """Give every linear weight still held dense (not packed away) the model's `dtype`
     again, exactly, and with `tables` (the exact mode, whose torch gather reads float32
     alone) the embedding tables too; returns how many were widened. The C kernels' gather
-    widens a 16-bit table's rows itself, so the fast path keeps it in 16 bits."""
+    widens a 16-bit table's rows itself, so the fast path keeps it in 16 bits. (A widened
+    MoE stack re-points its expert linears, which then have `dtype`; a released one's
+    experts are all packed.)"""
 
     def make(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype)
 
-    widened = 0
-    retied: dict[int, nn.Parameter] = {}
+    widened = _retype_tables(model, dtype, make) if tables else 0
     for module in model.modules():
-        if tables and isinstance(module, VocabEmbedding) and module.weight.dtype != dtype:
-            retied[id(module.weight)] = module.weight = nn.Parameter(
-                make(module.weight), requires_grad=False
-            )
-            widened += 1
-    _retie(model, retied)
-    experts: set[int] = set()
+        if isinstance(module, FusedMoE) and module.w13.numel() and module.w13.dtype != dtype:
+            _expert_stacks(module, make)
+            widened += 2
     for module in model.modules():
-        if isinstance(module, FusedMoE):
-            experts |= {id(m) for m in (*module.gate_up, *module.down)}
-            if module.w13.numel() and module.w13.dtype != dtype:
-                _expert_stacks(module, make)
-                widened += 2
-    for module in model.modules():
-        if not isinstance(module, Linear) or id(module) in experts or module.packed is not None:
+        if not isinstance(module, Linear) or module.packed is not None:
             continue
         weight = module.weight
         if weight.numel() and weight.dtype != dtype:
