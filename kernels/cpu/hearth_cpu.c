@@ -1295,17 +1295,21 @@ void hearth_embedding(const int64_t *ids, int64_t t, const void *table, int64_t 
             }
             continue;
         }
+        /* 16-bit rows: the weight kernels' own exact widening (load_f16 / load_bf16), 8 at
+         * a time, then the tail one by one. */
         const uint16_t *row = (const uint16_t *)table + ids[r] * h;
+        const int f16 = kind == EMBED_F16;
         int64_t j = 0;
-        if (kind == EMBED_F16) {
-            for (; j + 8 <= h; j += 8)
-                _mm256_storeu_ps(o + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + j))));
-            for (; j < h; j++) o[j] = _cvtsh_ss(row[j]);
-        } else {
-            for (; j < h; j++) {
-                const uint32_t bits = (uint32_t)row[j] << 16;
+        for (; j + 8 <= h; j += 8) {
+            const uint8_t *p = (const uint8_t *)(row + j);
+            _mm256_storeu_ps(o + j, f16 ? load_f16(p) : load_bf16(p));
+        }
+        for (; j < h; j++) {
+            const uint32_t bits = (uint32_t)row[j] << 16;
+            if (f16)
+                o[j] = _cvtsh_ss(row[j]);
+            else
                 memcpy(o + j, &bits, sizeof bits);
-            }
         }
     }
 }

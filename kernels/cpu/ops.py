@@ -584,9 +584,14 @@ def paged_attention(
     return out
 
 
-_EMBED_KINDS = {torch.float32: 0, torch.uint8: 1, torch.float16: 2, torch.bfloat16: 3}
-"""Element types of an embedding table the C gather widens (its `kind` codes; uint8: a
-GGUF's Q8_0 rows, `KIND_CODES["q8_0"]`)."""
+_EMBED_KINDS = {
+    torch.float32: 0,
+    torch.uint8: KIND_CODES["q8_0"],
+    torch.float16: KIND_CODES["f16"],
+    torch.bfloat16: KIND_CODES["bf16"],
+}
+"""Element types of an embedding table the C gather widens, and its `kind` codes (0: float32
+rows; uint8: a GGUF's Q8_0 rows; the 16-bit kinds' codes)."""
 
 
 def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -602,10 +607,11 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if input_ids.dtype != torch.int64 or not weight.is_contiguous():
         raise ValueError("embedding needs int64 ids and a contiguous table")
     t, h = input_ids.shape[0], weight.shape[1]
-    if kind == 1:
-        if h % 34:
-            raise ValueError(f"Q8_0 rows of {h} bytes are not whole 34-byte blocks")
-        h = h // 34 * QBLOCK
+    if weight.dtype == torch.uint8:
+        block = _RAW_BLOCK_BYTES["q8_0"]
+        if h % block:
+            raise ValueError(f"Q8_0 rows of {h} bytes are not whole {block}-byte blocks")
+        h = h // block * QBLOCK
     rec = capture.active()
     if rec is not None:
         rec.rows(t)
