@@ -193,8 +193,10 @@ def choose_backends(
         return _exact_checked(model, config, dtype, device)
     use_kernel_ops(model, ops)
     table = ""
-    if isinstance(source, GGUFSource) and gather_table_from_blocks(model, source):
-        table = ", token table as its Q8_0 rows"
+    if isinstance(source, GGUFSource):
+        table = "".join(f", {part}" for part in (gather_table_from_blocks(model, source),) if part)
+        if relaid := source.relayout.summary():
+            table = f", re-laid {relaid}{table}"
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     packed = [m.packed for m in model.modules() if isinstance(m, Linear) and m.packed is not None]
     nbytes = sum(p.nbytes for p in packed)

@@ -1,5 +1,6 @@
 """GGUF blocks as a linear method: the file's own Q4_1/Q8_0 weights through the C kernels
-(and F16 / BF16 tensors, as 16-bit weights).
+(F16 / BF16 tensors as 16-bit weights; Q4_0, K-quants and the rest re-laid as Q4_1 or Q8_0
+blocks by `engine/layers/gguf_relayout.py`).
 
 The default model ships as a Q4_1 GGUF (token embedding Q8_0). The float32 model the
 engine loads is that file dequantized, so computing straight from the blocks is the same
@@ -28,7 +29,7 @@ Row order in a file is not assumed: llama.cpp's converter permutes the rows of Q
 architectures, and transformers undoes it on load. For every tensor, sample rows are
 dequantized with gguf-py and compared bit for bit with the float32 weights already
 loaded, under the identity and under transformers' reverse permutation; a layer with a
-tensor that matches neither (or has a block type without a kernel) keeps its dense method.
+tensor that matches neither (or is F32) keeps its dense method.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.layers.gguf_relayout import Relayout, as_q8_0, relaid_parts
 from engine.layers.linear import Linear, LinearMethod
 from kernels.cpu import bf16_ops, ops, q8_ops
 
@@ -95,10 +97,9 @@ def _sample_rows(n: int) -> list[int]:
     return sorted({0, 1, 2, 3, n // 3, n // 2 + 1, n - 2, n - 1})
 
 
-_GGML_KINDS = {3: "q4_1", 8: "q8_0", 1: "f16", 30: "bf16"}
-"""GGML type ids of the formats the kernels read (Q4_1, Q8_0 blocks; F16, BF16 weights)."""
-_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34, "f16": 64, "bf16": 64}
-"""Bytes of 32 columns of a row."""
+_UNREAD_KINDS = {0, 24, 25, 26, 27, 28}
+"""GGML type ids that stay dense: F32 (asked for as full precision) and the integer and
+float64 types; every other type is read as stored or re-laid (`engine/layers/gguf_relayout.py`)."""
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """GGUF metadata value types of fixed size (8 = string and 9 = array are variable)."""
 
@@ -162,22 +163,36 @@ class GGUFSource:
             infos.append((name, dims, kind, offset))
         start = -(-pos // alignment) * alignment
         self.tensors = {name: (dims, kind, start + offset) for name, dims, kind, offset in infos}
+        self.relayout = Relayout()
 
     def raw(self, name: str) -> tuple[str, np.ndarray] | None:
-        """`name`'s rows as stored (uint8, [rows, row bytes]) when its blocks have a kernel."""
+        """`name`'s rows as stored (uint8, [rows, row bytes]) and their GGML type's name
+        (lower case), for a 2-D tensor of whole 32-column blocks in a format the kernels
+        read or `relaid_rows` re-lays."""
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
         info = self.tensors.get(name)
         if info is None:
             return None
         dims, kind_id, offset = info
-        kind = _GGML_KINDS.get(kind_id)
-        if kind is None or len(dims) != 2 or dims[0] % 32:
+        try:
+            qtype = GGMLQuantizationType(kind_id)
+        except ValueError:
+            return None
+        if kind_id in _UNREAD_KINDS or qtype not in GGML_QUANT_SIZES or len(dims) != 2:
             return None
         cols, rows = dims
-        row_bytes = cols // 32 * _BLOCK_BYTES[kind]
-        return kind, self.data[offset : offset + rows * row_bytes].reshape(rows, row_bytes)
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        if cols % 32 or cols % block:
+            return None
+        row_bytes = cols // block * block_bytes
+        return qtype.name.lower(), self.data[offset : offset + rows * row_bytes].reshape(
+            rows, row_bytes
+        )
 
     def describe(self) -> str:
-        return f"GGUF blocks of {self.path.name}"
+        relaid = self.relayout.summary()
+        return f"GGUF blocks of {self.path.name}" + (f" ({relaid})" if relaid else "")
 
     def rows(self, layer: Linear, row_multiple: int) -> tuple[str, np.ndarray] | None:
         """`layer`'s rows from the file in the loaded weights' row order, or None when the
@@ -192,10 +207,14 @@ class GGUFSource:
             parts.append(None if name is None else _ordered(self, name, dense, shard.rotary_heads))
         if any(p is None for p in parts):
             return None
-        kinds = {p[0] for p in parts if p is not None}
+        stored = [p for p in parts if p is not None]
+        laid = relaid_parts(stored)
+        kinds = {kind for kind, _ in laid}
         if len(kinds) != 1:
             return None
-        return kinds.pop(), np.concatenate([p[1] for p in parts if p is not None], axis=0)
+        for (was, _), (now, _) in zip(stored, laid, strict=True):
+            self.relayout.record(was, now)
+        return kinds.pop(), np.concatenate([rows for _, rows in laid], axis=0)
 
 
 def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
@@ -204,7 +223,10 @@ def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
 
     qtype = GGMLQuantizationType[kind.upper()]
     rows = _sample_rows(raw.shape[0])
-    got = torch.from_numpy(dequantize(raw[rows], qtype).astype(np.float32))
+    try:
+        got = torch.from_numpy(dequantize(raw[rows], qtype).astype(np.float32))
+    except NotImplementedError:  # a type gguf-py can't dequantize: nothing to check against
+        return False
     return bool(got.shape == dense[rows].shape and torch.equal(got, dense[rows].float()))
 
 
@@ -228,33 +250,52 @@ def _ordered(
     return None
 
 
-def gather_table_from_blocks(model: nn.Module, source: GGUFSource) -> int:
-    """Give the token embedding the file's own Q8_0 rows in place of its float32 table,
-    when the file stores it so and its sample rows match the loaded table bit for bit (the
-    C gather dequantizes a row exactly as gguf-py does: 3.8x fewer bytes, the same
-    values). A tied LM head already packed drops its reference to the float32 table, so
-    the table is freed. Returns how many tables were replaced."""
+def gather_table_from_blocks(model: nn.Module, source: GGUFSource) -> str:
+    """Give the token embedding the file's own rows in place of its float32 table, when
+    its sample rows match the loaded table bit for bit: Q8_0, F16 or BF16 rows as stored
+    (the C gather widens a row exactly as gguf-py dequantizes it: the same values in 1/3.8
+    or 1/2 of the bytes), any other quantized format requantized to Q8_0 rows
+    (`engine/layers/gguf_relayout.py`; counted in the source's summary). A tied LM head
+    already packed drops its reference to the float32 table, so the table is freed.
+    Returns what the engine's log says of it ("" when the table stays float32)."""
     from engine.layers.embedding import VocabEmbedding
 
     found = source.raw("token_embd.weight")
-    if found is None or found[0] != "q8_0":
-        return 0
-    kind, raw = found
-    replaced = 0
+    if found is None:
+        return ""
+    stored, raw = found
+    said = ""
     for module in model.modules():
         old = getattr(module, "weight", None)
         if not isinstance(module, VocabEmbedding) or not isinstance(old, torch.Tensor):
             continue
         if raw.shape[0] != old.shape[0] or old.dtype != torch.float32:
             continue
-        if not _rows_match(kind, raw, old):
+        if not _rows_match(stored, raw, old):
             continue
-        module.weight = nn.Parameter(torch.from_numpy(np.array(raw)), requires_grad=False)
+        kind, rows = (stored, raw) if stored in _GATHER_KINDS else ("q8_0", as_q8_0(stored, raw))
+        source.relayout.record(stored, kind)
+        module.weight = nn.Parameter(_table(kind, rows), requires_grad=False)
         for linear in model.modules():
             if isinstance(linear, Linear) and linear.weight is old and linear.packed is not None:
                 linear.weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        replaced += 1
-    return replaced
+        said = f"token table as {'its ' * (kind == stored)}{kind.upper()} rows"
+    return said
+
+
+_GATHER_KINDS = ("q8_0", "f16", "bf16")
+"""Stored row formats the C gather reads as they are (`kernels/cpu/ops.py` `embedding`)."""
+
+
+def _table(kind: str, rows: np.ndarray) -> torch.Tensor:
+    """An embedding table of the C gather's kinds from rows as stored: Q8_0 rows stay uint8,
+    16-bit rows become float16 / bfloat16 `[vocab, hidden]`."""
+    table = torch.from_numpy(np.array(rows))
+    if kind == "f16":
+        return table.view(torch.float16)
+    if kind == "bf16":
+        return table.view(torch.bfloat16)
+    return table
 
 
 def fits_kernels(weight: torch.Tensor, row_multiple: int) -> bool:

@@ -6,9 +6,11 @@ with gguf-py's `GGUFWriter`, under the tensor names of `gguf.get_tensor_name_map
 transformations and metadata keys of llama.cpp's `convert_hf_to_gguf.py` for that
 architecture (Q/K rows permuted for the Llama family, Gemma's norms stored as `1 + w`,
 experts stacked into `ffn_*_exps`, Phi-3's rotary width and LongRoPE factor tensors), plus
-a byte-level BPE vocabulary of exactly `vocab_size` tokens. Tensors are F32, or Q8_0 /
-Q4_1 (gguf-py's own quantizers) for the 2-D weights, as llama.cpp's `--outtype q8_0` keeps
-norms and other 1-D tensors in F32.
+a byte-level BPE vocabulary of exactly `vocab_size` tokens. Tensors are F32, or for the 2-D
+weights any type gguf-py quantizes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16), the K-quants
+of `tools/kquants.py`, or llama.cpp's Q4_K_M mix (Q6_K for the head and some attn_v /
+ffn_down, its fallbacks for rows that are not whole 256-column super-blocks), as llama.cpp
+keeps norms and other 1-D tensors in F32.
 
 What it does not do: real tokenizers (the tests compare token ids, not text), and
 metadata llama.cpp writes only for models no test builds here (YaRN, MLA, vision).
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tools.kquants import quantize, tensor_type
 
 __all__ = ["GGUF_ARCH", "write_gguf"]
 
@@ -120,7 +124,9 @@ def _metadata(w: Any, cfg: dict[str, Any], arch: str) -> None:
 
 def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
     """Write the checkpoint saved in `hf_dir` to `out` as llama.cpp would convert it, with
-    its 2-D weights in `qtype` ("F32", "F16", "BF16", "Q8_0" or "Q4_1"); returns `out`."""
+    its 2-D weights in `qtype` ("F32", a GGML type gguf-py or `tools/kquants.py`
+    quantizes: "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
+    "Q6_K", or llama.cpp's "Q4_K_M" mix); returns `out`."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -131,13 +137,7 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
     names = gguf.get_tensor_name_map(
         next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n_blocks
     )
-    quant = {
-        "F32": None,
-        "F16": gguf.GGMLQuantizationType.F16,
-        "BF16": gguf.GGMLQuantizationType.BF16,
-        "Q8_0": gguf.GGMLQuantizationType.Q8_0,
-        "Q4_1": gguf.GGMLQuantizationType.Q4_1,
-    }[qtype]
+    quant = None if qtype == "F32" else gguf.GGMLQuantizationType[qtype.removesuffix("_M")]
     tensors = load_file(str(hf_dir / "model.safetensors"))
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads")
 
@@ -170,12 +170,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
 
     writer = gguf.GGUFWriter(str(out), arch)
     writer.add_name(f"tiny-{model_type}")
-    writer.add_file_type(
-        {None: gguf.LlamaFileType.ALL_F32, gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
-         gguf.GGMLQuantizationType.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
-         gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16,
-         gguf.GGMLQuantizationType.BF16: gguf.LlamaFileType.MOSTLY_BF16}[quant]
-    )  # fmt: skip
+    file_type = "ALL_F32" if quant is None else f"MOSTLY_{qtype}"
+    writer.add_file_type(getattr(gguf.LlamaFileType, file_type, gguf.LlamaFileType.GUESSED))
     _metadata(writer, cfg, arch)
     tokens, merges, types = _vocab(cfg["vocab_size"])
     writer.add_tokenizer_model("gpt2")
@@ -191,10 +187,11 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
         writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
         writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
     for name, data in out_tensors.items():
-        if quant is not None and data.ndim >= 2 and data.shape[-1] % 32 == 0:
-            writer.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
-        else:
+        kind = tensor_type(qtype, name, data.shape, n_blocks) if quant is not None else None
+        if kind is None:
             writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, quantize(data, kind), raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
