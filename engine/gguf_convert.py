@@ -21,6 +21,114 @@ class ConversionRefused(ValueError):
     """The file is a GGUF hearth does not convert (the message says why and what is)."""
 
 
+_LOADED_WHOLE = {"qwen3moe"}
+"""Architectures converted through transformers' whole-model GGUF loader: its MoE
+processor interleaves a layer's gate and up experts from two file tensors into one, and
+the saved layout depends on the model's conversions. Every other one streams
+(`_convert_streaming`)."""
+_SHARD_BYTES = 1 << 30
+"""Size at which the streaming conversion starts a new safetensors shard."""
+
+
+def _unplaced_or_missing(
+    gguf_path: Path, arch: str, reader: Any, model: Any, written: set[str]
+) -> None:
+    """Refuse a file with a tensor the model has no place for, or that leaves a model
+    weight unwritten (a tied head excepted)."""
+    from engine.gguf_arch import unplaced_tensors
+
+    parameters = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    if unplaced := unplaced_tensors(reader, arch, parameters):
+        raise ConversionRefused(
+            f"{gguf_path.name} ({arch}) holds {len(unplaced)} tensors {type(model).__name__} "
+            f"has no place for, e.g. {', '.join(unplaced[:3])}: its config is not one "
+            "transformers' GGUF loader reads"
+        )
+    tied = "lm_head.weight" if model.config.tie_word_embeddings else None
+    missing = sorted(n for n in dict(model.named_parameters()) if n not in written and n != tied)
+    if missing:
+        raise ConversionRefused(
+            f"{gguf_path.name} ({arch}) does not provide {len(missing)} weights of "
+            f"{type(model).__name__}, e.g. {', '.join(missing[:3])}"
+        )
+
+
+def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out_dir: Path) -> None:
+    """Dequantize the file tensor by tensor into safetensors shards of `_SHARD_BYTES`:
+    the same names and values as transformers' loader gives (its own tensor processor
+    and name map, float32), without ever holding the model. transformers' loader keeps
+    every dequantized tensor and then the model, ~2x the float32 model at peak (a 3 B
+    GGUF would need ~26 GB to convert); this needs one shard and one tensor."""
+    import json
+
+    import numpy as np
+    import torch
+    from gguf import dequantize
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    mapping = get_gguf_hf_weights_map(model, processor)
+    expected = dict(model.named_parameters())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    written: dict[str, int] = {}  # checkpoint name -> shard number
+    pending = 0
+
+    def flush() -> None:
+        nonlocal pending
+        save_file(shards[-1], str(out_dir / f"shard-{len(shards)}.tmp"), metadata={"format": "pt"})
+        shards[-1] = {}
+        shards.append({})
+        pending = 0
+
+    for tensor in reader.tensors:
+        result = processor.process(
+            weights=dequantize(tensor.data, tensor.tensor_type),
+            name=tensor.name,
+            tensor_key_mapping=mapping,
+            parsed_parameters={"tensors": {}},
+        )
+        hf_name = mapping.get(result.name) if result.name is not None else None
+        if hf_name is None or hf_name not in expected:
+            continue
+        weights = np.ascontiguousarray(result.weights, dtype=np.float32)
+        if tuple(weights.shape) != tuple(expected[hf_name].shape):
+            raise ConversionRefused(
+                f"{gguf_path.name} ({arch}): tensor {tensor.name} is {list(weights.shape)}, "
+                f"{type(model).__name__}'s {hf_name} is {list(expected[hf_name].shape)}"
+            )
+        if pending and pending + weights.nbytes > _SHARD_BYTES:
+            flush()
+        shards[-1][hf_name] = weights
+        written[hf_name] = len(shards)
+        pending += weights.nbytes
+    _unplaced_or_missing(gguf_path, arch, reader, model, set(written))
+    if shards[-1] or len(shards) == 1:
+        flush()
+    count = len(shards) - 1
+    names = {i: f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)}
+    if count == 1:
+        names[1] = "model.safetensors"
+    for i, final in names.items():
+        (out_dir / f"shard-{i}.tmp").rename(out_dir / final)
+    if count > 1:
+        index = {"metadata": {}, "weight_map": {n: names[i] for n, i in sorted(written.items())}}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.dtype = torch.float32
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(out_dir)
+    if model.can_generate():
+        GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+
+
 def _memoize_gguf_parsing(gguf: ModuleType) -> None:
     """Memoize two pure `gguf` entry points for the rest of this (throwaway) child process.
 
@@ -63,21 +171,22 @@ def main(argv: list[str]) -> None:
         raise SystemExit(2) from None
 
 
-def convert(gguf_path: Path, out_dir: Path) -> None:
+def convert(gguf_path: Path, out_dir: Path, *, whole: bool | None = None) -> None:
     """Dequantize `gguf_path` into a plain HF directory `out_dir`, with the config fields
     transformers' loader misses read from the file (`engine.gguf_arch.fixed_config`).
 
-    transformers dequantizes every tensor to float32 (exact for the quantized formats);
-    the engine casts to its serving dtype on load. The quantizer and its config entry
-    are dropped so the saved directory is a plain, unquantized checkpoint. A model with
-    a parameter the file did not provide is refused, never saved half random.
+    Every tensor is dequantized to float32 (exact for the quantized formats); the engine
+    casts to its serving dtype on load. Dense architectures stream, tensor by tensor
+    (`_convert_streaming`); `_LOADED_WHOLE` ones (or `whole=True`: the tests' reference)
+    go through transformers' whole-model loader. A model with a parameter the file did
+    not provide is refused, never saved half random.
     """
     # Parse the file first (gguf + numpy only): a broken file or an architecture we
     # cannot serve fails here, before the torch import. Under `main` the parse is
     # memoized, so transformers reuses it instead of parsing again.
     import gguf
 
-    from engine.gguf_arch import fixed_config, metadata, refusal, unplaced_tensors
+    from engine.gguf_arch import fixed_config, metadata, refusal
 
     try:
         reader = gguf.GGUFReader(str(gguf_path))
@@ -88,27 +197,34 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
     if (why := refusal(arch, meta)) is not None:
         raise ConversionRefused(why)
 
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     directory, name = str(gguf_path.parent), gguf_path.name
     config = fixed_config(AutoConfig.from_pretrained(directory, gguf_file=name), arch, meta, reader)
+    if whole if whole is not None else arch in _LOADED_WHOLE:
+        _convert_whole(gguf_path, reader, arch, config, out_dir)
+    else:
+        _convert_streaming(gguf_path, reader, arch, config, out_dir)
+    AutoTokenizer.from_pretrained(directory, gguf_file=name).save_pretrained(out_dir)
+
+
+def _convert_whole(gguf_path: Path, reader: Any, arch: str, config: Any, out_dir: Path) -> None:
+    """transformers' own GGUF loading: the model built from the file, then saved. The
+    quantizer and its config entry are dropped so the directory is a plain checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model, info = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=name, config=config, dtype=torch.float32, output_loading_info=True
-    )
-    parameters = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    if unplaced := unplaced_tensors(reader, arch, parameters):
+        str(gguf_path.parent), gguf_file=gguf_path.name, config=config, dtype=torch.float32,
+        output_loading_info=True,
+    )  # fmt: skip
+    if info["mismatched_keys"]:
         raise ConversionRefused(
-            f"{gguf_path.name} ({arch}) holds {len(unplaced)} tensors {type(model).__name__} "
-            f"has no place for, e.g. {', '.join(unplaced[:3])}: its config is not one "
-            "transformers' GGUF loader reads"
+            f"{gguf_path.name} ({arch}): weights of the wrong shape for "
+            f"{type(model).__name__}, e.g. {', '.join(str(k) for k in info['mismatched_keys'][:3])}"
         )
-    if info["missing_keys"] or info["mismatched_keys"]:
-        missing = sorted(info["missing_keys"]) + [str(k) for k in info["mismatched_keys"]]
-        raise ConversionRefused(
-            f"{gguf_path.name} ({arch}) does not provide {len(missing)} weights of "
-            f"{type(model).__name__}, e.g. {', '.join(missing[:3])}"
-        )
+    written = {n for n, _ in model.named_parameters()} - set(info["missing_keys"])
+    _unplaced_or_missing(gguf_path, arch, reader, model, written)
     model.hf_quantizer = None
     # Saved as a checkpoint of this class is on the hub (per-expert MoE tensors, ...): the
     # conversions transformers recorded while reading the GGUF do not describe that layout.
@@ -116,5 +232,3 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-    tokenizer.save_pretrained(out_dir)

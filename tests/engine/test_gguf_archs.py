@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import (
@@ -120,6 +121,76 @@ def test_converted_gguf_is_token_identical_to_transformers(name: str, tmp_path: 
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     got = _generate(core, prompts, "g", at_once=True, max_tokens=NEW_TOKENS, ignore_eos=True)
     assert got == [_hf_greedy(hf, p) for p in prompts]
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "qwen3moe"])
+def test_streaming_conversion_writes_what_transformers_loader_does(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dense files convert tensor by tensor (never the whole model in memory): the same
+    checkpoint names, float32 values bit for bit and config as transformers' whole-model
+    loader gives; a small shard size splits them into an indexed, sharded checkpoint."""
+    from safetensors.torch import load_file
+
+    import engine.gguf_convert as gguf_convert
+
+    _save(CASES[name](), tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / f"{name}.gguf", qtype="Q8_0")
+    convert(path, tmp_path / "whole", whole=True)
+    convert(path, tmp_path / "stream")
+    want = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    got = load_file(str(tmp_path / "stream" / "model.safetensors"))
+    assert sorted(got) == sorted(want)
+    for key, tensor in want.items():
+        assert got[key].dtype == torch.float32 and torch.equal(got[key], tensor), key
+    config = lambda d: {  # noqa: E731
+        k: v
+        for k, v in json.loads((d / "config.json").read_text()).items()
+        if k != "transformers_version"
+    }
+    assert config(tmp_path / "stream") == config(tmp_path / "whole")
+
+    smallest = min(t.numel() * 4 for t in want.values() if t.dim() == 2)
+    monkeypatch.setattr(gguf_convert, "_SHARD_BYTES", smallest)
+    convert(path, tmp_path / "sharded")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and files[0].startswith("model-00001-of-")
+    sharded = {}
+    for file in files:
+        sharded.update(load_file(str(tmp_path / "sharded" / file)))
+    assert sorted(sharded) == sorted(want) and all(torch.equal(sharded[k], want[k]) for k in want)
+    assert not list((tmp_path / "sharded").glob("*.tmp"))
+
+
+def test_a_tensor_of_the_wrong_shape_is_refused_while_streaming(tmp_path: Path) -> None:
+    """A file whose vocabulary disagrees with its token table is refused with both shapes
+    named, where transformers' loader failed with a size-mismatch report."""
+    import gguf
+
+    from engine.gguf_convert import ConversionRefused
+
+    _save(CASES["qwen3"](), tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / "good.gguf")
+    reader = gguf.GGUFReader(str(path))
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "qwen3")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    for tensor in reader.tensors:
+        data = np.asarray(tensor.data)
+        if tensor.name == "token_embd.weight":
+            data = data[:-8]  # 8 rows short of the vocabulary
+        writer.add_tensor(tensor.name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ConversionRefused, match=r"token_embd\.weight is \[312, 64\].*\[320, 64\]"):
+        convert(tmp_path / "bad.gguf", tmp_path / "out")
 
 
 def test_quantized_gguf_converts_to_its_dequantized_weights(tmp_path: Path) -> None:
