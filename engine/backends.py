@@ -140,6 +140,33 @@ def linear_storage_dtype(
     return _HELD_KINDS.get(checkpoint_dtype(model_dir) or "")
 
 
+def defer_gguf_linears(
+    config: EngineConfig, model_dir: str, dtype: torch.dtype, device: torch.device
+) -> bool:
+    """Whether to leave linear weights unread while loading (`load_model`'s
+    `defer_linears`): a GGUF model on CPU under a GGUF mode, whose blocks will replace
+    them. What is not packed after all is read in `choose_backends`."""
+    asked = config.quantization
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    if asked not in ("auto", "gguf", "gguf-bf16", "gguf-int8"):
+        return False
+    if asked == "auto" and config.dtype != "auto":
+        return False
+    return gguf_source(model_dir) is not None
+
+
+def _fill_deferred(model: nn.Module, say: Callable[[str], None]) -> None:
+    """Read what `defer_gguf_linears` left unread and was not packed (before anything
+    can compute with it)."""
+    deferred = getattr(model, "deferred_weights", None)
+    if deferred is None:
+        return
+    if filled := deferred.fill_unpacked(model):
+        say(f"read {filled} deferred linear weights in full (not packed from the GGUF)")
+    del model.deferred_weights
+
+
 def choose_backends(
     model: nn.Module,
     config: EngineConfig,
@@ -152,7 +179,21 @@ def choose_backends(
     methods and select the kernel backend. Raises ValueError when ``gguf`` was asked for
     and cannot run (so the user learns it at start, not from slower answers). Weights
     loaded in 16 bits (`linear_storage_dtype`) that stay dense are widened back after it
-    (`widen_dense_weights`, engine/layers/weight_storage.py)."""
+    (`widen_dense_weights`, engine/layers/weight_storage.py); weights left unread
+    (`defer_gguf_linears`) that are not packed are read in full."""
+    backends = _choose_backends(model, config, model_dir, dtype, device, say)
+    _fill_deferred(model, say)
+    return backends
+
+
+def _choose_backends(
+    model: nn.Module,
+    config: EngineConfig,
+    model_dir: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    say: Callable[[str], None],
+) -> Backends:
     set_cache_dir(config.kernel_cache_dir)
     if device.type == "cpu" and host_isa().supported:
         select_variant(config.cpu_isa)  # before any library loads
@@ -310,9 +351,12 @@ def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[st
         id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(False)
     }
     kinds: dict[str, int] = {}
+    deferred = getattr(model, "deferred_weights", None)
     for module in model.modules():
         if not isinstance(module, Linear):
             continue
+        if deferred is not None and method.reads_dense:
+            deferred.fill(module.weight)
         packed = method.pack(module)
         if packed is None:
             continue

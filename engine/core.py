@@ -17,7 +17,7 @@ import msgspec
 import torch
 
 from engine.attention import CpuAttentionBackend, PagedAttentionBackend
-from engine.backends import choose_backends, linear_storage_dtype
+from engine.backends import choose_backends, defer_gguf_linears, linear_storage_dtype
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelInfo, default_prefill_chunk
 from engine.gpu_memory import (
@@ -102,7 +102,8 @@ class EngineCore:
         start = time.monotonic()
         say(f"loading {model_dir} ({self.dtype}, {self.device})")
         held = linear_storage_dtype(config, model_dir, self.dtype, self.device)
-        self.model, hf_config = load_model(model_dir, self.dtype, self.device, say, held)
+        defer = defer_gguf_linears(config, model_dir, self.dtype, self.device)
+        self.model, hf_config = load_model(model_dir, self.dtype, self.device, say, held, defer)
         self.backends = choose_backends(self.model, config, model_dir, self.dtype, self.device, say)
         # What runs dense gets the model dtype back; a held embedding table stays in 16 bits
         # where the C gather reads it (every mode but the exact one).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,18 +54,41 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(
+    model_dir: str | Path, unread: Collection[str] = ()
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(name, tensor)` for every tensor of every shard, one at a time.
 
     Tensors are memory-mapped CPU tensors; the consumer copies them into its own
-    parameters, so peak memory stays at one model plus one tensor.
+    parameters, so peak memory stays at one model plus one tensor. Names in `unread`
+    come as `CheckpointRows` instead, whose rows are read only when indexed (valid
+    until the iteration moves on).
     """
     from safetensors import safe_open
 
     for file in _safetensors_files(Path(model_dir)):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                yield name, f.get_tensor(name)
+                yield (
+                    name,
+                    CheckpointRows(f.get_slice(name)) if name in unread else f.get_tensor(name),
+                )
+
+
+class CheckpointRows:
+    """A checkpoint tensor left unread: its shape, and the rows asked for (for
+    `engine.layers.deferred_weights.DeferredWeights.record`)."""
+
+    def __init__(self, view: Any) -> None:
+        import torch
+
+        self._view = view
+        self.shape = torch.Size(view.get_shape())
+
+    def __getitem__(self, rows: list[int]) -> torch.Tensor:
+        import torch
+
+        return torch.cat([self._view[r : r + 1] for r in rows])
 
 
 def checkpoint_dtype(model_dir: str | Path) -> str | None:
@@ -95,6 +118,7 @@ def load_model(
     device: torch.device,
     progress: Progress | None = None,
     linear_dtype: torch.dtype | None = None,
+    defer_linears: bool = False,
 ) -> tuple[nn.Module, Any]:
     """Build the native model for `model_dir` and stream its safetensors weights into it.
 
@@ -105,6 +129,8 @@ def load_model(
 
     `linear_dtype`: the type linear weights and embedding tables are held in (the
     checkpoint's own 16 bits, `engine/layers/weight_storage.py`), when it is not `dtype`.
+    `defer_linears`: leave linear weights unread but for their sample rows, for a GGUF's
+    blocks to replace (`model.deferred_weights`, engine/layers/deferred_weights.py).
     """
     import torch
 
@@ -121,10 +147,19 @@ def load_model(
             from engine.layers.weight_storage import hold_weights_in
 
             held = hold_weights_in(model, linear_dtype)
-        model.load_weights(iter_safetensors(model_dir))
+        if defer_linears:
+            from engine.layers.deferred_weights import DeferredWeights
+            from engine.models.weights import weight_targets
+
+            deferred = DeferredWeights(_safetensors_files(Path(model_dir)), model)
+            model.deferred_weights = deferred
+            unread = {n for n, (p, _, _) in weight_targets(model).items() if deferred.wants(p)}
+        model.load_weights(iter_safetensors(model_dir, unread if defer_linears else ()))
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     held_in = f", {held} weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""
+    if deferred := len(getattr(model, "deferred_weights", ())):
+        held_in += f", {deferred} linear weights left for the GGUF's blocks"
     say(
         f"loaded {model_cls.__name__} ({n_params / 1e6:.1f} M params, {dtype}{held_in}, {device}) "
         f"from {model_dir} in {time.monotonic() - start:.2f} s"

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.layers.deferred_weights import sample_rows
 from engine.layers.gguf_relayout import Relayout, as_q8_0, relaid_parts
 from engine.layers.linear import Linear, LinearMethod
 from kernels.cpu import bf16_ops, ops, q8_ops
@@ -91,10 +92,6 @@ def _reverse_permute_rows(n: int, heads: int) -> np.ndarray:
     """Row order transformers' GGUF loader applies to Q/K (undoing llama.cpp's permute)."""
     dim = n // heads // 2
     return np.arange(n).reshape(heads, dim, 2).swapaxes(2, 1).reshape(n)
-
-
-def _sample_rows(n: int) -> list[int]:
-    return sorted({0, 1, 2, 3, n // 3, n // 2 + 1, n - 2, n - 1})
 
 
 _UNREAD_KINDS = {0, 24, 25, 26, 27, 28}
@@ -222,7 +219,7 @@ def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
     from gguf.quants import dequantize
 
     qtype = GGMLQuantizationType[kind.upper()]
-    rows = _sample_rows(raw.shape[0])
+    rows = sample_rows(raw.shape[0])
     try:
         got = torch.from_numpy(dequantize(raw[rows], qtype).astype(np.float32))
     except NotImplementedError:  # a type gguf-py can't dequantize: nothing to check against
@@ -325,6 +322,8 @@ class GGUFBlockLinearMethod(LinearMethod):
     name = "gguf"
     row_multiple = ops.GROUP
     """Rows per packed group of the kernel (a weight of other height keeps its dense method)."""
+    reads_dense = False
+    """Whether packing reads the layer's dense weight (beyond the rows matched with the file)."""
 
     def __init__(self, source: BlockSource) -> None:
         self.source = source
@@ -361,6 +360,7 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
     tile path's default, `bf16_ops.default_min_t`)."""
 
     name = "gguf-bf16"
+    reads_dense = True  # the bfloat16 tiles are the dense weight rounded
 
     def __init__(self, source: BlockSource, min_t: int | None = None) -> None:
         super().__init__(source)

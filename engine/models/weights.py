@@ -58,9 +58,12 @@ def load_checkpoint(
     `ignore`: names to skip (a tied head some checkpoints store anyway); names ending in
     `ignore_suffixes` are skipped too (rotary tables are recomputed). Raises on an unknown
     tensor, a shape mismatch or any target left unwritten. Norms with a
-    ``weight_offset`` (Gemma's ``1 + w``) get it added once, after the copy.
+    ``weight_offset`` (Gemma's ``1 + w``) get it added once, after the copy. A model
+    given ``deferred_weights`` (`load_model`'s `defer_linears`) leaves the linear
+    weights it wants unread but their sample rows (engine/layers/deferred_weights.py).
     """
     targets = weight_targets(model)
+    deferred = getattr(model, "deferred_weights", None)
     loaded: set[str] = set()
     with torch.no_grad():
         for name, tensor in weights:
@@ -77,7 +80,10 @@ def load_checkpoint(
                 raise ValueError(
                     f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
                 )
-            dst.copy_(tensor)
+            if deferred is not None and deferred.wants(param):
+                deferred.record(name, param, start, length, tensor)
+            else:
+                dst.copy_(tensor)
             loaded.add(name)
         missing = sorted(set(targets) - loaded)
         if missing:
