@@ -156,9 +156,9 @@ def defer_gguf_linears(
     return gguf_source(model_dir) is not None
 
 
-def _fill_deferred(model: nn.Module, say: Callable[[str], None]) -> None:
-    """Read what `defer_gguf_linears` left unread and was not packed (before anything
-    can compute with it)."""
+def read_deferred_weights(model: nn.Module, say: Callable[[str], None]) -> None:
+    """Read what `defer_gguf_linears` left unread and `choose_backends` did not pack
+    (before anything computes with it)."""
     deferred = getattr(model, "deferred_weights", None)
     if deferred is None:
         return
@@ -179,21 +179,9 @@ def choose_backends(
     methods and select the kernel backend. Raises ValueError when ``gguf`` was asked for
     and cannot run (so the user learns it at start, not from slower answers). Weights
     loaded in 16 bits (`linear_storage_dtype`) that stay dense are widened back after it
-    (`widen_dense_weights`, engine/layers/weight_storage.py); weights left unread
-    (`defer_gguf_linears`) that are not packed are read in full."""
-    backends = _choose_backends(model, config, model_dir, dtype, device, say)
-    _fill_deferred(model, say)
-    return backends
-
-
-def _choose_backends(
-    model: nn.Module,
-    config: EngineConfig,
-    model_dir: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    say: Callable[[str], None],
-) -> Backends:
+    (`widen_dense_weights`, engine/layers/weight_storage.py), and weights left unread
+    (`defer_gguf_linears`) that are not packed are read in full (`read_deferred_weights`),
+    both by `EngineCore`."""
     set_cache_dir(config.kernel_cache_dir)
     if device.type == "cpu" and host_isa().supported:
         select_variant(config.cpu_isa)  # before any library loads

@@ -17,7 +17,12 @@ import msgspec
 import torch
 
 from engine.attention import CpuAttentionBackend, PagedAttentionBackend
-from engine.backends import choose_backends, defer_gguf_linears, linear_storage_dtype
+from engine.backends import (
+    choose_backends,
+    defer_gguf_linears,
+    linear_storage_dtype,
+    read_deferred_weights,
+)
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelInfo, default_prefill_chunk
 from engine.gpu_memory import (
@@ -105,6 +110,7 @@ class EngineCore:
         defer = defer_gguf_linears(config, model_dir, self.dtype, self.device)
         self.model, hf_config = load_model(model_dir, self.dtype, self.device, say, held, defer)
         self.backends = choose_backends(self.model, config, model_dir, self.dtype, self.device, say)
+        read_deferred_weights(self.model, say)
         # What runs dense gets the model dtype back; a held embedding table stays in 16 bits
         # where the C gather reads it (every mode but the exact one).
         widen_dense_weights(self.model, self.dtype, tables=self.backends.quantization == "none")
