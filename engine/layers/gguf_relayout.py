@@ -33,21 +33,15 @@ from collections import Counter
 
 import numpy as np
 
+from kernels.cpu import ops
+
 __all__ = ["KERNEL_KINDS", "Relayout", "as_q8_0", "relaid_parts", "relaid_rows"]
 
 KERNEL_KINDS = ("q4_1", "q8_0", "f16", "bf16")
 """Stored formats the kernels read as they are (`kernels/cpu/ops.py` `KIND_CODES`)."""
 
 _Q4_1_BYTES = 20
-_Q4_K_BYTES = 144
 _Q4_0_BYTES = 18
-_SUPER = 256
-"""Columns of a K-quant super-block."""
-
-
-def _f16(values: np.ndarray) -> np.ndarray:
-    """float32 → the little-endian bytes of float16, round to nearest even."""
-    return values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
 
 
 def _q4_0_as_q4_1(raw: np.ndarray) -> np.ndarray:
@@ -64,43 +58,9 @@ def _q4_0_as_q4_1(raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-def _q4_k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 8 six-bit scales and mins packed in a Q4_K / Q5_K block's 12 bytes
-    (ggml's `get_scale_min_k4`), as `[..., 8]` uint8 each."""
-    s = scales.astype(np.uint8)
-    sc = np.empty((*s.shape[:-1], 8), np.uint8)
-    mn = np.empty_like(sc)
-    sc[..., :4] = s[..., 0:4] & 63
-    mn[..., :4] = s[..., 4:8] & 63
-    sc[..., 4:] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)
-    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
-    return sc, mn
-
-
-def _q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
-    """Q4_K rows → Q4_1 rows: one Q4_1 block per 32-column sub-block, its nibbles as the
-    file's, scale `d·sc` and offset `-dmin·m` (computed in float32, exact there) rounded
-    once to float16."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, _Q4_K_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, nb, 1]
-    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-    sc, mn = _q4_k_scales(blocks[..., 4:16])
-    scale = d * sc.astype(np.float32)  # [rows, nb, 8]
-    offset = -(dmin * mn.astype(np.float32))
-    qs = blocks[..., 16:].reshape(rows, -1, 4, 32)  # 4 chunks of 32 bytes: 2 sub-blocks each
-    nib = np.empty((rows, qs.shape[1], 4, 2, 32), np.uint8)
-    nib[..., 0, :] = qs & 0xF  # sub-block 2c: the low nibbles of chunk c
-    nib[..., 1, :] = qs >> 4  # sub-block 2c + 1: the high ones
-    nib = nib.reshape(rows, -1, 8, 32)
-    out = np.empty((rows, nib.shape[1], 8, _Q4_1_BYTES), np.uint8)
-    with np.errstate(over="ignore"):
-        out[..., 0:2] = _f16(scale)
-        out[..., 2:4] = _f16(offset)
-    out[..., 4:] = nib[..., :16] | (nib[..., 16:] << 4)  # Q4_1: element j low, j + 16 high
-    return out.reshape(rows, -1)
-
-
+_C_REQUANT = ("q4_k", "q5_k", "q6_k")
+"""K-quants the C library requantizes to Q8_0 itself (gguf-py's result bit for bit, in a
+tenth of the time and without a float32 copy of the tensor)."""
 _EXACT_Q8_0 = ("q4_0", "q5_0", "q8_0")
 """Formats whose value is `d·x` with one float16 `d` per 32 (first in the block) and an
 integer `x` within int8: a Q8_0 block with the same `d` holds them exactly."""
@@ -111,12 +71,14 @@ def as_q8_0(kind: str, raw: np.ndarray) -> np.ndarray:
     (x = value / d, exact in float32), else by gguf-py's own Q8_0 quantizer."""
     from gguf import GGMLQuantizationType
     from gguf.constants import GGML_QUANT_SIZES
-    from gguf.quants import dequantize, quantize
+    from gguf.quants import dequantize
 
+    if kind in _C_REQUANT:
+        return ops.requantize_k(kind, raw)
     qtype = GGMLQuantizationType[kind.upper()]
     values = dequantize(raw, qtype).astype(np.float32)
     if kind not in _EXACT_Q8_0:
-        return np.asarray(quantize(values, GGMLQuantizationType.Q8_0))
+        return ops.quantize_q8_0(values)
     rows = raw.shape[0]
     blocks = raw.reshape(rows, -1, GGML_QUANT_SIZES[qtype][1])
     d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, nb, 1]
@@ -137,15 +99,15 @@ def relaid_rows(kind: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
     reads: as they are for the kernels' own kinds, else re-laid (module docstring)."""
     if kind in KERNEL_KINDS:
         return kind, raw
-    if kind == "q4_0":
+    if kind == "q4_k":
+        out = ops.relay_q4_k(raw)
+    elif kind == "q4_0":
         out = _q4_0_as_q4_1(raw)
-    elif kind == "q4_k":
-        out = _q4_k_as_q4_1(raw)
+        if not np.isfinite(_q4_1_scales(out)).all():  # -8·d past float16's range
+            out = None
     else:
         return "q8_0", as_q8_0(kind, raw)
-    if not np.isfinite(_q4_1_scales(out)).all():  # a scale past float16's range
-        return "q8_0", as_q8_0(kind, raw)
-    return "q4_1", out
+    return ("q8_0", as_q8_0(kind, raw)) if out is None else ("q4_1", out)
 
 
 def _q4_1_scales(rows: np.ndarray) -> np.ndarray:

@@ -102,6 +102,148 @@ void hearth_pack_w16(const uint16_t *src, int64_t n, int64_t k, uint16_t *dst) {
     }
 }
 
+/* ------------------------------------------------------------------ GGUF re-layout */
+/*
+ * GGUF formats without a GEMM of their own, as the blocks above read them
+ * (engine/layers/gguf_relayout.py says why each is what it is). Each function is
+ * bitwise the numpy it replaces (tests/kernels/test_relayout.py): a 7.5 B Q4_K_M file
+ * took a minute of numpy at start-up. Layouts are ggml's (ggml-common.h).
+ */
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+static inline void put_f16(uint8_t *p, float v) {
+    const uint16_t h = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+    memcpy(p, &h, sizeof h);
+}
+
+/* Sub-block j's 6-bit scale and min in a Q4_K / Q5_K block's 12 bytes (get_scale_min_k4). */
+static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K (144 B per 256) -> 8 Q4_1 blocks (20 B): scale d*sc and offset -(dmin*m), each
+ * rounded once to float16 (returns how many exceed float16's range: those became inf);
+ * the nibbles as stored (sub-block 2c: the low nibbles of 32-byte
+ * chunk c, 2c + 1: the high ones; Q4_1 holds element j low and j + 16 high). */
+int64_t hearth_relay_q4_k(const uint8_t *src, int64_t nblocks, uint8_t *dst) {
+    int64_t overflowed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : overflowed)
+    for (int64_t b = 0; b < nblocks; b++) {
+        const uint8_t *s = src + b * 144;
+        const float d = f16_at(s), dmin = f16_at(s + 2);
+        for (int j = 0; j < 8; j++) {
+            uint8_t *o = dst + (b * 8 + j) * 20;
+            int sc, m;
+            k4_scale_min(j, s + 4, &sc, &m);
+            const float scale = d * (float)sc, offset = -(dmin * (float)m);
+            put_f16(o, scale);
+            put_f16(o + 2, offset);
+            overflowed += fabsf(scale) >= 65520.0f || fabsf(offset) >= 65520.0f; /* float16 inf */
+            const uint8_t *q = s + 16 + (j / 2) * 32;
+            const int shift = (j & 1) * 4;
+            for (int l = 0; l < 16; l++)
+                o[4 + l] = (uint8_t)(((q[l] >> shift) & 0xF) | (((q[l + 16] >> shift) & 0xF) << 4));
+        }
+    }
+    return overflowed;
+}
+
+/* Q6_K (210 B per 256: ql[128], qh[64], int8 scales[16], d) -> float32, d*sc*(q - 32):
+ * every product exact in float32 (11 + 7 + 6 bits), so any order gives gguf-py's values. */
+static void dequant_q6_k_block(const uint8_t *s, float *y) {
+    const uint8_t *ql = s, *qh = s + 128;
+    const int8_t *sc = (const int8_t *)(s + 192);
+    const float d = f16_at(s + 208);
+    for (int n = 0; n < 2; n++) {
+        for (int l = 0; l < 32; l++) {
+            const int is = l / 16;
+            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * (float)sc[is + 0] * (float)q1;
+            y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+            y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+            y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+/* Q4_K (no qh) and Q5_K (176 B per 256: d, dmin, scales[12], qh[32], qs[128]) -> float32,
+ * (d*sc)*q - dmin*m: d*sc*q is exact (11 + 6 + 5 bits), so the one rounding is the
+ * subtraction's, as in gguf-py (with or without a fused multiply-add). */
+static void dequant_q45_k_block(const uint8_t *s, const uint8_t *qh, const uint8_t *qs, float *y) {
+    const float d = f16_at(s), dmin = f16_at(s + 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        k4_scale_min(j, s + 4, &sc, &m);
+        const float ds = d * (float)sc, dm = dmin * (float)m;
+        const uint8_t *q = qs + (j / 2) * 32;
+        const int shift = (j & 1) * 4;
+        for (int l = 0; l < 32; l++) {
+            const int v = ((q[l] >> shift) & 0xF) | (qh ? ((qh[l] >> j) & 1) << 4 : 0);
+            y[j * 32 + l] = ds * (float)v - dm;
+        }
+    }
+}
+
+/* 32 floats -> one Q8_0 block (34 B) exactly as gguf-py (and ggml's reference) quantize:
+ * d = amax / 127, q = round-half-away(x * (1 / d)), d stored as float16. */
+static void quantize_q8_0_block(const float *v, uint8_t *o) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const float a = fabsf(v[j]);
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = d == 0.0f ? 0.0f : 1.0f / d;
+    put_f16(o, d);
+    int8_t q[32];
+    for (int j = 0; j < 32; j++) { /* gguf-py's np_roundf, op for op: vectorizes, unlike roundf */
+        const float x = v[j] * id, a = fabsf(x), f = floorf(a);
+        q[j] = (int8_t)copysignf(f + floorf(2.0f * (a - f)), x);
+    }
+    memcpy(o + 2, q, sizeof q);
+}
+
+void hearth_quantize_q8_0(const float *x, int64_t nblocks, uint8_t *dst) {
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblocks; b++) quantize_q8_0_block(x + b * 32, dst + b * 34);
+}
+
+/* K-quant super-blocks (kind 4: Q4_K, 5: Q5_K, 6: Q6_K) -> 8 Q8_0 blocks each: the
+ * file's values (bitwise gguf-py's dequantization) quantized as `hearth_quantize_q8_0`,
+ * without a float32 copy of the tensor in between. */
+void hearth_requant_k_q8_0(int64_t kind, const uint8_t *src, int64_t nsuper, uint8_t *dst) {
+    const int64_t size = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nsuper; b++) {
+        const uint8_t *s = src + b * size;
+        float y[256];
+        if (kind == 6)
+            dequant_q6_k_block(s, y);
+        else if (kind == 5)
+            dequant_q45_k_block(s, s + 16, s + 48, y);
+        else
+            dequant_q45_k_block(s, NULL, s + 16, y);
+        for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, dst + (b * 8 + j) * 34);
+    }
+}
+
 static inline float hsum(__m256 v);
 
 /* ------------------------------------------------------------------ quantized GEMM */

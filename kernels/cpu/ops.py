@@ -29,6 +29,9 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_pack_q8_0": [_ptr, _i64, _i64, _ptr],
     "hearth_w16_packed_bytes": [_i64, _i64],
     "hearth_pack_w16": [_ptr, _i64, _i64, _ptr],
+    "hearth_relay_q4_k": [_ptr, _i64, _ptr],
+    "hearth_requant_k_q8_0": [_i64, _ptr, _i64, _ptr],
+    "hearth_quantize_q8_0": [_ptr, _i64, _ptr],
     "hearth_q4_1_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_q8_0_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_f16_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
@@ -97,7 +100,7 @@ def _load(variant: str) -> ctypes.CDLL:
         fn.argtypes = args
         fn.restype = (
             _i64
-            if name.endswith(("_bytes", "_floats"))
+            if name.endswith(("_bytes", "_floats")) or name == "hearth_relay_q4_k"
             else ctypes.c_int
             if "threads" in name or name.endswith("_path")
             else None
@@ -171,6 +174,38 @@ def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> P
     if bias is not None:
         bias = bias.detach().to(torch.float32).contiguous()
     return PackedWeight(kind, n, k, out, bias)
+
+
+def relay_q4_k(raw: np.ndarray) -> np.ndarray | None:
+    """Q4_K rows (uint8 ``[rows, k / 256 * 144]``) as Q4_1 rows (``[rows, k / 32 * 20]``):
+    the same nibbles, scale ``d·sc`` and offset ``-dmin·m`` rounded to float16; None
+    when one of those is past float16's range."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    blocks = raw.size // 144
+    out = np.empty((raw.shape[0], raw.shape[1] // 144 * 8 * 20), dtype=np.uint8)
+    return None if library().hearth_relay_q4_k(_p(raw), blocks, _p(out)) else out
+
+
+_K_QUANTS = {"q4_k": (4, 144), "q5_k": (5, 176), "q6_k": (6, 210)}
+"""K-quants the C library requantizes: its kind code, bytes per 256 columns."""
+
+
+def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:
+    """Q4_K, Q5_K or Q6_K rows as Q8_0 rows: bit for bit gguf-py's dequantization then
+    Q8_0 quantization, without the float32 tensor in between."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    code, size = _K_QUANTS[kind]
+    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * 34), dtype=np.uint8)
+    library().hearth_requant_k_q8_0(code, _p(raw), raw.size // size, _p(out))
+    return out
+
+
+def quantize_q8_0(values: np.ndarray) -> np.ndarray:
+    """float32 ``[rows, k]`` as Q8_0 rows, bit for bit gguf-py's (ggml's reference) quantizer."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    out = np.empty((values.shape[0], values.shape[1] // QBLOCK * 34), dtype=np.uint8)
+    library().hearth_quantize_q8_0(_p(values), values.size // QBLOCK, _p(out))
+    return out
 
 
 KIND_CODES = {"q4_1": 0, "q8_0": 1, "f16": 2, "bf16": 3}

@@ -55,12 +55,12 @@ def test_q4_0_is_re_laid_as_q4_1_with_every_value_the_files() -> None:
 
 def _q4_k_step_and_offset(stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per 32-column sub-block, the scale d·sc and offset dmin·m a Q4_K row holds."""
-    from engine.layers.gguf_relayout import _q4_k_scales
+    from tests.kernels.relayout_reference import q4_k_scales
 
     blocks = stored.reshape(stored.shape[0], -1, 144)
     d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
     dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-    sc, mn = _q4_k_scales(blocks[..., 4:16])
+    sc, mn = q4_k_scales(blocks[..., 4:16])
     return (d * sc).reshape(stored.shape[0], -1), (dmin * mn).reshape(stored.shape[0], -1)
 
 

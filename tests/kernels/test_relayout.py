@@ -1,0 +1,84 @@
+"""The C GGUF re-layout (kernels/cpu/hearth_cpu.c) bit for bit against its references:
+gguf-py's dequantizers and Q8_0 quantizer (llama.cpp's own, in Python), and the numpy Q4_K
+re-layout it replaced (tests/kernels/relayout_reference.py). Blocks are random bytes with
+finite float16 scales, from subnormal to past float16's range in the products."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf.quants import dequantize, quantize
+
+from kernels.cpu import ops
+from tests.kernels.relayout_reference import q4_k_as_q4_1
+
+pytestmark = pytest.mark.skipif(not ops.available(), reason="host has no AVX2: no C kernels here")
+
+_SCALES = np.array(
+    [0.0, -0.0, 6e-8, 1e-5, 0.0013, -0.02, 0.5, 3.0, 1000.0, 60000.0, -65504.0], np.float16
+)
+"""Scale values the blocks draw from: zeros, a subnormal, the usual, the largest."""
+
+
+def _blocks(
+    rows: int, per_row: int, size: int, scale_at: list[int], seed: int, scales=_SCALES
+) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, per_row, size), dtype=np.uint8)
+    for at in scale_at:
+        picks = rng.choice(scales, (rows, per_row))
+        picks[0, 0] = np.float16(0.01)  # one block of each kind ordinary
+        raw[..., at : at + 2] = picks.view(np.uint8).reshape(rows, per_row, 2)
+    return raw.reshape(rows, -1)
+
+
+def test_q4_k_re_layout_is_the_numpy_one_bit_for_bit() -> None:
+    raw = _blocks(7, 3, 144, [0, 2], seed=1, scales=_SCALES[np.abs(_SCALES) < 1000])
+    want = q4_k_as_q4_1(raw)
+    got = ops.relay_q4_k(raw)
+    assert got is not None and got.shape == want.shape == (7, 3 * 8 * 20)
+    assert np.array_equal(got, want)
+
+
+def test_a_q4_k_scale_past_float16s_range_is_reported() -> None:
+    """d·sc up to 1039·63 fits float16; 1040·63 rounds to inf: no Q4_1 for that tensor
+    (engine/layers/gguf_relayout.py falls back to Q8_0)."""
+    raw = _blocks(2, 2, 144, [0, 2], seed=4, scales=np.array([0.01], np.float16))
+    raw.reshape(2, 2, 144)[..., 4:16] = 63  # every sub-block's scale and min: 63
+    for d, fits in ((1039.0, True), (1040.0, False)):
+        raw.reshape(2, 2, 144)[1, 1, 0:2] = np.array([d], np.float16).view(np.uint8)
+        assert (ops.relay_q4_k(raw) is not None) == fits
+
+
+@pytest.mark.parametrize(
+    ("kind", "size", "scale_at"),
+    [("q4_k", 144, [0, 2]), ("q5_k", 176, [0, 2]), ("q6_k", 210, [208])],
+)
+def test_k_quants_requantize_as_gguf_py_would_bit_for_bit(
+    kind: str, size: int, scale_at: list[int]
+) -> None:
+    """gguf-py's dequantization of the file's blocks, then its Q8_0 quantization (blocks
+    whose values overflow float32 left out: gguf-py's inf / nan arithmetic is not ggml's)."""
+    raw = _blocks(5, 4, size, scale_at, seed=2)
+    got = ops.requantize_k(kind, raw)
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = dequantize(raw, GT[kind.upper()]).astype(np.float32)
+        want = np.asarray(quantize(values, GT.Q8_0))
+    assert got.shape == want.shape == (5, 4 * 8 * 34)
+    finite = np.isfinite(values.reshape(5, -1, 32)).all(-1)  # [rows, 32-column blocks]
+    assert finite.sum() > finite.size // 2
+    assert np.array_equal(got.reshape(5, -1, 34)[finite], want.reshape(5, -1, 34)[finite])
+
+
+def test_q8_0_quantization_is_gguf_pys_bit_for_bit() -> None:
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((6, 256)) * 0.05).astype(np.float32)
+    x[1] = 0.0  # d = 0
+    x[2, :32] = np.arange(32, dtype=np.float32) - 15.5  # halves after scaling
+    x[3] *= 1e4
+    x[4, ::7] = -x[4, ::7] * 30  # outliers
+    got = ops.quantize_q8_0(x)
+    want = np.asarray(quantize(x, GT.Q8_0))
+    assert got.shape == want.shape == (6, 8 * 34)
+    assert np.array_equal(got, want)
