@@ -16,6 +16,8 @@ keys checked against tiny models of each architecture in tests/engine/test_gguf_
   factors, which llama.cpp stores as the tensors `rope_factors_long/short`;
 - llama, mistral, qwen2, qwen3, qwen3moe: linear rope scaling (`rope.scaling.type` and
   `.factor`); q/k/v and MLP biases by their tensors;
+- llama, mistral: Llama 3.x's `llama3` rope scaling, which llama.cpp keeps only as the
+  `rope_freqs` tensor of per-frequency divisors (`llama3_rope` finds its parameters);
 - every architecture: `pad_token_id` is the file's, or none (Phi-3's class default, 32000,
   lies outside smaller vocabularies).
 
@@ -92,11 +94,69 @@ def refusal(arch: str, meta: dict[str, Any]) -> str | None:
     return None
 
 
-_READ_HERE = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
+_READ_HERE = frozenset(
+    {"rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"}
+)
 """Tensors `fixed_config` reads into the config rather than the weights."""
-_IGNORED = frozenset({"rope_freqs.weight"})
-"""Tensors llama.cpp derives from the config (Llama 3's rope factors) and transformers
-skips; docs/models.md ("GGUF files") says what that costs."""
+_IGNORED: frozenset[str] = frozenset()
+"""Tensors of a file that neither the weights nor the config take."""
+
+
+def _llama3_factors(
+    base: float, dim: int, factor: float, low: float, high: float, original: int
+) -> list[float]:
+    """The per-frequency divisors llama.cpp's converter writes as `rope_freqs` for a
+    `llama3` rope scaling (convert_hf_to_gguf.py, LlamaModel.generate_extra_tensors): its
+    torch float32 arithmetic, step for step, in numpy float32 (Python numbers are weak
+    scalars in both)."""
+    import math
+
+    import numpy as np
+
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    out = []
+    for freq in freqs.astype(np.float32):
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32).tolist()
+
+
+def llama3_rope(reader: Any, base: float, dim: int) -> dict[str, Any] | None:
+    """The `llama3` rope scaling whose factors are the file's `rope_freqs` tensor (Llama
+    3.1 / 3.2 GGUFs carry no other trace of it), or None when the file has none. The
+    tensor holds the factors, not the parameters: they are found among the values Meta's
+    checkpoints use and the powers of two (factor = the largest divisor), and must give the
+    tensor to a few float32 ulps (torch's and numpy's `pow` may differ by one). ValueError
+    when nothing does."""
+    import numpy as np
+
+    tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if tensor is None:
+        return None
+    got = np.asarray(tensor.data, np.float32).reshape(-1).tolist()
+    factor = max(got)
+    for original in [8192] + [2**e for e in range(4, 21) if 2**e != 8192]:
+        for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0), (2.0, 4.0), (0.5, 4.0)):
+            want = _llama3_factors(base, dim, factor, low, high, original)
+            if len(want) == len(got) and np.allclose(want, got, rtol=1e-5, atol=0):
+                return {
+                    "rope_type": "llama3",
+                    "rope_theta": base,
+                    "factor": factor,
+                    "low_freq_factor": low,
+                    "high_freq_factor": high,
+                    "original_max_position_embeddings": original,
+                }
+    raise ValueError(
+        "its rope_freqs tensor is no llama3 rope scaling hearth can recover (factor "
+        f"{factor}; low/high frequency factors and original context not found)"
+    )
 
 
 def unplaced_tensors(reader: Any, arch: str, parameter_names: list[str]) -> list[str]:
@@ -151,6 +211,12 @@ def fixed_config(config: Any, arch: str, meta: dict[str, Any], reader: Any) -> A
     if arch == "qwen3moe":
         d["moe_intermediate_size"] = key("expert_feed_forward_length")
         d["norm_topk_prob"] = bool(key("expert_weights_norm", True))
+    if arch in ("llama", "mistral"):
+        heads = key("attention.head_count")
+        dim = key("rope.dimension_count") or key("embedding_length") // heads
+        base = float(key("rope.freq_base", 10000.0))
+        if (rope := llama3_rope(reader, base, dim)) is not None:
+            d["rope_parameters"] = rope
     if key("rope.scaling.type") == "linear" and arch not in ("gemma3", "phi3"):
         rope = {**(d.get("rope_parameters") or {}), "rope_type": "linear"}
         d["rope_parameters"] = {**rope, "factor": float(key("rope.scaling.factor"))}

@@ -200,7 +200,12 @@ def convert(gguf_path: Path, out_dir: Path, *, whole: bool | None = None) -> Non
     from transformers import AutoConfig, AutoTokenizer
 
     directory, name = str(gguf_path.parent), gguf_path.name
-    config = fixed_config(AutoConfig.from_pretrained(directory, gguf_file=name), arch, meta, reader)
+    try:
+        config = fixed_config(
+            AutoConfig.from_pretrained(directory, gguf_file=name), arch, meta, reader
+        )
+    except ValueError as exc:  # the file says something fixed_config can't take
+        raise ConversionRefused(f"{gguf_path.name} ({arch}): {exc}") from None
     if whole if whole is not None else arch in _LOADED_WHOLE:
         _convert_whole(gguf_path, reader, arch, config, out_dir)
     else:

@@ -98,7 +98,7 @@ def _metadata(w: Any, cfg: dict[str, Any], arch: str) -> None:
 
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(full["factor"])
-    elif rope_type not in ("default", "longrope"):
+    elif rope_type not in ("default", "longrope", "llama3"):  # llama3: `rope_freqs` (below)
         raise ValueError(f"rope type {rope_type!r} is not written by this helper")
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
@@ -120,6 +120,37 @@ def _metadata(w: Any, cfg: dict[str, Any], arch: str) -> None:
             scale = cfg["max_position_embeddings"] / orig
             attn = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
             w.add_rope_scaling_attn_factors(attn)
+
+
+def _llama3_rope_freqs(cfg: dict[str, Any], rope: dict[str, Any]) -> np.ndarray:
+    """llama.cpp's `LlamaModel.generate_extra_tensors`, line for line: Llama 3.x's rope
+    scaling as per-frequency divisors (the only trace of it the file keeps)."""
+    import math
+
+    import torch
+
+    base = rope.get("rope_theta", 10000.0)
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = rope.get("factor", 8.0)
+    low_freq_factor = rope.get("low_freq_factor", 1.0)
+    high_freq_factor = rope.get("high_freq_factor", 4.0)
+    old_context_len = rope.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    rope_factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            rope_factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            rope_factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor
+            )
+            rope_factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(rope_factors, dtype=torch.float32).numpy()
 
 
 def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
@@ -183,6 +214,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
     rope = cfg.get("rope_parameters") or {}
+    if arch == "llama" and rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg, rope))
     if arch == "phi3" and rope.get("rope_type") == "longrope":
         writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
         writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))

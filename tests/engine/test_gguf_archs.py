@@ -39,6 +39,7 @@ from tests.engine.gguf_writer import write_gguf
 from tests.engine.test_greedy_parity import _generate, assert_agrees_with_reference
 from tests.engine.tiny_models import (
     COMMON,
+    llama3_rope,
     llama_untied_bias,
     phi3_longrope,
     phi3_partial_sliding,
@@ -67,6 +68,7 @@ def _gemma3() -> PretrainedConfig:
 
 CASES: dict[str, Callable[[], PretrainedConfig]] = {
     "llama-untied-bias-headdim": llama_untied_bias,
+    "llama3-rope": llama3_rope,  # read back from the `rope_freqs` tensor
     "qwen2-qkv-bias": qwen2,
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True),
     "qwen3-linear-rope": lambda: Qwen3Config(
@@ -320,3 +322,35 @@ def test_an_architecture_without_a_conversion_is_refused_naming_the_served_ones(
     why = refusal("gpt-oss", {"general.architecture": "gpt-oss"})
     assert why is not None and why.startswith("GGUF architecture 'gpt-oss' is not converted")
     assert "served: gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3moe" in why
+
+
+@pytest.mark.parametrize(
+    ("factor", "theta", "dim"), [(8.0, 500000.0, 128), (32.0, 500000.0, 64), (8.0, 10000.0, 16)]
+)
+def test_llama3_rope_scaling_is_read_back_from_the_rope_freqs_tensor(
+    factor: float, theta: float, dim: int
+) -> None:
+    """Llama 3.1 (factor 8) and 3.2 (factor 32) as Meta ships them: the parameters that
+    llama.cpp's divisors came from, found again; divisors no llama3 scaling gives are
+    refused with the reason."""
+    from types import SimpleNamespace
+
+    from engine.gguf_arch import llama3_rope
+    from tests.engine.gguf_writer import _llama3_rope_freqs
+
+    rope = {
+        "rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+    }  # fmt: skip
+    freqs = _llama3_rope_freqs({"head_dim": dim}, rope)
+    reader = SimpleNamespace(tensors=[SimpleNamespace(name="rope_freqs.weight", data=freqs)])
+    assert llama3_rope(reader, theta, dim) == rope
+    assert llama3_rope(SimpleNamespace(tensors=[]), theta, dim) is None
+    bent = freqs.copy()
+    bent[len(bent) // 2] *= 1.01
+    with pytest.raises(ValueError, match="no llama3 rope scaling"):
+        llama3_rope(
+            SimpleNamespace(tensors=[SimpleNamespace(name="rope_freqs.weight", data=bent)]),
+            theta,
+            dim,
+        )
