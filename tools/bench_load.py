@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intermediate", type=int, default=5632)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("fields", nargs="*", help="EngineConfig fields, k=v (after --)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # fields after options, as the usage shows
     directory = Path(args.model)
     if args.make:
         make_model(directory, args.layers, args.hidden, args.intermediate, args.dtype)
