@@ -223,9 +223,9 @@ def choose_backends(
     use_kernel_ops(model, ops)
     table = ""
     if isinstance(source, GGUFSource):
-        table = "".join(f", {part}" for part in (gather_table_from_blocks(model, source),) if part)
-        if relaid := source.relayout.summary():
-            table = f", re-laid {relaid}{table}"
+        gathered = gather_table_from_blocks(model, source)  # before the summary: it counts
+        relaid = source.relayout.summary()
+        table = (f", re-laid {relaid}" if relaid else "") + (f", {gathered}" if gathered else "")
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     packed = [m.packed for m in model.modules() if isinstance(m, Linear) and m.packed is not None]
     nbytes = sum(p.nbytes for p in packed)
