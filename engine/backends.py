@@ -68,7 +68,7 @@ from engine.layers.gguf_linear import (
 )
 from engine.layers.half_weights import HalfWeights
 from engine.layers.kernel_ops import use_kernel_ops
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, non_linear_parameter_ids
 from engine.layers.moe import GROUPED_GEMM, FusedMoE, use_moe_method
 from engine.layers.q8_0_weights import QuantizedWeights
 from engine.model_loader import checkpoint_dtype
@@ -130,14 +130,22 @@ def linear_storage_dtype(
     or ``gguf-bf16`` on CPU); None (the model's `dtype`) otherwise. What ends up dense is
     widened back once the backends are chosen (`widen_dense_weights`,
     engine/layers/weight_storage.py)."""
-    asked = config.quantization
-    if device.type != "cpu" or dtype != torch.float32:
-        return None
-    if asked not in ("auto", "gguf", "gguf-bf16") or (asked == "auto" and config.dtype != "auto"):
+    if not _packs_on_cpu(config, dtype, device, ("auto", "gguf", "gguf-bf16")):
         return None
     if gguf_source(model_dir) is not None:
         return None
     return _HELD_KINDS.get(checkpoint_dtype(model_dir) or "")
+
+
+def _packs_on_cpu(
+    config: EngineConfig, dtype: torch.dtype, device: torch.device, modes: tuple[str, ...]
+) -> bool:
+    """Whether `config` asks for one of the CPU packing `modes` for a float32 CPU model
+    (``auto`` counts only with ``--dtype auto``: a dtype asked for means the exact mode)."""
+    asked = config.quantization
+    if device.type != "cpu" or dtype != torch.float32 or asked not in modes:
+        return False
+    return asked != "auto" or config.dtype == "auto"
 
 
 def defer_gguf_linears(
@@ -146,14 +154,8 @@ def defer_gguf_linears(
     """Whether to leave linear weights unread while loading (`load_model`'s
     `defer_linears`): a GGUF model on CPU under a GGUF mode, whose blocks will replace
     them. What is not packed after all is read in `choose_backends`."""
-    asked = config.quantization
-    if device.type != "cpu" or dtype != torch.float32:
-        return False
-    if asked not in ("auto", "gguf", "gguf-bf16", "gguf-int8"):
-        return False
-    if asked == "auto" and config.dtype != "auto":
-        return False
-    return gguf_source(model_dir) is not None
+    gguf_modes = ("auto", "gguf", "gguf-bf16", "gguf-int8")
+    return _packs_on_cpu(config, dtype, device, gguf_modes) and gguf_source(model_dir) is not None
 
 
 def read_deferred_weights(model: nn.Module, say: Callable[[str], None]) -> None:
@@ -335,9 +337,7 @@ def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[st
     """Give every linear the file can feed the GGUF method and free its dense copy (a
     weight shared with the token embedding stays: token lookup reads it). Returns how
     many weights of each block kind were packed."""
-    shared = {
-        id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(False)
-    }
+    shared = non_linear_parameter_ids(model)
     kinds: dict[str, int] = {}
     deferred = getattr(model, "deferred_weights", None)
     for module in model.modules():

@@ -98,8 +98,6 @@ _READ_HERE = frozenset(
     {"rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"}
 )
 """Tensors `fixed_config` reads into the config rather than the weights."""
-_IGNORED: frozenset[str] = frozenset()
-"""Tensors of a file that neither the weights nor the config take."""
 
 
 def _llama3_factors(
@@ -181,7 +179,7 @@ def unplaced_tensors(reader: Any, arch: str, parameter_names: list[str]) -> list
             base, suffix = name, "weight"
         if (mapped := name_map.get_name(base)) is not None:
             placed.add(f"{mapped}.{suffix}")
-    return sorted(t.name for t in reader.tensors if t.name not in placed | _READ_HERE | _IGNORED)
+    return sorted(t.name for t in reader.tensors if t.name not in placed | _READ_HERE)
 
 
 def _factor_tensors(reader: Any) -> dict[str, list[float]]:

@@ -78,16 +78,15 @@ def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out
     mapping = get_gguf_hf_weights_map(model, processor)
     expected = dict(model.named_parameters())
     out_dir.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, np.ndarray]] = [{}]
+    shard: dict[str, np.ndarray] = {}  # the shard being filled, number `count + 1`
     written: dict[str, int] = {}  # checkpoint name -> shard number
-    pending = 0
+    count = 0
 
     def flush() -> None:
-        nonlocal pending
-        save_file(shards[-1], str(out_dir / f"shard-{len(shards)}.tmp"), metadata={"format": "pt"})
-        shards[-1] = {}
-        shards.append({})
-        pending = 0
+        nonlocal count
+        count += 1
+        save_file(shard, str(out_dir / f"shard-{count}.tmp"), metadata={"format": "pt"})
+        shard.clear()
 
     for tensor in reader.tensors:
         result = processor.process(
@@ -105,15 +104,13 @@ def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out
                 f"{gguf_path.name} ({arch}): tensor {tensor.name} is {list(weights.shape)}, "
                 f"{type(model).__name__}'s {hf_name} is {list(expected[hf_name].shape)}"
             )
-        if pending and pending + weights.nbytes > _SHARD_BYTES:
+        if shard and sum(a.nbytes for a in shard.values()) + weights.nbytes > _SHARD_BYTES:
             flush()
-        shards[-1][hf_name] = weights
-        written[hf_name] = len(shards)
-        pending += weights.nbytes
+        shard[hf_name] = weights
+        written[hf_name] = count + 1
     _unplaced_or_missing(gguf_path, arch, reader, model, set(written))
-    if shards[-1] or len(shards) == 1:
+    if shard or count == 0:
         flush()
-    count = len(shards) - 1
     names = {i: f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)}
     if count == 1:
         names[1] = "model.safetensors"

@@ -147,6 +147,7 @@ def load_model(
             from engine.layers.weight_storage import hold_weights_in
 
             held = hold_weights_in(model, linear_dtype)
+        unread: set[str] = set()
         if defer_linears:
             from engine.layers.deferred_weights import DeferredWeights
             from engine.models.weights import weight_targets
@@ -154,12 +155,12 @@ def load_model(
             deferred = DeferredWeights(_safetensors_files(Path(model_dir)), model)
             model.deferred_weights = deferred
             unread = {n for n, (p, _, _) in weight_targets(model).items() if deferred.wants(p)}
-        model.load_weights(iter_safetensors(model_dir, unread if defer_linears else ()))
+        model.load_weights(iter_safetensors(model_dir, unread))
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     held_in = f", {held} weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""
-    if deferred := len(getattr(model, "deferred_weights", ())):
-        held_in += f", {deferred} linear weights left for the GGUF's blocks"
+    if unread:
+        held_in += f", {len(unread)} linear weights left for the GGUF's blocks"
     say(
         f"loaded {model_cls.__name__} ({n_params / 1e6:.1f} M params, {dtype}{held_in}, {device}) "
         f"from {model_dir} in {time.monotonic() - start:.2f} s"

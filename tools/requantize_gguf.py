@@ -15,10 +15,25 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tools.kquants import quantize, tensor_type
+
+
+def copy_metadata(reader: Any, writer: Any, drop: tuple[str, ...] = ()) -> None:
+    """Every metadata key of a `gguf.GGUFReader` into a `gguf.GGUFWriter` of the same
+    architecture, but `drop` and those the writer writes itself (the architecture, the
+    reader's own `GGUF.*` fields)."""
+    import gguf
+
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in (gguf.Keys.General.ARCHITECTURE, *drop):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
 
 
 def requantize(src: Path, out: Path, qtype: str) -> Counter[str]:
@@ -30,15 +45,7 @@ def requantize(src: Path, out: Path, qtype: str) -> Counter[str]:
     arch = str(reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
     n_layers = int(reader.fields[f"{arch}.block_count"].contents())
     writer = gguf.GGUFWriter(str(out), arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in (
-            gguf.Keys.General.ARCHITECTURE,
-            gguf.Keys.General.FILE_TYPE,
-        ):
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    copy_metadata(reader, writer, drop=(gguf.Keys.General.FILE_TYPE,))
     file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}", gguf.LlamaFileType.GUESSED)
     writer.add_file_type(file_type)
     counts: Counter[str] = Counter()

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, non_linear_parameter_ids
 
 __all__ = ["DeferredWeights", "sample_rows"]
 
@@ -47,9 +47,7 @@ class DeferredWeights:
     def __init__(self, files: list[Path], model: nn.Module) -> None:
         self.files = files
         """The checkpoint's safetensors files."""
-        shared = {  # a tied head's weight is the token table, which lookups read
-            id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(False)
-        }
+        shared = non_linear_parameter_ids(model)
         self._linear_weights = {
             id(m.weight)
             for m in model.modules()

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels.cpu import ops
 
@@ -40,8 +41,9 @@ __all__ = ["KERNEL_KINDS", "Relayout", "as_q8_0", "relaid_parts", "relaid_rows"]
 KERNEL_KINDS = ("q4_1", "q8_0", "f16", "bf16")
 """Stored formats the kernels read as they are (`kernels/cpu/ops.py` `KIND_CODES`)."""
 
-_Q4_1_BYTES = 20
-_Q4_0_BYTES = 18
+_Q4_0_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_0][1]
+_Q4_1_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1][1]
+_Q8_0_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][1]
 
 
 def _q4_0_as_q4_1(raw: np.ndarray) -> np.ndarray:
@@ -69,8 +71,6 @@ integer `x` within int8: a Q8_0 block with the same `d` holds them exactly."""
 def as_q8_0(kind: str, raw: np.ndarray) -> np.ndarray:
     """Rows of any format gguf-py dequantizes → Q8_0 rows: exactly for `_EXACT_Q8_0`
     (x = value / d, exact in float32), else by gguf-py's own Q8_0 quantizer."""
-    from gguf import GGMLQuantizationType
-    from gguf.constants import GGML_QUANT_SIZES
     from gguf.quants import dequantize
 
     if kind in _C_REQUANT:
@@ -88,7 +88,7 @@ def as_q8_0(kind: str, raw: np.ndarray) -> np.ndarray:
         out=np.zeros((rows, blocks.shape[1], 32), np.float32),
         where=d != 0,
     )
-    out = np.empty((rows, blocks.shape[1], 34), np.uint8)
+    out = np.empty((rows, blocks.shape[1], _Q8_0_BYTES), np.uint8)
     out[..., 0:2] = blocks[..., 0:2]
     out[..., 2:] = np.rint(x).astype(np.int8).view(np.uint8)
     return out.reshape(rows, -1)

@@ -117,3 +117,11 @@ class Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, method={self.method.name}"
+
+
+def non_linear_parameter_ids(model: nn.Module) -> set[int]:
+    """Ids of the parameters some module other than a `Linear` owns: a tied LM head's weight
+    is the token table, which lookups read, so packing must not free it nor loading skip it."""
+    return {
+        id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(False)
+    }

@@ -1429,9 +1429,7 @@ void hearth_embedding(const int64_t *ids, int64_t t, const void *table, int64_t 
         if (kind == EMBED_Q8_0) {
             const uint8_t *row = (const uint8_t *)table + ids[r] * (h / Q4_BLOCK) * 34;
             for (int64_t b = 0; b < h / Q4_BLOCK; b++, row += 34) {
-                uint16_t dbits;
-                memcpy(&dbits, row, sizeof dbits);
-                const float d = _cvtsh_ss(dbits);
+                const float d = f16_at(row);
                 const int8_t *q = (const int8_t *)(row + 2);
                 for (int j = 0; j < Q4_BLOCK; j++) o[b * Q4_BLOCK + j] = d * (float)q[j];
             }

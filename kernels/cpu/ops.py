@@ -176,18 +176,18 @@ def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> P
     return PackedWeight(kind, n, k, out, bias)
 
 
+_K_QUANTS = {"q4_k": (4, 144), "q5_k": (5, 176), "q6_k": (6, 210)}
+"""K-quants the C library reads: its kind code, bytes per 256 columns."""
+
+
 def relay_q4_k(raw: np.ndarray) -> np.ndarray | None:
     """Q4_K rows (uint8 ``[rows, k / 256 * 144]``) as Q4_1 rows (``[rows, k / 32 * 20]``):
     the same nibbles, scale ``d·sc`` and offset ``-dmin·m`` rounded to float16; None
     when one of those is past float16's range."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    blocks = raw.size // 144
-    out = np.empty((raw.shape[0], raw.shape[1] // 144 * 8 * 20), dtype=np.uint8)
-    return None if library().hearth_relay_q4_k(_p(raw), blocks, _p(out)) else out
-
-
-_K_QUANTS = {"q4_k": (4, 144), "q5_k": (5, 176), "q6_k": (6, 210)}
-"""K-quants the C library requantizes: its kind code, bytes per 256 columns."""
+    size = _K_QUANTS["q4_k"][1]
+    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q4_1"]), np.uint8)
+    return None if library().hearth_relay_q4_k(_p(raw), raw.size // size, _p(out)) else out
 
 
 def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:
@@ -195,7 +195,7 @@ def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:
     Q8_0 quantization, without the float32 tensor in between."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     code, size = _K_QUANTS[kind]
-    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * 34), dtype=np.uint8)
+    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q8_0"]), np.uint8)
     library().hearth_requant_k_q8_0(code, _p(raw), raw.size // size, _p(out))
     return out
 
@@ -203,7 +203,9 @@ def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:
 def quantize_q8_0(values: np.ndarray) -> np.ndarray:
     """float32 ``[rows, k]`` as Q8_0 rows, bit for bit gguf-py's (ggml's reference) quantizer."""
     values = np.ascontiguousarray(values, dtype=np.float32)
-    out = np.empty((values.shape[0], values.shape[1] // QBLOCK * 34), dtype=np.uint8)
+    out = np.empty(
+        (values.shape[0], values.shape[1] // QBLOCK * _RAW_BLOCK_BYTES["q8_0"]), np.uint8
+    )
     library().hearth_quantize_q8_0(_p(values), values.size // QBLOCK, _p(out))
     return out
 

@@ -171,17 +171,13 @@ def test_a_tensor_of_the_wrong_shape_is_refused_while_streaming(tmp_path: Path) 
     import gguf
 
     from engine.gguf_convert import ConversionRefused
+    from tools.requantize_gguf import copy_metadata
 
     _save(CASES["qwen3"](), tmp_path / "hf")
     path = write_gguf(tmp_path / "hf", tmp_path / "good.gguf")
     reader = gguf.GGUFReader(str(path))
     writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "qwen3")
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    copy_metadata(reader, writer)
     for tensor in reader.tensors:
         data = np.asarray(tensor.data)
         if tensor.name == "token_embd.weight":
