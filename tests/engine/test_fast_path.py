@@ -14,12 +14,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from tests.engine.test_greedy_parity import (  # noqa: F401
-    _generate,
-    assert_agrees_with_reference,
-    prompts,
-    reference,
-)
+from tests.engine.test_greedy_parity import _generate, assert_agrees_with_reference
 
 pytestmark = [pytest.mark.slow]
 ops = pytest.importorskip("kernels.cpu.ops")
@@ -106,7 +101,7 @@ def test_the_token_table_is_gathered_from_the_files_q8_0_rows(fast_core, model_s
     assert torch.equal(fast_core.model.model.embed_tokens(ids), dense[ids])
 
 
-def test_outputs_do_not_depend_on_load(fast_core, model_smollm2_dir, prompts) -> None:  # noqa: F811
+def test_outputs_do_not_depend_on_load(fast_core, model_smollm2_dir, prompts) -> None:
     alone = _generate(fast_core, prompts, "alone", at_once=False)
     batched = _generate(fast_core, prompts, "batched", at_once=True)
     chunked_core = _fast_core(
@@ -117,7 +112,7 @@ def test_outputs_do_not_depend_on_load(fast_core, model_smollm2_dir, prompts) ->
     assert alone == chunked
 
 
-def test_greedy_agrees_with_transformers(fast_core, prompts, reference) -> None:  # noqa: F811
+def test_greedy_agrees_with_transformers(fast_core, prompts, reference) -> None:
     got = _generate(fast_core, prompts, "ref", at_once=True)
     assert_agrees_with_reference(got, reference)
 
@@ -125,8 +120,8 @@ def test_greedy_agrees_with_transformers(fast_core, prompts, reference) -> None:
 def test_auto_keeps_float16_keys_and_int8_values_and_stays_batch_invariant(
     fast_core,
     model_smollm2_dir,
-    prompts,  # noqa: F811
-    reference,  # noqa: F811
+    prompts,
+    reference,
 ) -> None:
     """Where ``--quantization auto`` picks ``gguf`` (hosts without a bfloat16 kernel; here
     forced with ``--cpu-isa avx2`` where the host has one), its KV cache is float16 keys /

@@ -10,63 +10,9 @@ from engine.config import EngineConfig
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
+from tests.engine.greedy_cases import NEW_TOKENS, SYSTEM
 
 pytestmark = pytest.mark.slow
-
-NEW_TOKENS = 24
-SYSTEM = "You are a meticulous assistant who answers in one short paragraph. " * 6
-
-CHATS: list[list[dict[str, str]]] = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "user", "content": "Hi"}],
-    [{"role": "user", "content": "Write a haiku about the sea."}],
-    [{"role": "user", "content": "Quelle est la capitale de l'Allemagne ? Réponds en français."}],
-    [{"role": "user", "content": "请用中文介绍一下长城。"}],
-    [{"role": "user", "content": "Translate to Spanish: the cat sleeps on the warm windowsill 🐈"}],
-    [
-        {"role": "user", "content": "My name is Ada."},
-        {"role": "assistant", "content": "Nice to meet you, Ada! How can I help?"},
-        {"role": "user", "content": "What is my name, and what is 12 times 12?"},
-    ],
-    [{"role": "user", "content": "def fib(n):\n    # complete this Python function\n"}],
-    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Why is the sky blue?"}],
-    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Why do cats purr?"}],
-    [
-        {
-            "role": "user",
-            "content": " ".join(f"Item {i}: a line of a long list." for i in range(60))
-            + "\nSummarise the list above.",
-        }
-    ],
-]
-
-
-@pytest.fixture(scope="module")
-def prompts(model_smollm2_dir: str) -> list[list[int]]:
-    tok = Tokenizer(model_smollm2_dir)
-    return [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in CHATS]
-
-
-@pytest.fixture(scope="module")
-def reference(model_smollm2_dir: str, prompts: list[list[int]]) -> list[list[int]]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_smollm2_dir, dtype=torch.float32)
-    model.eval()
-    outs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            y = model.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                pad_token_id=2,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
 
 
 def _generate(

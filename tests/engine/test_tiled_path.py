@@ -15,12 +15,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
-from tests.engine.test_greedy_parity import (  # noqa: F401
-    _generate,
-    assert_agrees_with_reference,
-    prompts,
-    reference,
-)
+from tests.engine.test_greedy_parity import _generate, assert_agrees_with_reference
 
 pytestmark = [pytest.mark.slow]
 ops = pytest.importorskip("kernels.cpu.ops")
@@ -92,7 +87,7 @@ def test_a_lower_isa_without_bfloat16_refuses_the_mode_naming_the_flag(model_smo
     assert not fallback.backends.tiled_linears and fallback.max_prefill_chunk == 512
 
 
-def test_greedy_agrees_with_transformers(tiled_core, prompts, reference) -> None:  # noqa: F811
+def test_greedy_agrees_with_transformers(tiled_core, prompts, reference) -> None:
     """bfloat16 operands move logits by ~1e-3: a near-tie may flip, as in the float32
     mode's test, and everything after a flip differs. Same allowance: one prompt of 11."""
     got = _generate(tiled_core, prompts, "tiled", at_once=True)
@@ -101,7 +96,7 @@ def test_greedy_agrees_with_transformers(tiled_core, prompts, reference) -> None
 
 def test_outputs_do_not_change_with_load_on_one_side_of_the_threshold(
     tiled_core,
-    prompts,  # noqa: F811
+    prompts,
 ) -> None:
     """Every prompt here is 16 tokens or longer and all fit one step, so its prefill runs on
     the tiles and its attention on the bfloat16 kernel, alone or batched; fewer sequences
@@ -148,7 +143,7 @@ def test_the_tiles_keep_float16_keys_and_int8_values_by_default_and_gguf_float32
 def test_a_long_prompt_attends_on_bfloat16_and_agrees_with_the_float32_mode(
     tiled_core,
     model_smollm2_dir: str,
-    prompts,  # noqa: F811
+    prompts,
 ) -> None:
     """A 300-token prompt (the chats back to back) is prefilled with its attention on the
     bfloat16 kernel (every chunk is a run of 16+ tokens). Its prompt logprobs against the
@@ -188,7 +183,7 @@ def test_a_long_prompt_attends_on_bfloat16_and_agrees_with_the_float32_mode(
 def test_an_int8_kv_cache_holds_more_tokens_and_scores_close_to_float16(
     tiled_core,
     model_smollm2_dir: str,
-    prompts,  # noqa: F811
+    prompts,
 ) -> None:
     """``--kv-cache-dtype int8`` (opt-in: it misses the top-1 quality bar, docs/performance.md)
     fits 1.88x the tokens of float16 in the same bytes (64 int8 + a 4-byte scale per row

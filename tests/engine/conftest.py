@@ -1,0 +1,38 @@
+"""Fixtures the engine tests share: the greedy reference is transformers' `generate` on
+SmolLM2 (~18 s on a 2-vCPU host), computed once per session for the exact, fast and tiled
+paths' tests alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.tokenizer import Tokenizer
+from tests.engine.greedy_cases import CHATS, NEW_TOKENS
+
+
+@pytest.fixture(scope="session")
+def prompts(model_smollm2_dir: str) -> list[list[int]]:
+    tok = Tokenizer(model_smollm2_dir)
+    return [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in CHATS]
+
+
+@pytest.fixture(scope="session")
+def reference(model_smollm2_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_smollm2_dir, dtype=torch.float32)
+    model.eval()
+    outs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                pad_token_id=2,
+            )
+            outs.append(y[0, len(ids) :].tolist())
+    return outs
