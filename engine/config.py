@@ -178,7 +178,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     """What the serving layer needs to know about the loaded model, resolved by the engine."""
 
     model_dir: str
-    """Plain HF directory (config, tokenizer, safetensors) the engine loaded; tokenizer lives here."""
+    """HF directory the engine loaded (config, tokenizer, and safetensors or a converted GGUF's
+    `WEIGHTS_IN_GGUF`); the tokenizer lives here."""
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int]

@@ -1,4 +1,5 @@
-"""Dequantize a GGUF file into a plain Hugging Face directory: the conversion child.
+"""Convert a GGUF file into a Hugging Face directory (config, tokenizer, and when asked the
+weights dequantized): the conversion child.
 
 Only the child process that `engine.model_resolver` starts (a fresh interpreter) imports
 this module, so the heavy modelling imports (torch, transformers) and the ~1 GB peak of
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -56,27 +58,16 @@ def _unplaced_or_missing(
 def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out_dir: Path) -> None:
     """Dequantize the file tensor by tensor into safetensors shards of `_SHARD_BYTES`:
     the same names and values as transformers' loader gives (its own tensor processor
-    and name map, float32), without ever holding the model. transformers' loader keeps
-    every dequantized tensor and then the model, ~2x the float32 model at peak (a 3 B
-    GGUF would need ~26 GB to convert); this needs one shard and one tensor."""
+    and name map, float32: `engine.gguf_checkpoint`), without ever holding the model.
+    transformers' loader keeps every dequantized tensor and then the model, ~2x the
+    float32 model at peak (a 3 B GGUF would need ~26 GB to convert); this needs one shard
+    and one tensor."""
     import json
 
     import numpy as np
-    import torch
-    from gguf import dequantize
     from safetensors.numpy import save_file
-    from transformers import AutoModelForCausalLM, GenerationConfig
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-    )
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
-    mapping = get_gguf_hf_weights_map(model, processor)
-    expected = dict(model.named_parameters())
+    checkpoint, model = _checkpoint(gguf_path, config, arch)
     out_dir.mkdir(parents=True, exist_ok=True)
     shard: dict[str, np.ndarray] = {}  # the shard being filled, number `count + 1`
     written: dict[str, int] = {}  # checkpoint name -> shard number
@@ -88,22 +79,8 @@ def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out
         save_file(shard, str(out_dir / f"shard-{count}.tmp"), metadata={"format": "pt"})
         shard.clear()
 
-    for tensor in reader.tensors:
-        result = processor.process(
-            weights=dequantize(tensor.data, tensor.tensor_type),
-            name=tensor.name,
-            tensor_key_mapping=mapping,
-            parsed_parameters={"tensors": {}},
-        )
-        hf_name = mapping.get(result.name) if result.name is not None else None
-        if hf_name is None or hf_name not in expected:
-            continue
-        weights = np.ascontiguousarray(result.weights, dtype=np.float32)
-        if tuple(weights.shape) != tuple(expected[hf_name].shape):
-            raise ConversionRefused(
-                f"{gguf_path.name} ({arch}): tensor {tensor.name} is {list(weights.shape)}, "
-                f"{type(model).__name__}'s {hf_name} is {list(expected[hf_name].shape)}"
-            )
+    for hf_name, tensor in _tensors(checkpoint):
+        weights = tensor.numpy()
         if shard and sum(a.nbytes for a in shard.values()) + weights.nbytes > _SHARD_BYTES:
             flush()
         shard[hf_name] = weights
@@ -119,6 +96,48 @@ def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out
     if count > 1:
         index = {"metadata": {}, "weight_map": {n: names[i] for n, i in sorted(written.items())}}
         (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    _save_config(config, model, out_dir)
+
+
+def _convert_in_place(gguf_path: Path, reader: Any, arch: str, config: Any, out_dir: Path) -> None:
+    """Write the config and a `WEIGHTS_IN_GGUF` marker only: the engine reads the weights
+    from the file itself (`engine.gguf_checkpoint`). Every tensor is still checked here,
+    once — placed, of the right shape, none missing — without dequantizing a matrix whose
+    row order is known (`GGUFCheckpoint.tensors` with every matrix unread)."""
+    checkpoint, model = _checkpoint(gguf_path, config, arch)
+    matrices = {n for n, shape in checkpoint.expected.items() if len(shape) == 2}
+    written = {name for name, _ in _tensors(checkpoint, matrices)}
+    _unplaced_or_missing(gguf_path, arch, reader, model, written)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint.layout.save(out_dir)
+    _save_config(config, model, out_dir)
+
+
+def _checkpoint(gguf_path: Path, config: Any, arch: str) -> tuple[Any, Any]:
+    """The file read as transformers' checkpoint for `config`, and transformers' model for
+    it on the meta device."""
+    from engine.gguf_checkpoint import GGUFCheckpoint, GGUFLayout
+    from engine.layers.gguf_linear import GGUFSource
+
+    source = GGUFSource(gguf_path)
+    layout, model = GGUFLayout.of_config(config, arch, source)
+    return GGUFCheckpoint(gguf_path, layout, source), model
+
+
+def _tensors(checkpoint: Any, unread: set[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """`checkpoint.tensors(unread)`, a tensor of the wrong shape refused by name."""
+    from engine.gguf_checkpoint import WrongShapeError
+
+    try:
+        yield from checkpoint.tensors(unread or ())
+    except WrongShapeError as exc:
+        raise ConversionRefused(str(exc)) from None
+
+
+def _save_config(config: Any, model: Any, out_dir: Path) -> None:
+    import torch
+    from transformers import GenerationConfig
+
     config.dtype = torch.float32
     config.architectures = [type(model).__name__]
     config.save_pretrained(out_dir)
@@ -153,7 +172,9 @@ def _memoize_gguf_parsing(gguf: ModuleType) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Child-process entry point: dequantize GGUF `argv[0]` into HF directory `argv[1]`.
+    """Child-process entry point: convert GGUF `argv[0]` into directory `argv[1]`; with
+    `--weights` after them, every weight dequantized into safetensors (a plain HF
+    checkpoint), else config and tokenizer only (the engine reads the weights from the file).
 
     A file that cannot be read, or that `engine.gguf_arch.refusal` refuses, exits with
     code 2 and one line on stderr, before torch is imported.
@@ -162,21 +183,26 @@ def main(argv: list[str]) -> None:
 
     _memoize_gguf_parsing(gguf)
     try:
-        convert(Path(argv[0]), Path(argv[1]))
+        convert(Path(argv[0]), Path(argv[1]), weights="--weights" in argv[2:])
     except ConversionRefused as exc:
         print(str(exc), file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def convert(gguf_path: Path, out_dir: Path, *, whole: bool | None = None) -> None:
-    """Dequantize `gguf_path` into a plain HF directory `out_dir`, with the config fields
-    transformers' loader misses read from the file (`engine.gguf_arch.fixed_config`).
+def convert(
+    gguf_path: Path, out_dir: Path, *, whole: bool | None = None, weights: bool = True
+) -> None:
+    """Convert `gguf_path` into an HF directory `out_dir`: its config (with the fields
+    transformers' loader misses read from the file: `engine.gguf_arch.fixed_config`) and
+    tokenizer, and with `weights` every tensor dequantized to float32 (exact for the
+    quantized formats) into safetensors.
 
-    Every tensor is dequantized to float32 (exact for the quantized formats); the engine
-    casts to its serving dtype on load. Dense architectures stream, tensor by tensor
-    (`_convert_streaming`); `_LOADED_WHOLE` ones (or `whole=True`: the tests' reference)
-    go through transformers' whole-model loader. A model with a parameter the file did
-    not provide is refused, never saved half random.
+    Without `weights` a dense architecture's directory holds no weights: the engine reads
+    them from the file (`_convert_in_place`, `engine.gguf_checkpoint`). With them, dense
+    architectures stream, tensor by tensor (`_convert_streaming`); `_LOADED_WHOLE` ones
+    (or `whole=True`: the tests' reference) go through transformers' whole-model loader,
+    and always write their weights. A model with a parameter the file did not provide is
+    refused, never saved half random.
     """
     # Parse the file first (gguf + numpy only): a broken file or an architecture we
     # cannot serve fails here, before the torch import. Under `main` the parse is
@@ -205,8 +231,10 @@ def convert(gguf_path: Path, out_dir: Path, *, whole: bool | None = None) -> Non
         raise ConversionRefused(f"{gguf_path.name} ({arch}): {exc}") from None
     if whole if whole is not None else arch in _LOADED_WHOLE:
         _convert_whole(gguf_path, reader, arch, config, out_dir)
-    else:
+    elif weights:
         _convert_streaming(gguf_path, reader, arch, config, out_dir)
+    else:
+        _convert_in_place(gguf_path, reader, arch, config, out_dir)
     AutoTokenizer.from_pretrained(directory, gguf_file=name).save_pretrained(out_dir)
 
 

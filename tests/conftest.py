@@ -20,7 +20,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def model_smollm2_dir() -> str:
-    """The embedded SmolLM2-135M-Instruct as a plain HF directory.
+    """The embedded SmolLM2-135M-Instruct as `hearth serve` resolves it: config and tokenizer,
+    the weights read from the GGUF file (`engine.gguf_checkpoint`).
 
     Converted once into the cache `hearth serve` uses in this environment (--cache-dir's
     `$HEARTH_CACHE_DIR`, or ~/.cache/hearth/models), so later runs, and the server tests,
@@ -29,3 +30,13 @@ def model_smollm2_dir() -> str:
     from engine.model_resolver import resolve_model_dir
 
     return resolve_model_dir(None, os.environ.get("HEARTH_CACHE_DIR") or None)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_dir() -> str:
+    """The embedded SmolLM2 converted with its weights dequantized into safetensors: the
+    plain checkpoint transformers, PEFT and sentence-transformers load for the references
+    (`model_smollm2_dir`, what `hearth serve` uses, leaves the weights in the GGUF file)."""
+    from engine.model_resolver import resolve_model_dir
+
+    return resolve_model_dir(None, os.environ.get("HEARTH_CACHE_DIR") or None, weights=True)

@@ -1,21 +1,21 @@
 """Linear weights that a GGUF file's blocks will replace, left unread while loading.
 
-A GGUF model is served from a converted directory that holds every weight in float32 (4
-bytes each), while the fast path computes from the file's own blocks (about 0.6 bytes).
-Loading the float32 linears only to free them once packed made the start-up peak a whole
-float32 model: 32 GB for an 8 B GGUF, more than a 24 GiB host has. With deferral the
-loader copies into each linear weight only the rows the GGUF source compares with the
-file (`sample_rows`, engine/layers/gguf_linear.py); the rest of the fresh allocation is
-never written, and untouched pages cost no memory. Whatever is not packed in the end (a
-layer the file can't feed, the exact-mode fallback, a method that reads the dense weight
-to pack) is read from the checkpoint in full before anything uses it (`fill`,
-`fill_unpacked`).
+A GGUF model's checkpoint holds every weight in float32 (4 bytes each: dequantized from
+the file, `engine/gguf_checkpoint.py`, or a converted directory's safetensors), while the
+fast path computes from the file's own blocks (about 0.6 bytes). Loading the float32
+linears only to free them once packed made the start-up peak a whole float32 model: 32 GB
+for an 8 B GGUF, more than a 24 GiB host has. With deferral the loader copies into each
+linear weight only the rows the GGUF source compares with the file (`sample_rows`,
+engine/layers/gguf_linear.py); the rest of the fresh allocation is never written, and
+untouched pages cost no memory. Whatever is not packed in the end (a layer the file can't
+feed, the exact-mode fallback, a method that reads the dense weight to pack) is read from
+the checkpoint in full before anything uses it (`fill`, `fill_unpacked`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -44,9 +44,9 @@ class DeferredWeights:
     """The linear-weight slices a load left unread (`load_checkpoint` records them), and
     how to read them when they are needed after all."""
 
-    def __init__(self, files: list[Path], model: nn.Module) -> None:
-        self.files = files
-        """The checkpoint's safetensors files."""
+    def __init__(self, read: Callable[[str], torch.Tensor], model: nn.Module) -> None:
+        self.read = read
+        """The whole checkpoint tensor of a name."""
         shared = non_linear_parameter_ids(model)
         self._linear_weights = {
             id(m.weight)
@@ -54,7 +54,6 @@ class DeferredWeights:
             if isinstance(m, Linear) and m.weight.dim() == 2 and id(m.weight) not in shared
         }
         self._pending: list[_Deferred] = []
-        self._files: dict[str, Path] | None = None
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -71,7 +70,8 @@ class DeferredWeights:
         length: int | None,
         tensor: torch.Tensor,
     ) -> None:
-        """Leave `tensor` (a `engine.model_loader.CheckpointRows`, or a tensor) unread
+        """Leave `tensor` (`engine.model_loader.CheckpointRows`,
+        `engine.gguf_checkpoint.GGUFRows`, or a tensor) unread
         into `param` (rows `start : start + length`, or all) but for its `sample_rows`."""
         dst = param if start is None else param.narrow(0, start, length)
         rows = sample_rows(tensor.shape[0])
@@ -80,16 +80,12 @@ class DeferredWeights:
 
     def fill(self, param: torch.Tensor) -> int:
         """Read every deferred slice of `param` from the checkpoint; returns how many."""
-        from safetensors import safe_open
-
         mine = [d for d in self._pending if d.param is param]
         if not mine:
             return 0
-        files = self._file_of()
         with torch.no_grad():
             for d in mine:
-                with safe_open(str(files[d.name]), framework="pt", device="cpu") as f:
-                    tensor = f.get_tensor(d.name)
+                tensor = self.read(d.name)
                 dst = d.param if d.start is None else d.param.narrow(0, d.start, d.length)
                 dst.copy_(tensor)
         self._pending = [d for d in self._pending if d.param is not param]
@@ -104,13 +100,3 @@ class DeferredWeights:
                 filled += self.fill(module.weight)
         self._pending.clear()
         return filled
-
-    def _file_of(self) -> dict[str, Path]:
-        if self._files is None:
-            from safetensors import safe_open
-
-            self._files = {}
-            for file in self.files:
-                with safe_open(str(file), framework="pt", device="cpu") as f:
-                    self._files.update(dict.fromkeys(f.keys(), file))
-        return self._files

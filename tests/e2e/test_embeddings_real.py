@@ -52,12 +52,12 @@ def tokenizer(model_smollm2_dir: str) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def reference(model_smollm2_dir: str, tokenizer: Tokenizer) -> np.ndarray:
+def reference(smollm2_hf_dir: str, tokenizer: Tokenizer) -> np.ndarray:
     """transformers (float32): the final-norm hidden state of each text's last token."""
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(model_smollm2_dir, dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(smollm2_hf_dir, dtype=torch.float32).eval()
     rows = []
     with torch.inference_mode():
         for text in TEXTS:
@@ -175,7 +175,7 @@ def test_embeddings_beside_generation_change_no_token(invariant_server: Server) 
 
 
 def test_vllm_extras_on_the_real_server(
-    invariant_server: Server, batch: Any, model_smollm2_dir: str, tokenizer: Tokenizer
+    invariant_server: Server, batch: Any, smollm2_hf_dir: str, tokenizer: Tokenizer
 ) -> None:
     """vLLM's embedding extras: `messages` embeds the rendered conversation (equal to
     embedding its /tokenize ids), `use_activation: false` returns transformers' raw
@@ -198,7 +198,7 @@ def test_vllm_extras_on_the_real_server(
 
     raw = httpx.post(url + "/v1/embeddings", json={"model": MODEL, "input": TEXTS[:2],
                      "use_activation": False}, timeout=TIMEOUT).json()  # fmt: skip
-    model = AutoModel.from_pretrained(model_smollm2_dir, dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(smollm2_hf_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
         expected = np.stack([
             model(torch.tensor([tokenizer.encode(t, add_special_tokens=True)]))

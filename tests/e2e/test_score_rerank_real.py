@@ -49,14 +49,14 @@ def server_scores(invariant_server: Server) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def reference_scores(model_smollm2_dir: str) -> np.ndarray:
+def reference_scores(model_smollm2_dir: str, smollm2_hf_dir: str) -> np.ndarray:
     """transformers (float32): cosines of the final-norm hidden states of each text's
     last token."""
     import torch
     from transformers import AutoModel
 
     tokenizer = Tokenizer(model_smollm2_dir)
-    model = AutoModel.from_pretrained(model_smollm2_dir, dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(smollm2_hf_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
         rows = [
             model(torch.tensor([tokenizer.encode(t, add_special_tokens=True)]))

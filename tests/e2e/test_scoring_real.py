@@ -31,11 +31,11 @@ SHARED = "You are a careful assistant. Answer every question truthfully and brie
 
 
 @pytest.fixture(scope="module")
-def hf_model(model_smollm2_dir: str):
+def hf_model(smollm2_hf_dir: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_smollm2_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_hf_dir, dtype=torch.float32)
     return model.eval()
 
 

@@ -17,11 +17,11 @@ def prompts(model_smollm2_dir: str) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def reference(model_smollm2_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+def reference(smollm2_hf_dir: str, prompts: list[list[int]]) -> list[list[int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_smollm2_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_hf_dir, dtype=torch.float32)
     model.eval()
     outs = []
     with torch.inference_mode():

@@ -25,9 +25,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _converted(directory: Path, config, qtype: str) -> Path:
-    """`config` saved with random weights, written as a `qtype` GGUF, converted and marked
-    with its source as the resolver marks a cache entry."""
+def _converted(directory: Path, config, qtype: str, checkpoint: str = "in-file") -> Path:
+    """`config` saved with random weights, written as a `qtype` GGUF, converted with its
+    weights (`full/`, what `_checkpoint` reads) and without (`in-file/`: read from the GGUF
+    at load), each marked with its source as the resolver marks a cache entry; returns the
+    `checkpoint` one."""
     from engine.gguf_convert import convert
     from engine.model_resolver import CONVERSION_MARKER
     from tests.engine.gguf_writer import write_gguf
@@ -36,19 +38,25 @@ def _converted(directory: Path, config, qtype: str) -> Path:
     config.vocab_size = VOCAB
     save_random_config(config, directory / "hf")
     path = write_gguf(directory / "hf", directory / f"{qtype}.gguf", qtype=qtype)
-    out = directory / "converted"
-    convert(path, out)
-    (out / CONVERSION_MARKER).write_text(json.dumps({"source": str(path)}))
-    return out
+    for form in ("full", "in-file"):
+        convert(path, directory / form, weights=form == "full")
+        (directory / form / CONVERSION_MARKER).write_text(json.dumps({"source": str(path)}))
+    return directory / checkpoint
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _converted(tmp_path_factory.mktemp("deferred"), _llama_256(), "Q4_K_M")
+def both(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _converted(tmp_path_factory.mktemp("deferred"), _llama_256(), "Q4_K_M").parent
+
+
+@pytest.fixture(params=["full", "in-file"])
+def converted(both: Path, request: pytest.FixtureRequest) -> Path:
+    """Deferred from a converted directory's safetensors, and from the GGUF file itself."""
+    return both / request.param
 
 
 def _checkpoint(directory: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(directory / "model.safetensors"))
+    return load_file(str(directory.parent / "full" / "model.safetensors"))
 
 
 def test_load_leaves_linear_weights_unread_but_their_sample_rows(converted: Path) -> None:
@@ -94,14 +102,15 @@ def test_a_deferred_engine_packs_and_computes_what_a_full_load_does(
     assert torch.equal(_window_logits(deferred, ids), _window_logits(full, ids))
 
 
-def test_what_is_not_packed_is_read_in_full(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpoint", ["full", "in-file"])
+def test_what_is_not_packed_is_read_in_full(checkpoint: str, tmp_path: Path) -> None:
     """head_dim 16 is not the C attention kernel's: `auto` falls back to the exact mode
     after the load deferred the linears, so every one is read from the checkpoint."""
     from transformers import Qwen3Config
 
     from tests.engine.tiny_models import COMMON
 
-    converted = _converted(tmp_path, Qwen3Config(**COMMON, head_dim=16), "Q8_0")
+    converted = _converted(tmp_path, Qwen3Config(**COMMON, head_dim=16), "Q8_0", checkpoint)
     core = EngineCore(EngineConfig(model=str(converted), max_model_len=64, block_size=4))
     assert core.backends.quantization == "none"
     weights = _checkpoint(converted)

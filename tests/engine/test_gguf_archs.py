@@ -112,7 +112,7 @@ def _hf_greedy(hf: torch.nn.Module, prompt: list[int]) -> list[int]:
 def test_converted_gguf_is_token_identical_to_transformers(name: str, tmp_path: Path) -> None:
     hf = _save(CASES[name](), tmp_path / "hf")
     gguf_path = write_gguf(tmp_path / "hf", tmp_path / f"{name}.gguf")
-    convert(gguf_path, tmp_path / "converted")  # in-process: the child runs it the same way
+    _convert_marked(gguf_path, tmp_path / "converted")  # the weights stay in the file
     core = EngineCore(
         EngineConfig(
             model=str(tmp_path / "converted"), dtype="float32", max_model_len=64, block_size=4
@@ -131,10 +131,13 @@ def test_streaming_conversion_writes_what_transformers_loader_does(
 ) -> None:
     """Dense files convert tensor by tensor (never the whole model in memory): the same
     checkpoint names, float32 values bit for bit and config as transformers' whole-model
-    loader gives; a small shard size splits them into an indexed, sharded checkpoint."""
+    loader gives; a small shard size splits them into an indexed, sharded checkpoint. Left
+    in the file (`engine.gguf_checkpoint`), the tensors read at load are the same, and so
+    are the rows of those left in their blocks and each one read whole afterwards."""
     from safetensors.torch import load_file
 
     import engine.gguf_convert as gguf_convert
+    from engine.gguf_checkpoint import GGUFCheckpoint, GGUFRows
 
     _save(CASES[name](), tmp_path / "hf")
     path = write_gguf(tmp_path / "hf", tmp_path / f"{name}.gguf", qtype="Q8_0")
@@ -152,6 +155,22 @@ def test_streaming_conversion_writes_what_transformers_loader_does(
     }
     assert config(tmp_path / "stream") == config(tmp_path / "whole")
 
+    _convert_marked(path, tmp_path / "in-file")
+    assert not list((tmp_path / "in-file").glob("*.safetensors"))
+    assert config(tmp_path / "in-file") == config(tmp_path / "whole")
+    read = dict(GGUFCheckpoint.of_directory(tmp_path / "in-file").tensors())
+    assert sorted(read) == sorted(want)
+    assert all(read[k].dtype == torch.float32 and torch.equal(read[k], want[k]) for k in want)
+    matrices = {k for k, t in want.items() if t.dim() == 2}
+    checkpoint = GGUFCheckpoint.of_directory(tmp_path / "in-file")
+    left = dict(checkpoint.tensors(matrices))
+    assert sorted(left) == sorted(want)
+    for key in matrices:
+        rows = [0, 1, left[key].shape[0] // 2, left[key].shape[0] - 1]
+        assert isinstance(left[key], GGUFRows) and left[key].shape == want[key].shape
+        assert torch.equal(left[key][rows], want[key][rows]), key
+        assert torch.equal(checkpoint.read(key), want[key]), key
+
     smallest = min(t.numel() * 4 for t in want.values() if t.dim() == 2)
     monkeypatch.setattr(gguf_convert, "_SHARD_BYTES", smallest)
     convert(path, tmp_path / "sharded")
@@ -165,7 +184,10 @@ def test_streaming_conversion_writes_what_transformers_loader_does(
     assert not list((tmp_path / "sharded").glob("*.tmp"))
 
 
-def test_a_tensor_of_the_wrong_shape_is_refused_while_streaming(tmp_path: Path) -> None:
+@pytest.mark.parametrize("weights", [True, False])
+def test_a_tensor_of_the_wrong_shape_is_refused_while_streaming(
+    weights: bool, tmp_path: Path
+) -> None:
     """A file whose vocabulary disagrees with its token table is refused with both shapes
     named, where transformers' loader failed with a size-mismatch report."""
     import gguf
@@ -188,7 +210,7 @@ def test_a_tensor_of_the_wrong_shape_is_refused_while_streaming(tmp_path: Path) 
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ConversionRefused, match=r"token_embd\.weight is \[312, 64\].*\[320, 64\]"):
-        convert(tmp_path / "bad.gguf", tmp_path / "out")
+        convert(tmp_path / "bad.gguf", tmp_path / "out", weights=weights)
 
 
 def test_quantized_gguf_converts_to_its_dequantized_weights(tmp_path: Path) -> None:
@@ -264,11 +286,12 @@ FAST_CASES: dict[str, Callable[[], PretrainedConfig]] = {
 }
 
 
-def _convert_marked(path: Path, out: Path) -> None:
-    """`convert` in-process, marked with its source as `resolve_model_dir` marks a cache
-    entry (the fast path finds the blocks through the marker); the resolver's own child,
-    which costs a fresh torch import, is tested in tests/engine/test_model_loader.py."""
-    convert(path, out)
+def _convert_marked(path: Path, out: Path, weights: bool = False) -> None:
+    """`convert` in-process as `hearth serve` converts (the weights left in the file unless
+    `weights`), marked with its source as `resolve_model_dir` marks a cache entry (the
+    engine finds the file through the marker); the resolver's own child, which costs a
+    fresh torch import, is tested in tests/engine/test_model_loader.py."""
+    convert(path, out, weights=weights)
     (out / CONVERSION_MARKER).write_text(json.dumps({"source": str(path)}))
 
 

@@ -361,12 +361,12 @@ def test_cuda_triton_path_matches_transformers(model_ckpt: Checkpoint) -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_matches_transformers(model_smollm2_dir: str) -> None:
+def test_smollm2_greedy_matches_transformers(model_smollm2_dir: str, smollm2_hf_dir: str) -> None:
     """Real SmolLM2 weights: 3 prompts decoded together, token-identical to `generate`."""
     model, config = load_model(model_smollm2_dir, torch.float32, torch.device("cpu"))
     assert isinstance(model, LlamaForCausalLM)
     tok = AutoTokenizer.from_pretrained(model_smollm2_dir)
-    hf = AutoModelForCausalLM.from_pretrained(model_smollm2_dir, dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_hf_dir, dtype=torch.float32)
     hf.eval()
     eos = config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])

@@ -21,6 +21,7 @@ import torch
 
 from engine.model_loader import load_model
 from engine.model_resolver import (
+    WEIGHTS_IN_GGUF,
     ModelConversionError,
     ModelLoadError,
     ModelNotFoundError,
@@ -210,8 +211,9 @@ def test_gguf_is_converted_once_into_a_complete_cache_entry(
 ) -> None:
     cache, model_dir, recorders = model_tiny_converted
     assert model_dir.parent == cache
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("config.json", WEIGHTS_IN_GGUF, "tokenizer.json", "tokenizer_config.json"):
         assert (model_dir / name).is_file(), name
+    assert not list(model_dir.glob("*.safetensors"))  # the weights stay in the GGUF file
     # Exactly one of the two concurrent callers converted; the other waited for it.
     converting = [r for r in recorders if any("converting GGUF" in line for line in r.lines)]
     assert len(converting) == 1
@@ -225,13 +227,36 @@ def test_cached_gguf_is_not_converted_again(
     model_tiny_gguf: Path, model_tiny_converted: tuple[Path, Path, list[Recorder]]
 ) -> None:
     cache, model_dir, _ = model_tiny_converted
-    mtime = (model_dir / "model.safetensors").stat().st_mtime_ns
+    mtime = (model_dir / WEIGHTS_IN_GGUF).stat().st_mtime_ns
     rec = Recorder()
     # The file itself, and the directory that holds it, map to the same entry.
     assert resolve_model_dir(str(model_tiny_gguf), str(cache), rec) == str(model_dir)
     assert resolve_model_dir(str(model_tiny_gguf.parent), str(cache), rec) == str(model_dir)
     assert rec.lines == []
-    assert (model_dir / "model.safetensors").stat().st_mtime_ns == mtime
+    assert (model_dir / WEIGHTS_IN_GGUF).stat().st_mtime_ns == mtime
+
+
+def test_weights_are_dequantized_into_their_own_cache_entry_when_asked_for(
+    model_tiny_gguf: Path, model_tiny_converted: tuple[Path, Path, list[Recorder]]
+) -> None:
+    """`weights=True` (the plain checkpoint transformers and PEFT load) is another cache
+    entry beside the one `hearth serve` uses, holding every weight as float32 safetensors:
+    the tensors the engine reads from the file, bit for bit."""
+    from safetensors.torch import load_file
+
+    from engine.gguf_checkpoint import GGUFCheckpoint
+
+    cache, in_file, _ = model_tiny_converted
+    rec = Recorder()
+    full = Path(resolve_model_dir(str(model_tiny_gguf), str(cache), rec, weights=True))
+    assert full != in_file and full.parent == cache
+    assert "with its weights as safetensors" in rec.lines[0]
+    assert not (full / WEIGHTS_IN_GGUF).exists()
+    want = load_file(str(full / "model.safetensors"))
+    got = dict(GGUFCheckpoint.of_directory(in_file).tensors())
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert resolve_model_dir(str(model_tiny_gguf), str(cache), rec, weights=True) == str(full)
+    assert len(rec.lines) == 2  # converting ..., done in ...: not again
 
 
 def test_converted_gguf_loads_natively(
