@@ -30,7 +30,7 @@ from engine.gpu_memory import (
     kv_cache_budget_bytes,
     profile_peak_step_bytes,
 )
-from engine.host_memory import available_bytes, cpu_kv_budget_bytes
+from engine.host_memory import available_bytes, cpu_kv_budget_bytes, return_freed_heap
 from engine.layers.weight_storage import widen_dense_weights
 from engine.lora.manager import AdapterError, AdapterNotFoundError, LoRAManager, NoFreeSlotError
 from engine.lora_source import AdapterSourceError, resolve_adapter_source
@@ -114,6 +114,7 @@ class EngineCore:
         # What runs dense gets the model dtype back; a held embedding table stays in 16 bits
         # where the C gather reads it (every mode but the exact one).
         widen_dense_weights(self.model, self.dtype, tables=self.backends.quantization == "none")
+        return_freed_heap()  # before the KV cache's budget reads what is left
         say(f"weights loaded in {time.monotonic() - start:.1f} s")
 
         self.eos_token_ids = Tokenizer(model_dir).eos_token_ids

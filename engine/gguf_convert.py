@@ -100,16 +100,24 @@ def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out
 
 
 def _convert_in_place(gguf_path: Path, reader: Any, arch: str, config: Any, out_dir: Path) -> None:
-    """Write the config and a `WEIGHTS_IN_GGUF` marker only: the engine reads the weights
+    """Write the config, the file's `GGUFLayout` and its path only: the engine reads the weights
     from the file itself (`engine.gguf_checkpoint`). Every tensor is still checked here,
     once — placed, of the right shape, none missing — without dequantizing a matrix whose
     row order is known (`GGUFCheckpoint.tensors` with every matrix unread)."""
+    import json
+
+    from engine.model_resolver import CONVERSION_MARKER
+
     checkpoint, model = _checkpoint(gguf_path, config, arch)
     matrices = {n for n, shape in checkpoint.expected.items() if len(shape) == 2}
     written = {name for name, _ in _tensors(checkpoint, matrices)}
     _unplaced_or_missing(gguf_path, arch, reader, model, written)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint.layout.save(out_dir)
+    # Where the weights are; the resolver writes its own marker over this one, with the
+    # file's size and time (a directory converted by hand keeps this).
+    marker = {"source": str(gguf_path.resolve())}
+    (out_dir / CONVERSION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     _save_config(config, model, out_dir)
 
 
@@ -179,11 +187,15 @@ def main(argv: list[str]) -> None:
     A file that cannot be read, or that `engine.gguf_arch.refusal` refuses, exits with
     code 2 and one line on stderr, before torch is imported.
     """
+    paths = [a for a in argv if a != "--weights"]
+    if len(paths) != 2:
+        print("usage: python -m engine.gguf_convert FILE.gguf OUT_DIR [--weights]", file=sys.stderr)
+        raise SystemExit(2)
     import gguf
 
     _memoize_gguf_parsing(gguf)
     try:
-        convert(Path(argv[0]), Path(argv[1]), weights="--weights" in argv[2:])
+        convert(Path(paths[0]), Path(paths[1]), weights="--weights" in argv)
     except ConversionRefused as exc:
         print(str(exc), file=sys.stderr)
         raise SystemExit(2) from None
@@ -262,3 +274,7 @@ def _convert_whole(gguf_path: Path, reader: Any, arch: str, config: Any, out_dir
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out_dir)
+
+
+if __name__ == "__main__":  # python -m engine.gguf_convert FILE DIR [--weights]
+    main(sys.argv[1:])

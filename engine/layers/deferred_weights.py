@@ -1,4 +1,5 @@
-"""Linear weights that a GGUF file's blocks will replace, left unread while loading.
+"""Linear weights and the token table that a GGUF file's blocks will replace, left unread
+while loading.
 
 A GGUF model's checkpoint holds every weight in float32 (4 bytes each: dequantized from
 the file, `engine/gguf_checkpoint.py`, or a converted directory's safetensors), while the
@@ -7,9 +8,12 @@ linears only to free them once packed made the start-up peak a whole float32 mod
 for an 8 B GGUF, more than a 24 GiB host has. With deferral the loader copies into each
 linear weight only the rows the GGUF source compares with the file (`sample_rows`,
 engine/layers/gguf_linear.py); the rest of the fresh allocation is never written, and
-untouched pages cost no memory. Whatever is not packed in the end (a layer the file can't
-feed, the exact-mode fallback, a method that reads the dense weight to pack) is read from
-the checkpoint in full before anything uses it (`fill`, `fill_unpacked`).
+untouched pages cost no memory. The float32 token table is left unread the same way: the
+fast path gathers from the file's own rows (`gather_table_from_blocks`), matched by the same
+sample rows (an 8 B file's table is 0.8 GB of float32 to dequantize or read for nothing).
+Whatever is not replaced in the end (a layer the file can't feed, the exact-mode fallback,
+a method that reads the dense weight to pack, a table the file's rows can't give) is read
+from the checkpoint in full before anything uses it (`fill`, `fill_unpacked`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear, non_linear_parameter_ids
 
 __all__ = ["DeferredWeights", "sample_rows"]
@@ -52,6 +57,10 @@ class DeferredWeights:
             id(m.weight)
             for m in model.modules()
             if isinstance(m, Linear) and m.weight.dim() == 2 and id(m.weight) not in shared
+        } | {
+            id(m.weight)
+            for m in model.modules()
+            if isinstance(m, VocabEmbedding) and m.weight.dtype == torch.float32
         }
         self._pending: list[_Deferred] = []
 
@@ -59,7 +68,8 @@ class DeferredWeights:
         return len(self._pending)
 
     def wants(self, param: torch.Tensor) -> bool:
-        """Whether a checkpoint tensor bound for `param` is left unread (a linear's weight)."""
+        """Whether a checkpoint tensor bound for `param` is left unread (a linear's weight, the
+        token table)."""
         return id(param) in self._linear_weights
 
     def record(
@@ -92,11 +102,13 @@ class DeferredWeights:
         return len(mine)
 
     def fill_unpacked(self, model: nn.Module) -> int:
-        """Read the weights of every linear that was not packed; drop the rest (their
-        storage is freed or about to be). Returns how many slices were read."""
+        """Read the weights of every linear that was not packed, and the token table unless
+        the file's rows replaced it; drop the rest (their storage is freed or about to be).
+        Returns how many slices were read."""
         filled = 0
         for module in model.modules():
-            if isinstance(module, Linear) and module.packed is None:
+            unpacked = isinstance(module, Linear) and module.packed is None
+            if unpacked or isinstance(module, VocabEmbedding):
                 filled += self.fill(module.weight)
         self._pending.clear()
         return filled

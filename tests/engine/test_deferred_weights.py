@@ -64,9 +64,13 @@ def test_load_leaves_linear_weights_unread_but_their_sample_rows(converted: Path
     weights = _checkpoint(converted)
     deferred = model.deferred_weights
     linear_tensors = [n for n in weights if "_proj." in n]
-    assert len(deferred) == len(linear_tensors) == 14  # q k v o gate up down x 2 layers
+    assert len(linear_tensors) == 14  # q k v o gate up down x 2 layers
+    assert len(deferred) == 15  # and the token table (the tied head's too)
     table = model.model.embed_tokens.weight
-    assert torch.equal(table, weights["model.embed_tokens.weight"])  # the tied head's too
+    want_table = weights["model.embed_tokens.weight"]
+    rows = sample_rows(table.shape[0])
+    assert torch.equal(table[rows], want_table[rows]) and not torch.equal(table, want_table)
+    assert deferred.fill(table) == 1 and torch.equal(table, want_table)
     qkv = model.model.layers[1].self_attn.qkv_proj
     parts = [weights[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"]
     start = 0
@@ -105,7 +109,8 @@ def test_a_deferred_engine_packs_and_computes_what_a_full_load_does(
 @pytest.mark.parametrize("checkpoint", ["full", "in-file"])
 def test_what_is_not_packed_is_read_in_full(checkpoint: str, tmp_path: Path) -> None:
     """head_dim 16 is not the C attention kernel's: `auto` falls back to the exact mode
-    after the load deferred the linears, so every one is read from the checkpoint."""
+    after the load deferred the linears and the table, so every one is read from the
+    checkpoint."""
     from transformers import Qwen3Config
 
     from tests.engine.tiny_models import COMMON
@@ -118,6 +123,8 @@ def test_what_is_not_packed_is_read_in_full(checkpoint: str, tmp_path: Path) -> 
     assert torch.equal(layer.mlp.down_proj.weight, weights["model.layers.0.mlp.down_proj.weight"])
     qkv = torch.cat([weights[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
     assert torch.equal(layer.self_attn.qkv_proj.weight, qkv)
+    table = core.model.model.embed_tokens.weight
+    assert torch.equal(table, weights["model.embed_tokens.weight"])  # left unread, then read
     linears = [m for m in core.model.modules() if isinstance(m, Linear)]
     assert all(m.packed is None and m.weight.numel() for m in linears)
 

@@ -86,3 +86,28 @@ def test_a_directory_whose_gguf_is_gone_names_it(tmp_path: Path) -> None:
         load_model(str(model_dir), torch.float32, torch.device("cpu"), lambda line: None)
     marker = json.loads((model_dir / "hearth-conversion.json").read_text())
     assert marker["source"].endswith("qwen3.gguf")
+
+
+def test_a_directory_converted_by_hand_names_its_file_and_loads(tmp_path: Path) -> None:
+    """`python -m engine.gguf_convert FILE DIR` (no cache, no resolver): the directory
+    records the file it reads from, and loads the weights a `--weights` conversion holds."""
+    import torch
+    from safetensors.torch import load_file
+
+    from engine.gguf_convert import convert
+    from engine.model_loader import load_model
+
+    _save(CASES["qwen3"](), tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / "q.gguf", qtype="Q4_1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "engine.gguf_convert", str(path), str(tmp_path / "by-hand")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    marker = json.loads((tmp_path / "by-hand" / "hearth-conversion.json").read_text())
+    assert marker["source"] == str(path.resolve())
+    convert(path, tmp_path / "full", weights=True)
+    want = load_file(str(tmp_path / "full" / "model.safetensors"))
+    model, _ = load_model(str(tmp_path / "by-hand"), torch.float32, torch.device("cpu"), print)
+    got = dict(model.named_parameters())
+    assert all(torch.equal(got[k], w) for k, w in want.items() if k in got)
+    assert "model.layers.1.mlp.down_proj.weight" in got
