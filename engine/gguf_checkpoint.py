@@ -24,12 +24,8 @@ matches against the file), and `read` gives the whole tensor if it is needed aft
 from __future__ import annotations
 
 import json
-import os
-from collections import deque
 from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass
-from functools import partial
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +59,6 @@ class GGUFRows:
         return torch.from_numpy(np.ascontiguousarray(dequantize(picked, self._qtype), np.float32))
 
 
-_AHEAD = 3
-"""Tensors dequantized ahead of the one being loaded (and threads that do it, at most)."""
 AS_IS = "as-is"
 """A tensor transformers' processor leaves as the file has it."""
 PROCESSOR = "processor"
@@ -180,7 +174,10 @@ def _raw(source: Any, name: str) -> tuple[Any, np.ndarray]:
     row_bytes = int(dims[0]) // block * block_bytes
     outer = [int(d) for d in reversed(dims[1:])]
     count = int(np.prod(outer, dtype=np.int64)) if outer else 1
-    return qtype, source.data[offset : offset + count * row_bytes].reshape(*outer, row_bytes)
+    # A plain ndarray view, not np.memmap: gguf-py slices a tensor into thousands of views,
+    # and each memmap view ran a Python __array_finalize__ (1.3 s of a 0.8 B model's load).
+    data = source.data[offset : offset + count * row_bytes].view(np.ndarray)
+    return qtype, data.reshape(*outer, row_bytes)
 
 
 class GGUFCheckpoint:
@@ -220,26 +217,11 @@ class GGUFCheckpoint:
         """Yield `(name, tensor)` for every file tensor the model has a place for, in file
         order, one at a time (float32 CPU tensors); names in `unread` come as `GGUFRows`
         where the processor at most reorders their rows. Raises `WrongShapeError` for a
-        tensor of the wrong shape.
-
-        gguf-py dequantizes in numpy (~65 M values/s for Q4_K on one Zen 3 core), which
-        releases the GIL: the next few tensors are dequantized on the host's cores while
-        the caller copies this one (a window of `_AHEAD`, so at most that many tensors are
-        held beyond the caller's)."""
-        from concurrent.futures import Future, ThreadPoolExecutor
-
-        jobs = (partial(self._entry, name, unread) for name in self.layout.treatments)
-        workers = max(1, min(_AHEAD, os.cpu_count() or 1))
-        with ThreadPoolExecutor(workers, thread_name_prefix="gguf-dequantize") as pool:
-            ahead: deque[Future[tuple[str, Any] | None]] = deque(
-                pool.submit(job) for job in islice(jobs, _AHEAD)
-            )
-            while ahead:
-                found = ahead.popleft().result()
-                if (job := next(jobs, None)) is not None:
-                    ahead.append(pool.submit(job))
-                if found is not None:
-                    yield found
+        tensor of the wrong shape. (One at a time on one thread: gguf-py's dequantizers
+        ran at 117 M values/s alone and 77 M/s on two threads of a 2-vCPU host.)"""
+        for name in self.layout.treatments:
+            if (found := self._entry(name, unread)) is not None:
+                yield found
 
     def _entry(self, name: str, unread: Collection[str]) -> tuple[str, Any] | None:
         """File tensor `name` as `tensors` yields it: left in its blocks (`GGUFRows`), or
