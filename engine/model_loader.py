@@ -190,7 +190,7 @@ def load_model(
     n_params = sum(p.numel() for p in model.parameters())
     held_in = f", {held} weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""
     if unread:
-        held_in += f", {len(unread)} linear weights left for the GGUF's blocks"
+        held_in += f", {len(unread)} weights left for the GGUF's blocks"
     origin = f"{model_dir}" if in_gguf is None else f"{in_gguf.path} (config {model_dir})"
     say(
         f"loaded {model_cls.__name__} ({n_params / 1e6:.1f} M params, {dtype}{held_in}, {device}) "

@@ -1,4 +1,5 @@
-"""A GGUF model's linear weights left unread at load (engine/layers/deferred_weights.py):
+"""A GGUF model's linear weights and token table left unread at load
+(engine/layers/deferred_weights.py), from a converted directory and from the file itself:
 the sample rows the file is matched against are the checkpoint's, the engine packs the same
 blocks and computes the same logits as one that read everything, and whatever is not packed
 is read in full before it is used."""
