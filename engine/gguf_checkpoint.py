@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.model_resolver import WEIGHTS_IN_GGUF
+from engine.model_resolver import WEIGHTS_IN_GGUF, ModelNotFoundError, gguf_source
 
 __all__ = ["WEIGHTS_IN_GGUF", "GGUFCheckpoint", "GGUFLayout", "GGUFRows", "WrongShapeError"]
 
@@ -163,23 +163,6 @@ def _treatment(
     return orders.setdefault(tuple(int(i) for i in order), len(orders))
 
 
-def _raw(source: Any, name: str) -> tuple[Any, np.ndarray]:
-    """A file tensor's type and bytes, shaped as gguf-py's reader shapes them:
-    `[*outer dims, row bytes]`."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    dims, kind, offset = source.tensors[name]
-    qtype = GGMLQuantizationType(kind)
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
-    row_bytes = int(dims[0]) // block * block_bytes
-    outer = [int(d) for d in reversed(dims[1:])]
-    count = int(np.prod(outer, dtype=np.int64)) if outer else 1
-    # A plain ndarray view, not np.memmap: gguf-py slices a tensor into thousands of views,
-    # and each memmap view ran a Python __array_finalize__ (1.3 s of a 0.8 B model's load).
-    data = source.data[offset : offset + count * row_bytes].view(np.ndarray)
-    return qtype, data.reshape(*outer, row_bytes)
-
-
 class GGUFCheckpoint:
     """The tensors of `gguf_path` under the names and in the layout transformers gives them
     (`GGUFLayout`)."""
@@ -203,8 +186,6 @@ class GGUFCheckpoint:
         gone is an error naming the file."""
         if not (Path(model_dir) / WEIGHTS_IN_GGUF).is_file():
             return None
-        from engine.model_resolver import ModelNotFoundError, gguf_source
-
         source = gguf_source(model_dir)
         if source is None:
             raise ModelNotFoundError(
@@ -229,7 +210,7 @@ class GGUFCheckpoint:
         treatment = self.layout.treatments[name]
         hf_name = self.layout.names.get(name)
         if hf_name in unread and treatment != PROCESSOR:
-            qtype, raw = _raw(self.source, name)
+            qtype, raw = self.source.stored(name)
             cols = int(self.source.tensors[name][0][0])
             self._check_shape(name, hf_name, (raw.shape[0], cols))
             found: tuple[str, Any] | None = (
@@ -256,7 +237,7 @@ class GGUFCheckpoint:
         from gguf import dequantize
 
         treatment = self.layout.treatments[name]
-        qtype, raw = _raw(self.source, name)
+        qtype, raw = self.source.stored(name)
         weights = dequantize(raw, qtype)
         if treatment == PROCESSOR:
             if self._processor is None:

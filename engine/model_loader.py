@@ -77,20 +77,24 @@ def iter_safetensors(
                 )
 
 
-class SafetensorsReader:
-    """Whole tensors of a checkpoint's safetensors files by name (the shard of each is
-    found from the headers once)."""
+class SafetensorsCheckpoint:
+    """A model directory's safetensors shards, read as `engine.gguf_checkpoint.GGUFCheckpoint`
+    reads a GGUF: every tensor in turn (`tensors`), or one by name (`read`)."""
 
-    def __init__(self, files: list[Path]) -> None:
-        self.files = files
+    def __init__(self, model_dir: str | Path) -> None:
+        self.model_dir = model_dir
         self._file_of: dict[str, Path] | None = None
 
+    def tensors(self, unread: Collection[str] = ()) -> Iterator[tuple[str, Any]]:
+        return iter_safetensors(self.model_dir, unread)
+
     def read(self, name: str) -> torch.Tensor:
+        """Tensor `name` whole (its shard found from the headers, once)."""
         from safetensors import safe_open
 
         if self._file_of is None:
             self._file_of = {}
-            for file in self.files:
+            for file in _safetensors_files(Path(self.model_dir)):
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     self._file_of.update(dict.fromkeys(f.keys(), file))
         with safe_open(str(self._file_of[name]), framework="pt", device="cpu") as f:
@@ -162,6 +166,7 @@ def load_model(
     start = time.monotonic()
     config = read_model_config(model_dir)
     in_gguf = GGUFCheckpoint.of_directory(model_dir)
+    checkpoint = in_gguf or SafetensorsCheckpoint(model_dir)
     model_cls = get_model_class(config)
     with torch.no_grad():
         model = model_cls(config, dtype=dtype, device=device)
@@ -175,17 +180,10 @@ def load_model(
             from engine.layers.deferred_weights import DeferredWeights
             from engine.models.weights import weight_targets
 
-            if in_gguf is not None:
-                read = in_gguf.read
-            else:
-                read = SafetensorsReader(_safetensors_files(Path(model_dir))).read
-            deferred = DeferredWeights(read, model)
+            deferred = DeferredWeights(checkpoint.read, model)
             model.deferred_weights = deferred
             unread = {n for n, (p, _, _) in weight_targets(model).items() if deferred.wants(p)}
-        if in_gguf is not None:
-            model.load_weights(in_gguf.tensors(unread))
-        else:
-            model.load_weights(iter_safetensors(model_dir, unread))
+        model.load_weights(checkpoint.tensors(unread))
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     held_in = f", {held} weights in {str(linear_dtype).removeprefix('torch.')}" if held else ""

@@ -53,7 +53,7 @@ class DeferredWeights:
         self.read = read
         """The whole checkpoint tensor of a name."""
         shared = non_linear_parameter_ids(model)
-        self._linear_weights = {
+        self._deferrable = {
             id(m.weight)
             for m in model.modules()
             if isinstance(m, Linear) and m.weight.dim() == 2 and id(m.weight) not in shared
@@ -70,7 +70,7 @@ class DeferredWeights:
     def wants(self, param: torch.Tensor) -> bool:
         """Whether a checkpoint tensor bound for `param` is left unread (a linear's weight, the
         token table)."""
-        return id(param) in self._linear_weights
+        return id(param) in self._deferrable
 
     def record(
         self,

@@ -41,6 +41,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from engine.layers.deferred_weights import sample_rows
@@ -162,30 +163,38 @@ class GGUFSource:
         self.tensors = {name: (dims, kind, start + offset) for name, dims, kind, offset in infos}
         self.relayout = Relayout()
 
+    def stored(self, name: str) -> tuple[GGMLQuantizationType, np.ndarray]:
+        """`name`'s type and bytes, shaped as gguf-py's reader shapes them: `[*outer dims,
+        row bytes]` (what `gguf.dequantize` takes)."""
+        dims, kind, offset = self.tensors[name]
+        qtype = GGMLQuantizationType(kind)
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        row_bytes = int(dims[0]) // block * block_bytes
+        outer = [int(d) for d in reversed(dims[1:])]
+        count = int(np.prod(outer, dtype=np.int64)) if outer else 1
+        # A plain ndarray view, not np.memmap: gguf-py slices a tensor into thousands of
+        # views, and each memmap view ran a Python __array_finalize__ (1.3 s of a 0.8 B
+        # model's load).
+        data = self.data[offset : offset + count * row_bytes].view(np.ndarray)
+        return qtype, data.reshape(*outer, row_bytes)
+
     def raw(self, name: str) -> tuple[str, np.ndarray] | None:
         """`name`'s rows as stored (uint8, [rows, row bytes]) and their GGML type's name
         (lower case), for a 2-D tensor of whole 32-column blocks in a format the kernels
         read or `relaid_rows` re-lays."""
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
         info = self.tensors.get(name)
         if info is None:
             return None
-        dims, kind_id, offset = info
+        dims, kind_id, _ = info
         try:
             qtype = GGMLQuantizationType(kind_id)
         except ValueError:
             return None
         if kind_id in _UNREAD_KINDS or qtype not in GGML_QUANT_SIZES or len(dims) != 2:
             return None
-        cols, rows = dims
-        block, block_bytes = GGML_QUANT_SIZES[qtype]
-        if cols % 32 or cols % block:
+        if dims[0] % 32 or dims[0] % GGML_QUANT_SIZES[qtype][0]:
             return None
-        row_bytes = cols // block * block_bytes
-        return qtype.name.lower(), self.data[offset : offset + rows * row_bytes].reshape(
-            rows, row_bytes
-        )
+        return qtype.name.lower(), self.stored(name)[1]
 
     def describe(self) -> str:
         relaid = self.relayout.summary()
@@ -215,7 +224,6 @@ class GGUFSource:
 
 
 def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
-    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     qtype = GGMLQuantizationType[kind.upper()]
