@@ -84,6 +84,14 @@ def reference_tokens(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter_dir).eval()
+    return greedy_continuations(model, prompts, max_new_tokens, pad_token_id=0)
+
+
+def greedy_continuations(
+    model: Any, prompts: list[list[int]], max_new_tokens: int, pad_token_id: int
+) -> list[list[int]]:
+    """transformers' greedy `generate` on each prompt alone (stopping where the model's
+    generation config says): the new tokens only."""
     outs = []
     with torch.inference_mode():
         for ids in prompts:
@@ -93,7 +101,7 @@ def reference_tokens(
                 attention_mask=torch.ones_like(x),
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
-                pad_token_id=0,
+                pad_token_id=pad_token_id,
             )
             outs.append(y[0, len(ids) :].tolist())
     return outs

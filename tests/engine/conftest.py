@@ -8,6 +8,7 @@ import pytest
 
 from engine.tokenizer import Tokenizer
 from tests.engine.greedy_cases import CHATS, NEW_TOKENS
+from tests.lora_adapters import greedy_continuations
 
 
 @pytest.fixture(scope="session")
@@ -22,17 +23,4 @@ def reference(smollm2_hf_dir: str, prompts: list[list[int]]) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_hf_dir, dtype=torch.float32)
-    model.eval()
-    outs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            y = model.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                pad_token_id=2,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
+    return greedy_continuations(model.eval(), prompts, NEW_TOKENS, pad_token_id=2)
