@@ -6,7 +6,7 @@ bytes a weight, 28 GB and ~2.5 minutes for an 8 B Q4_K_M file of 4.6 GB — more
 Lambda's /tmp (10 GB) or a small endpoint volume has, for weights the fast path never
 reads (it computes from the file's own blocks). Now the conversion keeps the config and the
 tokenizer (`WEIGHTS_IN_GGUF` marks such a directory) and the engine reads the weights here:
-each tensor dequantized by gguf-py and passed through transformers' own tensor processor
+each tensor dequantized as gguf-py does (`engine/layers/gguf_dequantize.py`) and passed through transformers' own tensor processor
 and GGUF name map, so the names and float32 values are exactly what the conversion wrote
 (`tests/engine/test_gguf_checkpoint.py` checks them against it).
 
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.layers.gguf_dequantize import dequantize
 from engine.model_resolver import WEIGHTS_IN_GGUF, ModelNotFoundError, gguf_source
 
 __all__ = ["WEIGHTS_IN_GGUF", "GGUFCheckpoint", "GGUFLayout", "GGUFRows", "WrongShapeError"]
@@ -52,11 +53,9 @@ class GGUFRows:
         self.shape = torch.Size((raw.shape[0], cols))
 
     def __getitem__(self, rows: list[int]) -> torch.Tensor:
-        from gguf import dequantize
-
         index = np.asarray(rows, dtype=np.int64)
         picked = self._raw[index if self._order is None else self._order[index]]
-        return torch.from_numpy(np.ascontiguousarray(dequantize(picked, self._qtype), np.float32))
+        return torch.from_numpy(np.ascontiguousarray(dequantize(picked, self._qtype)))
 
 
 AS_IS = "as-is"
@@ -198,8 +197,9 @@ class GGUFCheckpoint:
         """Yield `(name, tensor)` for every file tensor the model has a place for, in file
         order, one at a time (float32 CPU tensors); names in `unread` come as `GGUFRows`
         where the processor at most reorders their rows. Raises `WrongShapeError` for a
-        tensor of the wrong shape. (One at a time on one thread: gguf-py's dequantizers
-        ran at 117 M values/s alone and 77 M/s on two threads of a 2-vCPU host.)"""
+        tensor of the wrong shape. (One at a time: the common formats dequantize in C on the
+        OpenMP threads; gguf-py's numpy, for the rest, ran at 117 M values/s alone and 77 M/s
+        on two threads of a 2-vCPU host.)"""
         for name in self.layout.treatments:
             if (found := self._entry(name, unread)) is not None:
                 yield found
@@ -234,8 +234,6 @@ class GGUFCheckpoint:
     def _dequantized(self, name: str) -> tuple[str, torch.Tensor] | None:
         """File tensor `name` dequantized and treated as transformers would, with its
         checkpoint name; None when the model has no place for it."""
-        from gguf import dequantize
-
         treatment = self.layout.treatments[name]
         qtype, raw = self.source.stored(name)
         weights = dequantize(raw, qtype)

@@ -45,6 +45,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from engine.layers.deferred_weights import sample_rows
+from engine.layers.gguf_dequantize import dequantize
 from engine.layers.gguf_relayout import Relayout, as_q8_0, relaid_parts
 from engine.layers.linear import Linear, LinearMethod
 from kernels.cpu import bf16_ops, ops, q8_ops
@@ -224,12 +225,10 @@ class GGUFSource:
 
 
 def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
-    from gguf.quants import dequantize
-
     qtype = GGMLQuantizationType[kind.upper()]
     rows = sample_rows(raw.shape[0])
     try:
-        got = torch.from_numpy(dequantize(raw[rows], qtype).astype(np.float32))
+        got = torch.from_numpy(dequantize(raw[rows], qtype))
     except NotImplementedError:  # a type gguf-py can't dequantize: nothing to check against
         return False
     return bool(got.shape == dense[rows].shape and torch.equal(got, dense[rows].float()))

@@ -34,6 +34,7 @@ from collections import Counter
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from engine.layers.gguf_dequantize import dequantize
 from kernels.cpu import ops
 
 __all__ = ["KERNEL_KINDS", "Relayout", "as_q8_0", "relaid_parts", "relaid_rows"]
@@ -71,12 +72,10 @@ integer `x` within int8: a Q8_0 block with the same `d` holds them exactly."""
 def as_q8_0(kind: str, raw: np.ndarray) -> np.ndarray:
     """Rows of any format gguf-py dequantizes → Q8_0 rows: exactly for `_EXACT_Q8_0`
     (x = value / d, exact in float32), else by gguf-py's own Q8_0 quantizer."""
-    from gguf.quants import dequantize
-
     if kind in _C_REQUANT:
         return ops.requantize_k(kind, raw)
     qtype = GGMLQuantizationType[kind.upper()]
-    values = dequantize(raw, qtype).astype(np.float32)
+    values = dequantize(raw, qtype)
     if kind not in _EXACT_Q8_0:
         return ops.quantize_q8_0(values)
     rows = raw.shape[0]

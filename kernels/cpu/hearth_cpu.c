@@ -244,6 +244,52 @@ void hearth_requant_k_q8_0(int64_t kind, const uint8_t *src, int64_t nsuper, uin
     }
 }
 
+/* One block of a legacy format (32 values: 0: Q4_0, 1: Q4_1, 2: Q5_0, 3: Q5_1, 8: Q8_0)
+ * -> float32 as gguf-py writes it: d*q (+ m), every product d*q exact in float32 (11-bit
+ * d, at most 8-bit q), so the one rounding is the offset's, as in numpy. */
+static void dequant_legacy_block(int kind, const uint8_t *s, float *y) {
+    const float d = f16_at(s);
+    if (kind == 8) {
+        const int8_t *q = (const int8_t *)(s + 2);
+        for (int l = 0; l < 32; l++) y[l] = (float)q[l] * d;
+        return;
+    }
+    const int with_min = kind & 1, five = kind >= 2;
+    const float m = with_min ? f16_at(s + 2) : 0.0f;
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, s + 2 + 2 * with_min, sizeof qh);
+    const uint8_t *qs = s + 2 + 2 * with_min + 4 * five;
+    const int bias = with_min ? 0 : five ? 16 : 8;
+    for (int l = 0; l < 32; l++) {
+        const int lo = l < 16 ? qs[l] & 0xF : qs[l - 16] >> 4;
+        const int q = (lo | (int)(((qh >> l) & 1) << 4)) - bias;
+        y[l] = with_min ? d * (float)q + m : d * (float)q;
+    }
+}
+
+/* GGUF blocks -> float32, bitwise gguf-py's `dequantize` (tests/kernels/test_relayout.py):
+ * kinds 0-3 and 8 as `dequant_legacy_block` (32 values a block), 4: Q4_K, 5: Q5_K, 6: Q6_K
+ * (256 a block). gguf-py's numpy took ~1 s per 100 M weights on one thread, and an exact
+ * (float32) start of a GGUF dequantizes every weight. */
+void hearth_dequantize_gguf(int64_t kind, const uint8_t *src, int64_t nblocks, float *dst) {
+    const int64_t size = kind == 4 ? 144 : kind == 5 ? 176 : kind == 6 ? 210
+                       : kind == 8 ? 34 : kind == 0 ? 18 : kind == 1 ? 20 : kind == 2 ? 22 : 24;
+    const int64_t values = kind >= 4 && kind <= 6 ? 256 : 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblocks; b++) {
+        const uint8_t *s = src + b * size;
+        float *y = dst + b * values;
+        if (kind == 6)
+            dequant_q6_k_block(s, y);
+        else if (kind == 5)
+            dequant_q45_k_block(s, s + 16, s + 48, y);
+        else if (kind == 4)
+            dequant_q45_k_block(s, NULL, s + 16, y);
+        else
+            dequant_legacy_block((int)kind, s, y);
+    }
+}
+
 static inline float hsum(__m256 v);
 
 /* ------------------------------------------------------------------ quantized GEMM */

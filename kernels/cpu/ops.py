@@ -32,6 +32,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_relay_q4_k": [_ptr, _i64, _ptr],
     "hearth_requant_k_q8_0": [_i64, _ptr, _i64, _ptr],
     "hearth_quantize_q8_0": [_ptr, _i64, _ptr],
+    "hearth_dequantize_gguf": [_i64, _ptr, _i64, _ptr],
     "hearth_q4_1_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_q8_0_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_f16_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
@@ -197,6 +198,37 @@ def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:
     code, size = _K_QUANTS[kind]
     out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q8_0"]), np.uint8)
     library().hearth_requant_k_q8_0(code, _p(raw), raw.size // size, _p(out))
+    return out
+
+
+_DEQUANTIZED = {
+    "q4_0": (0, 18, 32),
+    "q4_1": (1, 20, 32),
+    "q5_0": (2, 22, 32),
+    "q5_1": (3, 24, 32),
+    "q8_0": (8, 34, 32),
+    "q4_k": (4, 144, 256),
+    "q5_k": (5, 176, 256),
+    "q6_k": (6, 210, 256),
+}
+"""GGUF formats `dequantize` reads: kind code, bytes and values per block."""
+
+
+def dequantizes(kind: str) -> bool:
+    """Whether `dequantize` reads GGUF format `kind` (gguf-py's lower-case name) on this
+    host."""
+    return kind in _DEQUANTIZED and available()
+
+
+def dequantize(kind: str, raw: np.ndarray) -> np.ndarray:
+    """GGUF rows of format `kind` (uint8 ``[rows, blocks * bytes]``) as float32
+    ``[rows, blocks * values]``, bit for bit gguf-py's `dequantize`, on the OpenMP threads."""
+    code, size, values = _DEQUANTIZED[kind]
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if raw.ndim != 2 or raw.shape[1] % size:
+        raise ValueError(f"{kind} rows must be [rows, n * {size}] bytes, got {raw.shape}")
+    out = np.empty((raw.shape[0], raw.shape[1] // size * values), np.float32)
+    library().hearth_dequantize_gguf(code, _p(raw), raw.size // size, _p(out))
     return out
 
 

@@ -82,3 +82,35 @@ def test_q8_0_quantization_is_gguf_pys_bit_for_bit() -> None:
     want = np.asarray(quantize(x, GT.Q8_0))
     assert got.shape == want.shape == (6, 8 * 34)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("kind", "size", "scale_at"),
+    [
+        ("q4_0", 18, [0]),
+        ("q4_1", 20, [0, 2]),
+        ("q5_0", 22, [0]),
+        ("q5_1", 24, [0, 2]),
+        ("q8_0", 34, [0]),
+        ("q4_k", 144, [0, 2]),
+        ("q5_k", 176, [0, 2]),
+        ("q6_k", 210, [208]),
+    ],
+)
+def test_dequantization_is_gguf_pys_bit_for_bit(kind: str, size: int, scale_at: list[int]) -> None:
+    """Every bit of every value, signed zeros and infinities included (gguf-py's products
+    overflow float32 for the largest scales of the K-quants as the C ones do)."""
+    raw = _blocks(6, 5, size, scale_at, seed=5)
+    got = ops.dequantize(kind, raw)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.asarray(dequantize(raw, GT[kind.upper()]), np.float32)
+    assert got.shape == want.shape and got.dtype == np.float32
+    finite = np.isfinite(want)
+    assert finite.mean() > 0.5
+    assert np.array_equal(got.view(np.uint32)[finite], want.view(np.uint32)[finite])
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+def test_dequantization_rejects_rows_of_partial_blocks() -> None:
+    with pytest.raises(ValueError, match=r"q4_1 rows must be \[rows, n \* 20\]"):
+        ops.dequantize("q4_1", np.zeros((2, 30), np.uint8))
