@@ -11,7 +11,9 @@ model's own weights in 16 bits: tests/engine/test_half_weights.py.)
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,14 +108,29 @@ def _checkpoint_and_its_q8_0_gguf(config, tmp_path: Path) -> Path:
     return converted
 
 
+@pytest.fixture(scope="module")
+def q8_0_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Any], tuple[Path, Path]]:
+    """`_checkpoint_and_its_q8_0_gguf` once per config for the module (each conversion is a
+    child process, ~6 s of imports): config -> (its directory, the converted one)."""
+    made: dict[Any, tuple[Path, Path]] = {}
+
+    def get(config: Any) -> tuple[Path, Path]:
+        if config not in made:
+            root = tmp_path_factory.mktemp(config.__name__.strip("_"))
+            made[config] = (root, _checkpoint_and_its_q8_0_gguf(config, root))
+        return made[config]
+
+    return get
+
+
 @needs_avx2
 @pytest.mark.parametrize("mode", ["q8_0", "gguf-int8"])
 @pytest.mark.parametrize("config", [_tied_llama, _tied_qwen3], ids=["llama", "qwen3"])
 def test_safetensors_model_computes_what_its_q8_0_gguf_computes(
-    config, mode: str, tmp_path: Path
+    config, mode: str, q8_0_models
 ) -> None:
-    converted = _checkpoint_and_its_q8_0_gguf(config, tmp_path)
-    quantized = _core(tmp_path / "hf", mode)
+    root, converted = q8_0_models(config)
+    quantized = _core(root / "hf", mode)
     from_file = _core(converted, "gguf" if mode == "q8_0" else mode)  # the file's own blocks
     assert quantized.backends.quantization == mode
     assert "quantized at load" in quantized.backends.description
@@ -126,12 +143,12 @@ def test_safetensors_model_computes_what_its_q8_0_gguf_computes(
     got = _run(quantized, prompts)
     assert got == _run(from_file, prompts)
     # ...and not what the exact float32 model computes (the weights were rounded).
-    exact = _core(tmp_path / "hf", "none")
+    exact = _core(root / "hf", "none")
     assert [lp for _, lp in _run(exact, prompts)] != [lp for _, lp in got]
 
 
 @needs_avx2
-def test_q8_0_is_refused_for_a_gguf_model(tmp_path: Path) -> None:
-    converted = _checkpoint_and_its_q8_0_gguf(_tied_llama, tmp_path)
+def test_q8_0_is_refused_for_a_gguf_model(q8_0_models) -> None:
+    _, converted = q8_0_models(_tied_llama)
     with pytest.raises(ValueError, match="q8_0 quantizes a model that ships no GGUF"):
         _core(converted, "q8_0")
