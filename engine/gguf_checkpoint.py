@@ -13,7 +13,9 @@ and GGUF name map, so the names and float32 values are exactly what the conversi
 What transformers' processor does to each tensor is worked out once, by the conversion
 (`GGUFLayout`): nothing, or a reordering of rows (Llama's Q and K, and their biases: learnt
 by handing it the row numbers instead of the weights), or anything else (Gemma's norms), which
-only then makes the engine import transformers' GGUF code (~1.3 s) and run the processor.
+only then makes the engine import transformers' GGUF code (~1.3 s) and run the processor. A
+MoE's stacked expert tensors are read a slice per expert, under the per-expert names of the
+model's own checkpoints (`_split_experts`).
 A linear weight that the fast path will replace by the file's blocks (`unread`) and whose
 rows are at most reordered is not dequantized at all: it comes as `GGUFRows`, whose rows
 are dequantized only when asked for (the sample rows `engine/layers/gguf_linear.py`
@@ -24,8 +26,9 @@ matches against the file), and `read` gives the whole tensor if it is needed aft
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +88,10 @@ class GGUFLayout:
     """File tensor name -> `AS_IS`, `PROCESSOR`, or the index in `orders` of its rows' order."""
     orders: list[list[int]]
     """Row orders (each checkpoint row's file row), each stored once."""
+    experts: dict[str, list[str]] = field(default_factory=dict)
+    """A parameter transformers stacks over the experts (Qwen3-MoE's
+    ``mlp.experts.gate_up_proj``) -> the per-expert checkpoint tensors that make it up, which
+    are what `names` maps the file's expert slices to (`_split_experts`)."""
 
     @classmethod
     def of_config(cls, config: Any, arch: str, source: Any) -> tuple[GGUFLayout, Any]:
@@ -99,18 +106,24 @@ class GGUFLayout:
         processor_config = json.loads(config.to_json_string(use_diff=False))
         processor = _processor(arch, processor_config)
         names = get_gguf_hf_weights_map(model, processor)
+        shapes = {n: list(p.shape) for n, p in model.named_parameters()}
+        slices, experts = _split_experts(arch, source, names, shapes)
         orders: dict[tuple[int, ...], int] = {}
-        treatments = {
-            name: _treatment(processor, names, name, source, orders) for name in source.tensors
-        }
+        treatments: dict[str, str | int] = {}
+        for name in source.tensors:
+            if name in slices:
+                treatments.update(dict.fromkeys(slices[name], AS_IS))
+            else:
+                treatments[name] = _treatment(processor, names, name, source, orders)
         layout = cls(
             architecture=arch,
             model_class=type(model).__name__,
             processor_config=processor_config,
             names=names,
-            shapes={n: list(p.shape) for n, p in model.named_parameters()},
+            shapes=shapes,
             treatments=treatments,
             orders=[list(order) for order in orders],
+            experts=experts,
         )
         return layout, model
 
@@ -120,6 +133,47 @@ class GGUFLayout:
     @classmethod
     def load(cls, directory: Path) -> GGUFLayout:
         return cls(**json.loads((directory / WEIGHTS_IN_GGUF).read_text()))
+
+
+_STACKED_EXPERTS = {"qwen3moe": "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"}
+"""Architectures whose file stacks each layer's experts in one tensor per projection
+(`EXPERT_TENSORS`), and the checkpoint name of one expert's matrix."""
+_STACKED = re.compile(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight")
+
+
+def _split_experts(
+    arch: str, source: Any, names: dict[str, str], shapes: dict[str, list[int]]
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Read a stacked expert tensor ``[experts, rows, columns]`` as one matrix per expert,
+    under the per-expert names of the model's checkpoints on the hub, which is also what
+    the engine loads: `names` and `shapes` gain each slice (`expert_slice`) and its
+    checkpoint name. transformers' processor instead copies a layer's gate and up tensors
+    into one parameter ``[experts, 2 * rows, columns]``, whose halves are those slices.
+    Returns the slices of each stacked file tensor, and each stacked parameter's parts."""
+    from engine.layers.gguf_linear import EXPERT_TENSORS, expert_slice
+
+    template = _STACKED_EXPERTS.get(arch)
+    slices: dict[str, list[str]] = {}
+    experts: dict[str, list[str]] = {}
+    if template is None:
+        return slices, experts
+    projection = {tensor: proj for proj, tensor in EXPERT_TENSORS.items()}
+    for name, (dims, _, _) in source.tensors.items():
+        m = _STACKED.fullmatch(name)
+        if m is None or m.group(2) not in projection or len(dims) != 3:
+            continue
+        # transformers keys these by the name less ".weight" (its processor's lookup)
+        stacked = names.pop(name, None) or names.pop(name.removesuffix(".weight"), None)
+        if stacked is None:
+            continue
+        slices[name] = []
+        for e in range(int(dims[2])):
+            hf_name = template.format(layer=m.group(1), expert=e, proj=projection[m.group(2)])
+            names[expert_slice(name, e)] = hf_name
+            shapes[hf_name] = [int(dims[1]), int(dims[0])]
+            slices[name].append(expert_slice(name, e))
+            experts.setdefault(stacked, []).append(hf_name)
+    return slices, experts
 
 
 def _processor(arch: str, processor_config: dict[str, Any]) -> Any:
@@ -211,7 +265,7 @@ class GGUFCheckpoint:
         hf_name = self.layout.names.get(name)
         if hf_name in unread and treatment != PROCESSOR:
             qtype, raw = self.source.stored(name)
-            cols = int(self.source.tensors[name][0][0])
+            cols = self.source.dims(name)[0]
             self._check_shape(name, hf_name, (raw.shape[0], cols))
             found: tuple[str, Any] | None = (
                 hf_name,

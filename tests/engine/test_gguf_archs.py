@@ -125,13 +125,14 @@ def test_converted_gguf_is_token_identical_to_transformers(name: str, tmp_path: 
     assert got == [_hf_greedy(hf, p) for p in prompts]
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n != "qwen3moe"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_streaming_conversion_writes_what_transformers_loader_does(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Dense files convert tensor by tensor (never the whole model in memory): the same
+    """Files convert tensor by tensor (never the whole model in memory): the same
     checkpoint names, float32 values bit for bit and config as transformers' whole-model
-    loader gives; a small shard size splits them into an indexed, sharded checkpoint. Left
+    loader gives (a MoE's stacked experts as the per-expert matrices its saved checkpoint
+    holds); a small shard size splits them into an indexed, sharded checkpoint. Left
     in the file (`engine.gguf_checkpoint`), the tensors read at load are the same, and so
     are the rows of those left in their blocks and each one read whole afterwards."""
     from safetensors.torch import load_file
@@ -283,6 +284,17 @@ FAST_CASES: dict[str, Callable[[], PretrainedConfig]] = {
         partial_rotary_factor=0.5,
         sliding_window=8,
     ),
+    # eight experts: the router's eight rows are a kernel group, so it computes from the
+    # file too; each expert's matrices are slices of the layer's stacked tensors
+    "qwen3moe": lambda: Qwen3MoeConfig(
+        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
+        head_dim=32,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -296,11 +308,15 @@ def _convert_marked(path: Path, out: Path, weights: bool = False) -> None:
 
 
 @pytest.mark.parametrize("name", list(FAST_CASES))
-def test_q8_0_gguf_runs_the_cpu_fast_path(name: str, tmp_path: Path) -> None:
-    """`--quantization gguf` on a Q8_0 file of a new dense architecture: every linear
-    (Phi-3's fused qkv and gate_up too) computes from the file's blocks, which are the
-    exact mode's weights, and greedy output agrees with the exact mode (only the order of
-    float32 sums differs: `assert_agrees_with_reference`'s bound)."""
+def test_q8_0_gguf_runs_the_cpu_fast_path(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--quantization gguf` on a Q8_0 file of a new architecture: every linear (Phi-3's
+    fused qkv and gate_up, each of Qwen3-MoE's experts and its router too) computes from
+    the file's blocks, which are the exact mode's weights, none of them read whole at load,
+    and greedy output agrees with the exact mode (only the order of float32 sums differs:
+    `assert_agrees_with_reference`'s bound)."""
+    from engine.gguf_checkpoint import GGUFCheckpoint
     from engine.layers.gguf_linear import GGUFBlockLinearMethod
     from engine.layers.linear import Linear
     from kernels.cpu import ops
@@ -311,7 +327,13 @@ def test_q8_0_gguf_runs_the_cpu_fast_path(name: str, tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "hf", tmp_path / f"{name}.gguf", qtype="Q8_0")
     _convert_marked(path, tmp_path / "converted")
     config = {"model": str(tmp_path / "converted"), "max_model_len": 64, "block_size": 4}
+    read_whole: list[str] = []
+    real_read = GGUFCheckpoint.read
+    monkeypatch.setattr(
+        GGUFCheckpoint, "read", lambda self, n: read_whole.append(n) or real_read(self, n)
+    )
     fast = EngineCore(EngineConfig(**config, quantization="gguf"))  # type: ignore[arg-type]
+    assert read_whole == []
     exact = EngineCore(EngineConfig(**config, dtype="float32"))  # type: ignore[arg-type]
     assert fast.backends.quantization == "gguf" and exact.backends.quantization == "none"
     linears = [m for m in fast.model.modules() if isinstance(m, Linear)]
