@@ -69,7 +69,7 @@ from engine.layers.gguf_linear import (
 from engine.layers.half_weights import HalfWeights
 from engine.layers.kernel_ops import use_kernel_ops
 from engine.layers.linear import Linear, non_linear_parameter_ids
-from engine.layers.moe import GROUPED_GEMM, FusedMoE, use_moe_method
+from engine.layers.moe import GROUPED_GEMM, PACKED_EXPERTS, FusedMoE, use_moe_method
 from engine.layers.q8_0_weights import QuantizedWeights
 from engine.model_loader import checkpoint_dtype
 from engine.model_resolver import gguf_source
@@ -223,6 +223,7 @@ def choose_backends(
             raise ValueError(f"--quantization {asked}: no linear fits: {source.describe()}")
         return _exact_checked(model, config, dtype, device)
     use_kernel_ops(model, ops)
+    moe = use_packed_experts(model)
     table = ""
     if isinstance(source, GGUFSource):
         gathered = gather_table_from_blocks(model, source)  # before the summary: it counts
@@ -258,7 +259,8 @@ def choose_backends(
     description = (
         f"{weights} ({counts}; {nbytes / 2**20:.0f} MiB{origin}{table}) x {activations}, "
         f"{kv} KV cache{attention}, "
-        f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
+        + (f"{moe} MoE layers' experts in one C call each, " if moe else "")
+        + f"C kernels {isa.variant} on {isa.cpu} [{' '.join(isa.flags)}]"
     )
     say(f"fast CPU path: {description}")
     tiled = (mode == "gguf-bf16" and bf16_ops.qtiles_path()) or (
@@ -354,6 +356,31 @@ def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[st
             module.weight.data = torch.empty(0)
     _release_packed_experts(model)
     return kinds
+
+
+def use_packed_experts(model: nn.Module) -> int:
+    """Give `PACKED_EXPERTS` to every SwiGLU `FusedMoE` whose expert linears all run the
+    float32-activation blocks (`GGUFBlockLinearMethod` itself: the bf16 tiles and int8
+    activations pack otherwise); returns how many took it."""
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, FusedMoE) or module.activation != "silu":
+            continue
+        linears = [*module.gate_up, *module.down]
+        if not all(
+            type(m.method) is GGUFBlockLinearMethod and isinstance(m.packed, ops.PackedWeight)
+            for m in linears
+        ):
+            continue
+        try:
+            experts = ops.PackedExperts.of(
+                [m.packed for m in module.gate_up], [m.packed for m in module.down]
+            )
+        except ValueError:
+            continue
+        module.packed_experts, module.method = experts, PACKED_EXPERTS
+        count += 1
+    return count
 
 
 def _release_packed_experts(model: nn.Module) -> None:

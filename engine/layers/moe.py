@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,11 +36,13 @@ from engine.layers.linear import Linear, Shard
 from kernels.reference_moe import ACTIVATIONS, moe_combine
 
 __all__ = [
+    "PACKED_EXPERTS",
     "ExpertLinearsMoEMethod",
     "ExpertNames",
     "FusedMoE",
     "GroupedGemmMoEMethod",
     "MoEMethod",
+    "PackedExpertsMoEMethod",
     "SparseMoeBlock",
     "TopKRouter",
     "use_moe_method",
@@ -165,8 +168,37 @@ class GroupedGemmMoEMethod(MoEMethod):
         )
 
 
+class PackedExpertsMoEMethod(MoEMethod):
+    """The CPU fast path's SwiGLU experts, all packed for the float32-activation GEMMs: the
+    whole layer in one C call (``kernels/cpu/ops.py`` `moe_experts`: the same grouping and
+    GEMMs as `ExpertLinearsMoEMethod`, the activation by the C kernel the dense MLP uses,
+    without a Python round per expert). Falls back to the expert linears while a step is
+    being captured or when an expert carries LoRA adapters."""
+
+    name = "packed-experts"
+
+    def apply(
+        self,
+        layer: FusedMoE,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        from kernels.cpu import capture, ops
+
+        experts = layer.packed_experts
+        if (
+            experts is None
+            or capture.active() is not None
+            or any(m.lora is not None for m in (*layer.gate_up, *layer.down))
+        ):
+            return EXPERT_LINEARS.apply(layer, x, topk_weights, topk_ids)
+        return ops.moe_experts(x, topk_weights, topk_ids, experts)
+
+
 EXPERT_LINEARS = ExpertLinearsMoEMethod()
 GROUPED_GEMM = GroupedGemmMoEMethod()
+PACKED_EXPERTS = PackedExpertsMoEMethod()
 
 
 def _view_parameter(stacked: torch.Tensor, index: int) -> nn.Parameter:
@@ -242,6 +274,9 @@ class FusedMoE(nn.Module):
             self.gate_up.append(gate_up)
             self.down.append(down)
         self.method: MoEMethod = EXPERT_LINEARS
+        self.packed_experts: Any = None
+        """`kernels.cpu.ops.PackedExperts` of the experts' packed linears, for
+        `PackedExpertsMoEMethod` (engine/backends.py sets both)."""
 
     def forward(
         self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor

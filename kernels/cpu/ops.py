@@ -49,6 +49,10 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_num_threads": [],
     "hearth_embedding": [_ptr, _i64, _ptr, _i64, _i64, _ptr],
     "hearth_run_program": [_ptr, _i64, _ptr],
+    "hearth_moe_experts": [
+        *[_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64],
+        *[_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr],
+    ],
     "hearth_attention_scratch_floats": [_i64],
     "hearth_attention_f32_path": [],
     "hearth_lora": [
@@ -295,6 +299,74 @@ def gemm_args(x: torch.Tensor, weight, out: torch.Tensor) -> tuple:
         _p(x), x.shape[0], x.stride(0), weight.k, _p(weight.data), weight.n, _p(weight.bias),
         _p(out), out.stride(0),
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PackedExperts:
+    """A MoE layer's experts as `moe_experts` reads them: per expert, the kind code, address
+    and bias address of its packed gate/up (``[2 * inter, h]``) and down (``[h, inter]``)
+    weights. Holds the `PackedWeight`s, so the addresses stay valid."""
+
+    h: int
+    inter: int
+    kind13: torch.Tensor
+    w13: torch.Tensor
+    b13: torch.Tensor
+    kind2: torch.Tensor
+    w2: torch.Tensor
+    b2: torch.Tensor
+    weights: tuple[PackedWeight, ...]
+
+    @classmethod
+    def of(cls, gate_up: list[PackedWeight], down: list[PackedWeight]) -> PackedExperts:
+        """Raises ValueError unless every expert has the same shapes in kinds the C call
+        runs."""
+        h, inter = gate_up[0].k, gate_up[0].n // 2
+        if len(gate_up) != len(down) or any(
+            (g.k, g.n, d.k, d.n) != (h, 2 * inter, inter, h) or g.kind not in KIND_CODES
+            or d.kind not in KIND_CODES
+            for g, d in zip(gate_up, down, strict=True)
+        ):  # fmt: skip
+            raise ValueError("experts of other shapes or kinds than one packed MoE layer has")
+
+        def table(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype)
+
+        return cls(
+            h, inter,
+            table([KIND_CODES[g.kind] for g in gate_up], torch.int32),
+            table([g.data.data_ptr() for g in gate_up], torch.int64),
+            table([_p(g.bias) or 0 for g in gate_up], torch.int64),
+            table([KIND_CODES[d.kind] for d in down], torch.int32),
+            table([d.data.data_ptr() for d in down], torch.int64),
+            table([_p(d.bias) or 0 for d in down], torch.int64),
+            (*gate_up, *down),
+        )  # fmt: skip
+
+
+def moe_experts(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: PackedExperts
+) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * down_e(silu(gate_e) * up_e)(x[t])``, ``e = topk_ids[t,
+    j]``, for every token: a MoE layer's SwiGLU experts in one C call (`hearth_moe_experts`).
+    x: float32 ``[T, h]``; topk_*: ``[T, k]``. Returns ``[T, h]``."""
+    _check(x, "x")
+    t, top_k = topk_ids.shape
+    if x.dim() != 2 or x.shape != (t, experts.h):
+        raise ValueError(f"x must be [{t}, {experts.h}], got {tuple(x.shape)}")
+    x = x.contiguous()
+    ids = topk_ids.to(torch.int64).contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    out = torch.empty((t, experts.h), dtype=torch.float32)
+    slots = t * top_k
+    scratch = torch.empty(slots * (2 * experts.h + 3 * experts.inter), dtype=torch.float32)
+    order = torch.empty(slots, dtype=torch.int64)
+    library().hearth_moe_experts(
+        _p(x), t, experts.h, experts.inter, top_k, _p(ids), _p(weights), experts.kind13.numel(),
+        _p(experts.kind13), _p(experts.w13), _p(experts.b13), _p(experts.kind2),
+        _p(experts.w2), _p(experts.b2), _p(out), _p(scratch), _p(order),
+    )  # fmt: skip
+    return out
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, stack, step) -> torch.Tensor:

@@ -313,12 +313,14 @@ def test_q8_0_gguf_runs_the_cpu_fast_path(
 ) -> None:
     """`--quantization gguf` on a Q8_0 file of a new architecture: every linear (Phi-3's
     fused qkv and gate_up, each of Qwen3-MoE's experts and its router too) computes from
-    the file's blocks, which are the exact mode's weights, none of them read whole at load,
+    the file's blocks, which are the exact mode's weights, none of them read whole at load
+    (a MoE layer's experts in one C call),
     and greedy output agrees with the exact mode (only the order of float32 sums differs:
     `assert_agrees_with_reference`'s bound)."""
     from engine.gguf_checkpoint import GGUFCheckpoint
     from engine.layers.gguf_linear import GGUFBlockLinearMethod
     from engine.layers.linear import Linear
+    from engine.layers.moe import PACKED_EXPERTS, FusedMoE
     from kernels.cpu import ops
 
     if not ops.available():
@@ -339,6 +341,10 @@ def test_q8_0_gguf_runs_the_cpu_fast_path(
     linears = [m for m in fast.model.modules() if isinstance(m, Linear)]
     assert linears and all(isinstance(m.method, GGUFBlockLinearMethod) for m in linears)
     assert f"{len(linears)} q8_0" in fast.backends.description
+    moe = [m for m in fast.model.modules() if isinstance(m, FusedMoE)]
+    assert bool(moe) == (name == "qwen3moe") and all(m.method is PACKED_EXPERTS for m in moe)
+    if moe:  # the whole expert layer in one C call
+        assert f"{len(moe)} MoE layers' experts in one C call each" in fast.backends.description
     gen = torch.Generator().manual_seed(13)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     want = _generate(exact, prompts, "e", at_once=True, max_tokens=NEW_TOKENS, ignore_eos=True)
