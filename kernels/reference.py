@@ -42,8 +42,10 @@ __all__ = [
 # ----------------------------------------------------------------------------- embedding
 
 
-def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Rows of the token embedding table (``F.embedding``)."""
+def embedding(input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0") -> torch.Tensor:
+    """Rows of the token embedding table (``F.embedding``). `blocks` names the format of a
+    table of GGUF rows, which only the CPU fast path's gather reads (kernels/cpu/ops.py);
+    here the table is a float one."""
     return F.embedding(input_ids, weight)  # [T, H]
 
 

@@ -25,6 +25,9 @@ class VocabEmbedding(nn.Module):
         super().__init__()
         self.weight = empty_parameter((vocab_size, hidden_size), dtype, device)
         self.ops: KernelOps = kernels
+        self.blocks = "q8_0"
+        """The GGUF format of a table held as the file's rows (uint8; the fast path's
+        `gather_table_from_blocks`)."""
         if scale is None:
             self.scale: torch.Tensor | None = None
         else:
@@ -32,7 +35,7 @@ class VocabEmbedding(nn.Module):
             self.register_buffer("scale", scale_t, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.ops.embedding(input_ids, self.weight)  # [T, H]
+        out = self.ops.embedding(input_ids, self.weight, self.blocks)  # [T, H]
         return out if self.scale is None else out * self.scale
 
 

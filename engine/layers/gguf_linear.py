@@ -301,10 +301,12 @@ def _ordered(
 
 def gather_table_from_blocks(model: nn.Module, source: GGUFSource) -> str:
     """Give the token embedding the file's own rows in place of its float32 table, when
-    its sample rows match the loaded table bit for bit: Q8_0, F16 or BF16 rows as stored
-    (the C gather widens a row exactly as gguf-py dequantizes it: the same values in 1/3.8
-    or 1/2 of the bytes), any other quantized format requantized to Q8_0 rows
-    (`engine/layers/gguf_relayout.py`; counted in the source's summary). A tied LM head
+    its sample rows match the loaded table bit for bit: F16 or BF16 rows, or the rows of
+    any format the C dequantizer reads (Q8_0, Q4_0 to Q5_1, Q4_K to Q6_K), as stored (the C
+    gather dequantizes a row exactly as gguf-py does: the same values in 1/2 to 1/7 of the
+    bytes; until stop 46 all but Q8_0 were quantized again to Q8_0), any other quantized
+    format requantized to Q8_0 rows (`engine/layers/gguf_relayout.py`; counted in the
+    source's summary). A tied LM head
     already packed drops its reference to the float32 table, so the table is freed.
     Returns what the engine's log says of it ("" when the table stays float32)."""
     from engine.layers.embedding import VocabEmbedding
@@ -322,9 +324,13 @@ def gather_table_from_blocks(model: nn.Module, source: GGUFSource) -> str:
             continue
         if not _rows_match(stored, raw, old):
             continue
-        kind, rows = (stored, raw) if stored in _GATHER_KINDS else ("q8_0", as_q8_0(stored, raw))
+        if stored in _GATHER_KINDS or ops.dequantizes(stored):
+            kind, rows = stored, raw
+        else:
+            kind, rows = "q8_0", as_q8_0(stored, raw)
         source.relayout.record(stored, kind)
         module.weight = nn.Parameter(_table(kind, rows), requires_grad=False)
+        module.blocks = kind if kind not in ops.WIDE_KINDS else "q8_0"
         for linear in model.modules():
             if isinstance(linear, Linear) and linear.weight is old and linear.packed is not None:
                 linear.weight = nn.Parameter(torch.empty(0), requires_grad=False)
@@ -333,11 +339,12 @@ def gather_table_from_blocks(model: nn.Module, source: GGUFSource) -> str:
 
 
 _GATHER_KINDS = ("q8_0", "f16", "bf16")
-"""Stored row formats the C gather reads as they are (`kernels/cpu/ops.py` `embedding`)."""
+"""Stored row formats the C gather reads as they are (`kernels/cpu/ops.py` `embedding`),
+beside those `ops.dequantizes`."""
 
 
 def _table(kind: str, rows: np.ndarray) -> torch.Tensor:
-    """An embedding table of the C gather's kinds from rows as stored: Q8_0 rows stay uint8,
+    """An embedding table of the C gather's kinds from rows as stored: GGUF block rows stay uint8,
     16-bit rows become float16 / bfloat16 `[vocab, hidden]`."""
     table = torch.from_numpy(np.array(rows))
     if kind == "f16":

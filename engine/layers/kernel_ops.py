@@ -18,7 +18,9 @@ from torch import nn
 class KernelOps(Protocol):
     """What `kernels` and `kernels.cpu.ops` both provide (see ``kernels.reference``)."""
 
-    def embedding(self, input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
+    def embedding(
+        self, input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0"
+    ) -> torch.Tensor: ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
 

@@ -271,23 +271,28 @@ static void dequant_legacy_block(int kind, const uint8_t *s, float *y) {
  * kinds 0-3 and 8 as `dequant_legacy_block` (32 values a block), 4: Q4_K, 5: Q5_K, 6: Q6_K
  * (256 a block). gguf-py's numpy took ~1 s per 100 M weights on one thread, and an exact
  * (float32) start of a GGUF dequantizes every weight. */
+static inline int64_t gguf_block_bytes(int64_t kind) {
+    return kind == 4 ? 144 : kind == 5 ? 176 : kind == 6 ? 210
+         : kind == 8 ? 34 : kind == 0 ? 18 : kind == 1 ? 20 : kind == 2 ? 22 : 24;
+}
+
+static inline int64_t gguf_block_values(int64_t kind) { return kind >= 4 && kind <= 6 ? 256 : 32; }
+
+static inline void dequant_block(int64_t kind, const uint8_t *s, float *y) {
+    if (kind == 6)
+        dequant_q6_k_block(s, y);
+    else if (kind == 5)
+        dequant_q45_k_block(s, s + 16, s + 48, y);
+    else if (kind == 4)
+        dequant_q45_k_block(s, NULL, s + 16, y);
+    else
+        dequant_legacy_block((int)kind, s, y);
+}
+
 void hearth_dequantize_gguf(int64_t kind, const uint8_t *src, int64_t nblocks, float *dst) {
-    const int64_t size = kind == 4 ? 144 : kind == 5 ? 176 : kind == 6 ? 210
-                       : kind == 8 ? 34 : kind == 0 ? 18 : kind == 1 ? 20 : kind == 2 ? 22 : 24;
-    const int64_t values = kind >= 4 && kind <= 6 ? 256 : 32;
+    const int64_t size = gguf_block_bytes(kind), values = gguf_block_values(kind);
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < nblocks; b++) {
-        const uint8_t *s = src + b * size;
-        float *y = dst + b * values;
-        if (kind == 6)
-            dequant_q6_k_block(s, y);
-        else if (kind == 5)
-            dequant_q45_k_block(s, s + 16, s + 48, y);
-        else if (kind == 4)
-            dequant_q45_k_block(s, NULL, s + 16, y);
-        else
-            dequant_legacy_block((int)kind, s, y);
-    }
+    for (int64_t b = 0; b < nblocks; b++) dequant_block(kind, src + b * size, dst + b * values);
 }
 
 static inline float hsum(__m256 v);
@@ -1462,12 +1467,21 @@ void hearth_lora(const float *x, int64_t t, int64_t ldx, int64_t in, const int32
  * table's element type, EMBED_F32, or the packed kinds' codes for a GGUF's Q8_0 rows (1:
  * 34 bytes per 32 values, each d * q in float32 as gguf-py dequantizes them) and for
  * float16 (2) and bfloat16 (3): a table held in the checkpoint's 16 bits
- * (engine/layers/weight_storage.py). */
-enum { EMBED_F32 = 0, EMBED_Q8_0 = 1, EMBED_F16 = 2, EMBED_BF16 = 3 };
+ * (engine/layers/weight_storage.py); or EMBED_BLOCKS + a `hearth_dequantize_gguf` kind:
+ * a GGUF's rows in that format, each dequantized as gguf-py does (a Q4_K_M file's Q4_K
+ * table read as stored, not quantized again). */
+enum { EMBED_F32 = 0, EMBED_Q8_0 = 1, EMBED_F16 = 2, EMBED_BF16 = 3, EMBED_BLOCKS = 16 };
 void hearth_embedding(const int64_t *ids, int64_t t, const void *table, int64_t h, int64_t kind,
                       float *out) {
     for (int64_t r = 0; r < t; r++) {
         float *o = out + r * h;
+        if (kind >= EMBED_BLOCKS) {
+            const int64_t code = kind - EMBED_BLOCKS, values = gguf_block_values(code);
+            const int64_t size = gguf_block_bytes(code), nb = h / values;
+            const uint8_t *row = (const uint8_t *)table + ids[r] * nb * size;
+            for (int64_t b = 0; b < nb; b++) dequant_block(code, row + b * size, o + b * values);
+            continue;
+        }
         if (kind == EMBED_F32) {
             memcpy(o, (const float *)table + ids[r] * h, (size_t)h * sizeof(float));
             continue;

@@ -735,24 +735,34 @@ _EMBED_KINDS = {
 rows; uint8: a GGUF's Q8_0 rows; the 16-bit kinds' codes)."""
 
 
-def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+_EMBED_BLOCKS = 16
+"""The gather's kind code of a GGUF format `dequantize` reads: this plus its code there."""
+
+
+def embedding(input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0") -> torch.Tensor:
     """``F.embedding`` as float32 rows (the C gather, so a step program can record it) of
     a float32 table, of one held in 16 bits (each value widened exactly), or of a GGUF's
-    Q8_0 rows (uint8 ``[vocab, h / 32 * 34]``, dequantized exactly as gguf-py does)."""
+    rows (uint8 ``[vocab, row bytes]``) in format `blocks` (Q8_0, or any other
+    `dequantizes` reads), dequantized exactly as gguf-py does."""
     kind = _EMBED_KINDS.get(weight.dtype)
     if kind is None or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(
-            "weight must be a CPU float32, float16 or bfloat16 table or Q8_0 rows, got "
+            "weight must be a CPU float32, float16 or bfloat16 table or GGUF rows, got "
             f"{weight.dtype}"
         )
     if input_ids.dtype != torch.int64 or not weight.is_contiguous():
         raise ValueError("embedding needs int64 ids and a contiguous table")
     t, h = input_ids.shape[0], weight.shape[1]
     if weight.dtype == torch.uint8:
-        block = _RAW_BLOCK_BYTES["q8_0"]
+        if blocks not in _DEQUANTIZED:
+            raise ValueError(f"the gather reads no {blocks} rows")
+        code, block, values = _DEQUANTIZED[blocks]
         if h % block:
-            raise ValueError(f"Q8_0 rows of {h} bytes are not whole {block}-byte blocks")
-        h = h // block * QBLOCK
+            raise ValueError(
+                f"{blocks.upper()} rows of {h} bytes are not whole {block}-byte blocks"
+            )
+        h = h // block * values
+        kind = kind if blocks == "q8_0" else _EMBED_BLOCKS + code
     rec = capture.active()
     if rec is not None:
         rec.rows(t)

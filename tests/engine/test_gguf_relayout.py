@@ -220,8 +220,8 @@ def test_a_k_quant_gguf_runs_every_linear_on_the_block_kernels(
 ) -> None:
     """Before re-layout, every tensor of these formats kept a dense float32 weight. Now
     every linear computes from blocks (a Q4_K_M layer with a Q6_K attn_v packs its fused
-    q/k/v as Q8_0), the token table is gathered from Q8_0 rows, the log line says what
-    each format became, and the re-laid model is the file's own: teacher-forced KL from the
+    q/k/v as Q8_0), the log line says what each format became, the token table is gathered from the file's own rows (until stop
+    46 requantized to Q8_0), and the re-laid model is the file's own: teacher-forced KL from the
     exact mode (the file's dequantized weights) ~0 where the re-layout is exact (Q4_0,
     Q5_0), else at most 1/8 of the KL the file's quantization put between the original
     checkpoint and that exact mode (this random model is far more sensitive than a trained
@@ -239,8 +239,12 @@ def test_a_k_quant_gguf_runs_every_linear_on_the_block_kernels(
     assert {m.packed.kind for m in linears} == kinds
     for text in said:
         assert text in fast.backends.description
-    assert "token table as Q8_0 rows" in fast.backends.description
-    assert fast.model.model.embed_tokens.weight.dtype == torch.uint8
+    from engine.layers.gguf_linear import GGUFSource
+
+    stored = GGUFSource(llama_dir / f"{qtype}.gguf").raw("token_embd.weight")[0]
+    assert f"token table as its {stored.upper()} rows" in fast.backends.description
+    table = fast.model.model.embed_tokens
+    assert table.weight.dtype == torch.uint8 and table.blocks == stored
     ids = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(3)).tolist()
     relaid, quantized = _kl(dequantized, fast, ids), _kl(original, dequantized, ids)
     if exact:  # the file's own values: only the order of float32 sums differs

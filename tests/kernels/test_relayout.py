@@ -111,6 +111,28 @@ def test_dequantization_is_gguf_pys_bit_for_bit(kind: str, size: int, scale_at: 
     assert np.array_equal(np.isnan(got), np.isnan(want))
 
 
+@pytest.mark.parametrize(
+    ("kind", "size", "scale_at"),
+    [("q4_1", 20, [0, 2]), ("q5_0", 22, [0]), ("q4_k", 144, [0, 2]), ("q6_k", 210, [208])],
+)
+def test_the_gather_reads_a_token_table_in_its_own_format(
+    kind: str, size: int, scale_at: list[int]
+) -> None:
+    """A GGUF's token table gathered from its own rows (engine/layers/gguf_linear.py
+    `gather_table_from_blocks`): each row gguf-py's dequantization, bit for bit."""
+    import torch
+
+    raw = _blocks(12, 2, size, scale_at, seed=6, scales=_SCALES[np.abs(_SCALES) < 1000])
+    ids = torch.tensor([11, 0, 5, 5, 7])
+    got = ops.embedding(ids, torch.from_numpy(raw.copy()), blocks=kind)
+    want = np.asarray(dequantize(raw, GT[kind.upper()]), np.float32)[ids.numpy()]
+    assert got.shape == want.shape and np.array_equal(
+        got.numpy().view(np.uint32), want.view(np.uint32)
+    )
+    with pytest.raises(ValueError, match=f"{kind.upper()} rows of {size + 1} bytes"):
+        ops.embedding(ids, torch.zeros(12, size + 1, dtype=torch.uint8), blocks=kind)
+
+
 def test_dequantization_rejects_rows_of_partial_blocks() -> None:
     with pytest.raises(ValueError, match=r"q4_1 rows must be \[rows, n \* 20\]"):
         ops.dequantize("q4_1", np.zeros((2, 30), np.uint8))
