@@ -342,19 +342,28 @@ def _use_gguf_blocks(model: nn.Module, method: GGUFBlockLinearMethod) -> dict[st
     shared = non_linear_parameter_ids(model)
     kinds: dict[str, int] = {}
     deferred = getattr(model, "deferred_weights", None)
-    for module in model.modules():
-        if not isinstance(module, Linear):
-            continue
+
+    def pack(module: Linear) -> None:
         if deferred is not None and method.reads_dense:
             deferred.fill(module.weight)
         packed = method.pack(module)
         if packed is None:
-            continue
+            return
         module.packed, module.method = packed, method
         kinds[packed.kind] = kinds.get(packed.kind, 0) + 1
         if id(module.weight) not in shared:
             module.weight.data = torch.empty(0)
-    _release_packed_experts(model)
+
+    done: set[int] = set()
+    for module in model.modules():  # a MoE layer comes before its expert linears
+        if isinstance(module, FusedMoE):
+            experts = [*module.gate_up, *module.down]
+            for linear in experts:
+                pack(linear)
+            done.update(id(linear) for linear in experts)
+            _release_packed_experts(module)
+        elif isinstance(module, Linear) and id(module) not in done:
+            pack(module)
     return kinds
 
 
@@ -383,13 +392,13 @@ def use_packed_experts(model: nn.Module) -> int:
     return count
 
 
-def _release_packed_experts(model: nn.Module) -> None:
-    """Drop the stacked dense weights of a MoE layer whose every expert linear was packed:
-    its experts then run through those linears' methods (`ExpertLinearsMoEMethod`), and the
-    stack would hold a second, float32 copy of every expert (the bulk of a MoE model)."""
-    for module in model.modules():
-        if isinstance(module, FusedMoE) and all(
-            linear.packed is not None for linear in (*module.gate_up, *module.down)
-        ):
-            module.w13 = torch.empty(0)
-            module.w2 = torch.empty(0)
+def _release_packed_experts(module: FusedMoE) -> None:
+    """Drop the stacked dense weights of a MoE layer whose every expert linear was packed,
+    as soon as they are: its experts then run through those linears' methods, and the stack
+    would hold a second, float32 copy of every expert (the bulk of a MoE model). Released
+    layer by layer, a method that packs from the dense weight (`gguf-bf16`, which fills each
+    deferred expert weight into the stack first) holds one layer's float32 experts at a
+    time, not the model's."""
+    if all(linear.packed is not None for linear in (*module.gate_up, *module.down)):
+        module.w13 = torch.empty(0)
+        module.w2 = torch.empty(0)

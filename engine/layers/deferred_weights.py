@@ -62,10 +62,12 @@ class DeferredWeights:
             for m in model.modules()
             if isinstance(m, VocabEmbedding) and m.weight.dtype == torch.float32
         }
-        self._pending: list[_Deferred] = []
+        self._pending: dict[int, list[_Deferred]] = {}
+        """Deferred slices by their parameter's id (a MoE model has tens of thousands of
+        expert weights: `fill` looks one up per linear)."""
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return sum(len(slices) for slices in self._pending.values())
 
     def wants(self, param: torch.Tensor) -> bool:
         """Whether a checkpoint tensor bound for `param` is left unread (a linear's weight, the
@@ -86,11 +88,11 @@ class DeferredWeights:
         dst = param if start is None else param.narrow(0, start, length)
         rows = sample_rows(tensor.shape[0])
         dst[rows] = tensor[rows].to(dst.dtype)
-        self._pending.append(_Deferred(name, param, start, length))
+        self._pending.setdefault(id(param), []).append(_Deferred(name, param, start, length))
 
     def fill(self, param: torch.Tensor) -> int:
         """Read every deferred slice of `param` from the checkpoint; returns how many."""
-        mine = [d for d in self._pending if d.param is param]
+        mine = self._pending.pop(id(param), [])
         if not mine:
             return 0
         with torch.no_grad():
@@ -98,7 +100,6 @@ class DeferredWeights:
                 tensor = self.read(d.name)
                 dst = d.param if d.start is None else d.param.narrow(0, d.start, d.length)
                 dst.copy_(tensor)
-        self._pending = [d for d in self._pending if d.param is not param]
         return len(mine)
 
     def fill_unpacked(self, model: nn.Module) -> int:

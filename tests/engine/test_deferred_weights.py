@@ -153,3 +153,51 @@ def test_a_method_that_packs_from_the_dense_weight_reads_it_first(converted: Pat
     down = model.model.layers[0].mlp.down_proj
     assert torch.equal(seen[id(down)], weights["model.layers.0.mlp.down_proj.weight"])
     assert down.weight.numel() == 0 and len(model.deferred_weights) == 0
+
+
+def test_a_moe_layers_stacked_experts_are_freed_before_the_next_layer_packs(
+    tmp_path: Path,
+) -> None:
+    """A method that packs from the dense weight fills each deferred expert weight into its
+    layer's stacked `w13` / `w2` first; the stack is freed as soon as that layer's experts
+    are packed, so loading holds one layer's float32 experts at a time (a 30 B MoE's are
+    ~115 GB in all). The packed experts are the file's: each filled weight is the
+    checkpoint's."""
+    from transformers import Qwen3MoeConfig
+
+    from engine.backends import _use_gguf_blocks
+    from engine.layers.gguf_linear import GGUFBlockLinearMethod, GGUFSource
+    from engine.layers.moe import FusedMoE
+    from engine.model_resolver import gguf_source
+    from tests.engine.tiny_models import COMMON
+
+    config = Qwen3MoeConfig(
+        **COMMON, head_dim=16, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2
+    )
+    converted = _converted(tmp_path, config, "Q8_0")
+    model, _ = load_model(str(converted), torch.float32, torch.device("cpu"), defer_linears=True)
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert len(layers) == 2
+    owner = {id(linear): i for i, m in enumerate(layers) for linear in (*m.gate_up, *m.down)}
+    stacks_held: list[tuple[int, list[bool]]] = []
+    filled: dict[int, torch.Tensor] = {}
+
+    class DenseReading(GGUFBlockLinearMethod):
+        reads_dense = True
+
+        def _pack(self, layer: Linear, kind: str, rows):
+            if id(layer) in owner:
+                stacks_held.append((owner[id(layer)], [m.w13.numel() > 0 for m in layers]))
+                filled[id(layer)] = layer.weight.detach().clone()
+            return super()._pack(layer, kind, rows)
+
+    _use_gguf_blocks(model, DenseReading(GGUFSource(gguf_source(str(converted)))))
+    assert {i for i, _ in stacks_held} == {0, 1}
+    for i, held in stacks_held:  # packing layer i: every earlier layer's stack is gone
+        assert held == [j >= i for j in range(len(layers))], (i, held)
+    assert all(m.w13.numel() == 0 and m.w2.numel() == 0 for m in layers)
+    weights = _checkpoint(converted)
+    expert = layers[1].down[5]
+    assert torch.equal(filled[id(expert)], weights["model.layers.1.mlp.experts.5.down_proj.weight"])
+    experts = [linear for m in layers for linear in (*m.gate_up, *m.down)]
+    assert all(model.deferred_weights.fill(linear.weight) == 0 for linear in experts)
