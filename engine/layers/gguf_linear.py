@@ -229,7 +229,7 @@ class GGUFSource:
         32-column blocks in a format the kernels read or `relaid_rows` re-lays."""
         base, expert = split_expert(name)
         info = self.tensors.get(base)
-        if info is None or (expert is not None and (len(info[0]) != 3 or expert >= info[0][2])):
+        if info is None or (expert is not None and expert >= info[0][-1]):
             return None
         dims, kind_id = self.dims(name), info[1]
         try:
@@ -324,23 +324,18 @@ def gather_table_from_blocks(model: nn.Module, source: GGUFSource) -> str:
             continue
         if not _rows_match(stored, raw, old):
             continue
-        if stored in _GATHER_KINDS or ops.dequantizes(stored):
+        if stored in ops.WIDE_KINDS or ops.dequantizes(stored):
             kind, rows = stored, raw
         else:
             kind, rows = "q8_0", as_q8_0(stored, raw)
         source.relayout.record(stored, kind)
         module.weight = nn.Parameter(_table(kind, rows), requires_grad=False)
-        module.blocks = kind if kind not in ops.WIDE_KINDS else "q8_0"
+        module.blocks = kind  # read for a table of block rows only
         for linear in model.modules():
             if isinstance(linear, Linear) and linear.weight is old and linear.packed is not None:
                 linear.weight = nn.Parameter(torch.empty(0), requires_grad=False)
         said = f"token table as {'its ' * (kind == stored)}{kind.upper()} rows"
     return said
-
-
-_GATHER_KINDS = ("q8_0", "f16", "bf16")
-"""Stored row formats the C gather reads as they are (`kernels/cpu/ops.py` `embedding`),
-beside those `ops.dequantizes`."""
 
 
 def _table(kind: str, rows: np.ndarray) -> torch.Tensor:

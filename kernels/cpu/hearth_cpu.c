@@ -225,25 +225,6 @@ void hearth_quantize_q8_0(const float *x, int64_t nblocks, uint8_t *dst) {
     for (int64_t b = 0; b < nblocks; b++) quantize_q8_0_block(x + b * 32, dst + b * 34);
 }
 
-/* K-quant super-blocks (kind 4: Q4_K, 5: Q5_K, 6: Q6_K) -> 8 Q8_0 blocks each: the
- * file's values (bitwise gguf-py's dequantization) quantized as `hearth_quantize_q8_0`,
- * without a float32 copy of the tensor in between. */
-void hearth_requant_k_q8_0(int64_t kind, const uint8_t *src, int64_t nsuper, uint8_t *dst) {
-    const int64_t size = kind == 4 ? 144 : kind == 5 ? 176 : 210;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < nsuper; b++) {
-        const uint8_t *s = src + b * size;
-        float y[256];
-        if (kind == 6)
-            dequant_q6_k_block(s, y);
-        else if (kind == 5)
-            dequant_q45_k_block(s, s + 16, s + 48, y);
-        else
-            dequant_q45_k_block(s, NULL, s + 16, y);
-        for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, dst + (b * 8 + j) * 34);
-    }
-}
-
 /* One block of a legacy format (32 values: 0: Q4_0, 1: Q4_1, 2: Q5_0, 3: Q5_1, 8: Q8_0)
  * -> float32 as gguf-py writes it: d*q (+ m), every product d*q exact in float32 (11-bit
  * d, at most 8-bit q), so the one rounding is the offset's, as in numpy. */
@@ -293,6 +274,19 @@ void hearth_dequantize_gguf(int64_t kind, const uint8_t *src, int64_t nblocks, f
     const int64_t size = gguf_block_bytes(kind), values = gguf_block_values(kind);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nblocks; b++) dequant_block(kind, src + b * size, dst + b * values);
+}
+
+/* K-quant super-blocks (kind 4: Q4_K, 5: Q5_K, 6: Q6_K) -> 8 Q8_0 blocks each: the
+ * file's values (bitwise gguf-py's dequantization) quantized as `hearth_quantize_q8_0`,
+ * without a float32 copy of the tensor in between. */
+void hearth_requant_k_q8_0(int64_t kind, const uint8_t *src, int64_t nsuper, uint8_t *dst) {
+    const int64_t size = gguf_block_bytes(kind);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nsuper; b++) {
+        float y[256];
+        dequant_block(kind, src + b * size, y);
+        for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, dst + (b * 8 + j) * 34);
+    }
 }
 
 static inline float hsum(__m256 v);
@@ -1464,13 +1458,11 @@ void hearth_lora(const float *x, int64_t t, int64_t ldx, int64_t in, const int32
 /* ------------------------------------------------------------------ embedding */
 
 /* out[r] = table[ids[r]] widened exactly to float32, for T rows of width h. kind: the
- * table's element type, EMBED_F32, or the packed kinds' codes for a GGUF's Q8_0 rows (1:
- * 34 bytes per 32 values, each d * q in float32 as gguf-py dequantizes them) and for
- * float16 (2) and bfloat16 (3): a table held in the checkpoint's 16 bits
- * (engine/layers/weight_storage.py); or EMBED_BLOCKS + a `hearth_dequantize_gguf` kind:
- * a GGUF's rows in that format, each dequantized as gguf-py does (a Q4_K_M file's Q4_K
- * table read as stored, not quantized again). */
-enum { EMBED_F32 = 0, EMBED_Q8_0 = 1, EMBED_F16 = 2, EMBED_BF16 = 3, EMBED_BLOCKS = 16 };
+ * table's element type, EMBED_F32, or the packed kinds' codes for float16 (2) and
+ * bfloat16 (3): a table held in the checkpoint's 16 bits (engine/layers/weight_storage.py);
+ * or EMBED_BLOCKS + a `hearth_dequantize_gguf` kind: a GGUF's rows in that format (Q8_0,
+ * a Q4_K_M file's Q4_K, ...), each dequantized as gguf-py does, not quantized again. */
+enum { EMBED_F32 = 0, EMBED_F16 = 2, EMBED_BF16 = 3, EMBED_BLOCKS = 16 };
 void hearth_embedding(const int64_t *ids, int64_t t, const void *table, int64_t h, int64_t kind,
                       float *out) {
     for (int64_t r = 0; r < t; r++) {
@@ -1484,15 +1476,6 @@ void hearth_embedding(const int64_t *ids, int64_t t, const void *table, int64_t 
         }
         if (kind == EMBED_F32) {
             memcpy(o, (const float *)table + ids[r] * h, (size_t)h * sizeof(float));
-            continue;
-        }
-        if (kind == EMBED_Q8_0) {
-            const uint8_t *row = (const uint8_t *)table + ids[r] * (h / Q4_BLOCK) * 34;
-            for (int64_t b = 0; b < h / Q4_BLOCK; b++, row += 34) {
-                const float d = f16_at(row);
-                const int8_t *q = (const int8_t *)(row + 2);
-                for (int j = 0; j < Q4_BLOCK; j++) o[b * Q4_BLOCK + j] = d * (float)q[j];
-            }
             continue;
         }
         /* 16-bit rows: the weight kernels' own exact widening (load_f16 / load_bf16), 8 at

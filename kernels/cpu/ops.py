@@ -181,30 +181,6 @@ def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> P
     return PackedWeight(kind, n, k, out, bias)
 
 
-_K_QUANTS = {"q4_k": (4, 144), "q5_k": (5, 176), "q6_k": (6, 210)}
-"""K-quants the C library reads: its kind code, bytes per 256 columns."""
-
-
-def relay_q4_k(raw: np.ndarray) -> np.ndarray | None:
-    """Q4_K rows (uint8 ``[rows, k / 256 * 144]``) as Q4_1 rows (``[rows, k / 32 * 20]``):
-    the same nibbles, scale ``d·sc`` and offset ``-dmin·m`` rounded to float16; None
-    when one of those is past float16's range."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    size = _K_QUANTS["q4_k"][1]
-    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q4_1"]), np.uint8)
-    return None if library().hearth_relay_q4_k(_p(raw), raw.size // size, _p(out)) else out
-
-
-def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:
-    """Q4_K, Q5_K or Q6_K rows as Q8_0 rows: bit for bit gguf-py's dequantization then
-    Q8_0 quantization, without the float32 tensor in between."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    code, size = _K_QUANTS[kind]
-    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q8_0"]), np.uint8)
-    library().hearth_requant_k_q8_0(code, _p(raw), raw.size // size, _p(out))
-    return out
-
-
 _DEQUANTIZED = {
     "q4_0": (0, 18, 32),
     "q4_1": (1, 20, 32),
@@ -215,7 +191,28 @@ _DEQUANTIZED = {
     "q5_k": (5, 176, 256),
     "q6_k": (6, 210, 256),
 }
-"""GGUF formats `dequantize` reads: kind code, bytes and values per block."""
+"""GGUF formats the C library reads (`dequantize`; the K-quants also `relay_q4_k`,
+`requantize_k`): its kind code, bytes and values per block."""
+
+
+def relay_q4_k(raw: np.ndarray) -> np.ndarray | None:
+    """Q4_K rows (uint8 ``[rows, k / 256 * 144]``) as Q4_1 rows (``[rows, k / 32 * 20]``):
+    the same nibbles, scale ``d·sc`` and offset ``-dmin·m`` rounded to float16; None
+    when one of those is past float16's range."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    size = _DEQUANTIZED["q4_k"][1]
+    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q4_1"]), np.uint8)
+    return None if library().hearth_relay_q4_k(_p(raw), raw.size // size, _p(out)) else out
+
+
+def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:
+    """Q4_K, Q5_K or Q6_K rows as Q8_0 rows: bit for bit gguf-py's dequantization then
+    Q8_0 quantization, without the float32 tensor in between."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    code, size, _ = _DEQUANTIZED[kind]
+    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q8_0"]), np.uint8)
+    library().hearth_requant_k_q8_0(code, _p(raw), raw.size // size, _p(out))
+    return out
 
 
 def dequantizes(kind: str) -> bool:
@@ -725,18 +722,17 @@ def paged_attention(
     return out
 
 
+_EMBED_BLOCKS = 16
+"""The gather's kind code of a GGUF format `dequantize` reads: this plus its code there."""
 _EMBED_KINDS = {
     torch.float32: 0,
-    torch.uint8: KIND_CODES["q8_0"],
+    torch.uint8: _EMBED_BLOCKS,
     torch.float16: KIND_CODES["f16"],
     torch.bfloat16: KIND_CODES["bf16"],
 }
 """Element types of an embedding table the C gather widens, and its `kind` codes (0: float32
-rows; uint8: a GGUF's Q8_0 rows; the 16-bit kinds' codes)."""
-
-
-_EMBED_BLOCKS = 16
-"""The gather's kind code of a GGUF format `dequantize` reads: this plus its code there."""
+rows; uint8: a GGUF's rows, `_EMBED_BLOCKS` plus their format's code; the 16-bit kinds'
+codes)."""
 
 
 def embedding(input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0") -> torch.Tensor:
@@ -762,7 +758,7 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0
                 f"{blocks.upper()} rows of {h} bytes are not whole {block}-byte blocks"
             )
         h = h // block * values
-        kind = kind if blocks == "q8_0" else _EMBED_BLOCKS + code
+        kind += code
     rec = capture.active()
     if rec is not None:
         rec.rows(t)
