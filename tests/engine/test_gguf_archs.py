@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,6 +54,22 @@ NEW_TOKENS = 10
 PROMPT_LENS = [5, 19, 33]
 
 
+def _qwen3moe(**fields: Any) -> PretrainedConfig:
+    """A tiny Qwen3-MoE: four experts of width 32, two a token; `fields` override."""
+    return Qwen3MoeConfig(
+        **{
+            **COMMON,
+            "head_dim": 16,
+            "moe_intermediate_size": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "tie_word_embeddings": True,
+            **fields,
+        }
+    )
+
+
 def _gemma3() -> PretrainedConfig:
     # Six layers: llama.cpp fixes Gemma 3's pattern (five sliding, one global) and its
     # query scale (1/sqrt(head_dim)); a GGUF cannot say otherwise.
@@ -79,15 +96,7 @@ CASES: dict[str, Callable[[], PretrainedConfig]] = {
     "qwen3-bias-untied": lambda: Qwen3Config(
         **COMMON, head_dim=16, attention_bias=True, tie_word_embeddings=False
     ),
-    "qwen3moe": lambda: Qwen3MoeConfig(
-        **COMMON,
-        head_dim=16,
-        moe_intermediate_size=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        tie_word_embeddings=True,
-    ),
+    "qwen3moe": _qwen3moe,
     "gemma3": _gemma3,
     "phi3-partial-sliding": phi3_partial_sliding,
     "phi3-longrope": phi3_longrope,
@@ -286,14 +295,8 @@ FAST_CASES: dict[str, Callable[[], PretrainedConfig]] = {
     ),
     # eight experts: the router's eight rows are a kernel group, so it computes from the
     # file too; each expert's matrices are slices of the layer's stacked tensors
-    "qwen3moe": lambda: Qwen3MoeConfig(
-        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
-        head_dim=32,
-        moe_intermediate_size=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        tie_word_embeddings=True,
+    "qwen3moe": lambda: _qwen3moe(
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=8
     ),
 }
 
