@@ -46,7 +46,7 @@ from torch import nn
 
 from engine.layers.deferred_weights import sample_rows
 from engine.layers.gguf_dequantize import dequantize
-from engine.layers.gguf_relayout import Relayout, as_q8_0, relaid_parts
+from engine.layers.gguf_relayout import LaidRows, Relayout, as_q8_0
 from engine.layers.linear import Linear, LinearMethod
 from kernels.cpu import bf16_ops, ops, q8_ops
 
@@ -246,10 +246,10 @@ class GGUFSource:
         relaid = self.relayout.summary()
         return f"GGUF blocks of {self.path.name}" + (f" ({relaid})" if relaid else "")
 
-    def rows(self, layer: Linear, row_multiple: int) -> tuple[str, np.ndarray] | None:
-        """`layer`'s rows from the file in the loaded weights' row order, or None when the
-        file can't provide every shard in one kernel-supported block kind (the packers
-        check `row_multiple` themselves: a file's weights are never rewritten)."""
+    def rows(self, layer: Linear, row_multiple: int) -> LaidRows | None:
+        """`layer`'s rows from the file in the loaded weights' row order, as stored, or None
+        when the file can't provide every shard in one kernel-supported block kind (the
+        packers check `row_multiple` themselves: a file's weights are never rewritten)."""
         parts = []
         for shard, start in layer.shard_offsets():
             name = gguf_tensor_name(shard.checkpoint)
@@ -259,14 +259,10 @@ class GGUFSource:
             parts.append(None if name is None else _ordered(self, name, dense, shard.rotary_heads))
         if any(p is None for p in parts):
             return None
-        stored = [p for p in parts if p is not None]
-        laid = relaid_parts(stored)
-        kinds = {kind for kind, _ in laid}
-        if len(kinds) != 1:
-            return None
-        for (was, _), (now, _) in zip(stored, laid, strict=True):
-            self.relayout.record(was, now)
-        return kinds.pop(), np.concatenate([rows for _, rows in laid], axis=0)
+        laid = LaidRows.of([p for p in parts if p is not None])
+        if laid is not None:
+            laid.describe_into(self.relayout)
+        return laid
 
 
 def _rows_match(kind: str, raw: np.ndarray, dense: torch.Tensor) -> bool:
@@ -367,7 +363,7 @@ class BlockSource(Protocol):
 
     def describe(self) -> str: ...
 
-    def rows(self, layer: Linear, row_multiple: int) -> tuple[str, np.ndarray] | None: ...
+    def rows(self, layer: Linear, row_multiple: int) -> LaidRows | None: ...
 
 
 class GGUFBlockLinearMethod(LinearMethod):
@@ -382,8 +378,8 @@ class GGUFBlockLinearMethod(LinearMethod):
     def __init__(self, source: BlockSource) -> None:
         self.source = source
 
-    def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
-        return ops.pack(kind, rows, layer.bias)
+    def _pack(self, layer: Linear, rows: LaidRows) -> object:
+        return rows.pack(layer.bias)
 
     def pack(self, layer: Linear) -> object | None:
         """`layer`'s weight packed for the kernel, or None when the source can't provide
@@ -392,7 +388,7 @@ class GGUFBlockLinearMethod(LinearMethod):
         if found is None:
             return None
         try:
-            return self._pack(layer, *found)
+            return self._pack(layer, found)
         except ValueError:
             return None
 
@@ -420,10 +416,9 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
         super().__init__(source)
         self.min_t = bf16_ops.default_min_t() if min_t is None else min_t
 
-    def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
-        return bf16_ops.pack_tiles(
-            layer.weight.float(), ops.pack(kind, rows, layer.bias), self.min_t, raw=rows
-        )
+    def _pack(self, layer: Linear, rows: LaidRows) -> object:
+        raw = rows.joined() if bf16_ops.qtiles_path() else None  # AMX's Q-tiles read them whole
+        return bf16_ops.pack_tiles(layer.weight.float(), rows.pack(layer.bias), self.min_t, raw=raw)
 
     @staticmethod
     def _kernel(x: torch.Tensor, packed) -> torch.Tensor:
@@ -437,8 +432,8 @@ class GGUFInt8LinearMethod(GGUFBlockLinearMethod):
     name = "gguf-int8"
     row_multiple = q8_ops.ROW_MULTIPLE
 
-    def _pack(self, layer: Linear, kind: str, rows: np.ndarray) -> object:
-        return q8_ops.pack_q8act(kind, rows, layer.bias)
+    def _pack(self, layer: Linear, rows: LaidRows) -> object:
+        return q8_ops.pack_q8act(rows.kind, rows.joined(), layer.bias)
 
     @staticmethod
     def _kernel(x: torch.Tensor, packed) -> torch.Tensor:

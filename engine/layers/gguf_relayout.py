@@ -22,7 +22,7 @@ kept its dense float32 weight: 4 bytes a weight streamed per step instead of ~0.
 
 Where one fused layer's checkpoint tensors come out in different kinds (Q4_K_M stores a
 layer's `attn_v` as Q6_K beside Q4_K `attn_q` / `attn_k`), every part is brought to Q8_0 so
-the layer is one packed weight (`relaid_parts`).
+the layer is one packed weight (`LaidRows.of`).
 
 What each tensor became is counted (`Relayout.summary`) and said in the engine's log.
 """
@@ -30,14 +30,16 @@ What each tensor became is counted (`Relayout.summary`) and said in the engine's
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.layers.gguf_dequantize import dequantize
 from kernels.cpu import ops
 
-__all__ = ["KERNEL_KINDS", "Relayout", "as_q8_0", "relaid_parts", "relaid_rows"]
+__all__ = ["KERNEL_KINDS", "LaidRows", "Relayout", "as_q8_0", "laid_kind", "relaid_rows"]
 
 KERNEL_KINDS = ("q4_1", "q8_0", "f16", "bf16")
 """Stored formats the kernels read as they are (`kernels/cpu/ops.py` `KIND_CODES`)."""
@@ -93,39 +95,82 @@ def as_q8_0(kind: str, raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-def relaid_rows(kind: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
-    """`raw` rows stored as `kind` (a GGML type name, lower case) in a format a kernel
-    reads: as they are for the kernels' own kinds, else re-laid (module docstring)."""
-    if kind in KERNEL_KINDS:
-        return kind, raw
-    if kind == "q4_k":
+def laid_kind(stored: str, raw: np.ndarray) -> str:
+    """The kernel kind rows stored as `stored` (a GGML type name, lower case) are read as:
+    their own for the kernels' kinds, Q4_1 for Q4_0 and Q4_K (unless a scale would pass
+    float16's range), else Q8_0 (module docstring)."""
+    if stored in KERNEL_KINDS:
+        return stored
+    if stored in ("q4_0", "q4_k") and not ops.q4_1_overflows(stored, raw):
+        return "q4_1"
+    return "q8_0"
+
+
+def _relaid(kind: str, stored: str, raw: np.ndarray) -> np.ndarray:
+    """`raw` rows stored as `stored` re-laid as rows of `kind` (one `laid_kind` allows)."""
+    if stored == kind:
+        return raw
+    if kind == "q8_0":
+        return as_q8_0(stored, raw)
+    if stored == "q4_k":
         out = ops.relay_q4_k(raw)
-    elif kind == "q4_0":
-        out = _q4_0_as_q4_1(raw)
-        if not np.isfinite(_q4_1_scales(out)).all():  # -8·d past float16's range
-            out = None
-    else:
-        return "q8_0", as_q8_0(kind, raw)
-    return ("q8_0", as_q8_0(kind, raw)) if out is None else ("q4_1", out)
+        if out is None:
+            raise ValueError("Q4_K scales past float16's range cannot be re-laid as Q4_1")
+        return out
+    return _q4_0_as_q4_1(raw)
 
 
-def _q4_1_scales(rows: np.ndarray) -> np.ndarray:
-    blocks = rows.reshape(rows.shape[0], -1, _Q4_1_BYTES)
-    return blocks[..., 0:4].copy().view(np.float16)
+def relaid_rows(kind: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
+    """`raw` rows stored as `kind` in a format a kernel reads: as they are for the kernels'
+    own kinds, else re-laid (module docstring)."""
+    laid = laid_kind(kind, raw)
+    return laid, _relaid(laid, kind, raw)
 
 
-def relaid_parts(stored: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
-    """The parts of one layer (each `(kind, rows)` as stored) re-laid in one kind where
-    they can be: each by `relaid_rows`, and where that gives Q4_1 beside Q8_0 (Q4_K_M's
-    Q4_K `attn_q` beside its Q6_K `attn_v`), every part as Q8_0 from its stored rows
-    (`as_q8_0`). Parts left in different kinds (16-bit beside blocks) keep the layer dense."""
-    laid = [relaid_rows(kind, rows) for kind, rows in stored]
-    if {kind for kind, _ in laid} != {"q4_1", "q8_0"}:
-        return laid
-    return [
-        (kind, rows) if kind == "q8_0" else ("q8_0", as_q8_0(*part))
-        for (kind, rows), part in zip(laid, stored, strict=True)
-    ]
+@dataclass(frozen=True, slots=True)
+class LaidRows:
+    """A linear's rows as its source stores them (`parts`, each ``(format, uint8 rows)`` in
+    the layer's row order: a fused layer's q, k and v as the file has them) and the one
+    kernel kind all of them are read as (`kind`). Nothing is re-laid until it is packed:
+    `pack` re-lays each part block by block straight into the packed weight
+    (`ops.pack_parts`), `joined` gives the rows whole for the packers that read them so."""
+
+    kind: str
+    parts: tuple[tuple[str, np.ndarray], ...]
+
+    @classmethod
+    def of(cls, stored: list[tuple[str, np.ndarray]]) -> LaidRows | None:
+        """The parts of one layer read in one kind: each part's `laid_kind`, and where that
+        gives Q4_1 beside Q8_0 (Q4_K_M's Q4_K `attn_q` beside its Q6_K `attn_v`), every part
+        as Q8_0 from its stored rows. None for parts left in different kinds (16-bit beside
+        blocks: the layer stays dense)."""
+        kinds = {laid_kind(kind, rows) for kind, rows in stored}
+        if kinds == {"q4_1", "q8_0"}:
+            kinds = {"q8_0"}
+        return cls(kinds.pop(), tuple(stored)) if len(kinds) == 1 else None
+
+    def joined(self) -> np.ndarray:
+        """Every part's rows re-laid as `kind`, one array."""
+        laid = [_relaid(self.kind, stored, rows) for stored, rows in self.parts]
+        return laid[0] if len(laid) == 1 else np.concatenate(laid, axis=0)
+
+    def pack(self, bias: torch.Tensor | None = None) -> ops.PackedWeight:
+        """The rows packed for `kind`'s kernel: parts of a format the C packer re-lays go as
+        stored, the rest re-laid here first; whole when a part is not whole row groups."""
+        if any(rows.shape[0] % ops.GROUP for _, rows in self.parts):
+            return ops.pack(self.kind, self.joined(), bias)
+        parts = [
+            (stored, rows)
+            if stored in ops.PACKED_FROM[self.kind]
+            else (self.kind, _relaid(self.kind, stored, rows))
+            for stored, rows in self.parts
+        ]
+        return ops.pack_parts(self.kind, parts, bias)
+
+    def describe_into(self, relayout: Relayout) -> None:
+        """Count each part's format and the kind it is read as."""
+        for stored, _ in self.parts:
+            relayout.record(stored, self.kind)
 
 
 class Relayout:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from engine.layers.gguf_linear import fits_kernels
+from engine.layers.gguf_relayout import LaidRows
 from engine.layers.linear import Linear
 
 __all__ = ["HalfWeights", "half_rows"]
@@ -68,7 +69,7 @@ class HalfWeights:
         what = "the checkpoint's own weights"
         return what + (f", {self.rounded} rounded to float16" if self.rounded else "")
 
-    def rows(self, layer: Linear, row_multiple: int) -> tuple[str, np.ndarray] | None:
+    def rows(self, layer: Linear, row_multiple: int) -> LaidRows | None:
         """`layer`'s weight as 16-bit rows (uint8 ``[rows, 2k]``, little-endian), or None
         when the kernels can't take its shape, or no 16-bit kind holds it and rounding is
         off. A rounded weight replaces the loaded one."""
@@ -83,4 +84,4 @@ class HalfWeights:
             self.rounded += 1
             with torch.no_grad():
                 weight.copy_(half.view(torch.float16 if kind == "f16" else torch.bfloat16))
-        return kind, half.numpy().view(np.uint8)
+        return LaidRows(kind, ((kind, half.numpy().view(np.uint8)),))

@@ -31,6 +31,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from engine.layers.gguf_linear import fits_kernels
+from engine.layers.gguf_relayout import LaidRows
 from engine.layers.linear import Linear
 
 __all__ = ["QBLOCK", "QuantizedWeights", "dequantize_q8_0", "quantize_q8_0"]
@@ -67,7 +68,7 @@ class QuantizedWeights:
     def describe(self) -> str:
         return "Q8_0 blocks quantized at load from the checkpoint's weights"
 
-    def rows(self, layer: Linear, row_multiple: int) -> tuple[str, np.ndarray] | None:
+    def rows(self, layer: Linear, row_multiple: int) -> LaidRows | None:
         """`layer`'s weight as Q8_0 rows (and the weight replaced by their dequantized
         values), or None when the kernel can't take its shape: columns not whole blocks,
         or rows not whole groups of `row_multiple` (a classifier's two-label head keeps its
@@ -81,4 +82,4 @@ class QuantizedWeights:
             for start in range(0, rows, _ROWS_PER_CHUNK):
                 part = raw[start : start + _ROWS_PER_CHUNK]
                 weight[start : start + part.shape[0]].copy_(dequantize_q8_0(part))
-        return "q8_0", raw
+        return LaidRows("q8_0", (("q8_0", raw),))

@@ -46,6 +46,44 @@
 int64_t hearth_q4_1_packed_bytes(int64_t n, int64_t k) { return (n / GROUP) * (k / Q4_BLOCK) * 160; }
 int64_t hearth_q8_0_packed_bytes(int64_t n, int64_t k) { return (n / GROUP) * (k / Q4_BLOCK) * 272; }
 
+/* 16 bytes at `at` of each of 8 rows -> 16 columns of 8 (out[8 j + r] = rows[r][at + j]):
+ * the byte transposition of packing, in three rounds of unpacks (a scalar scatter was
+ * a tenth of a big model's start). */
+static inline void transpose_8x16(const uint8_t *const rows[GROUP], int at, uint8_t *out) {
+    __m128i r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(rows[i] + at));
+    for (int i = 0; i < 4; i++) { /* rows 2i, 2i+1 interleaved: columns 0-7, 8-15 */
+        t[2 * i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) { /* rows 4i..4i+3: columns 0-3, 4-7, 8-11, 12-15 */
+        u[4 * i] = _mm_unpacklo_epi16(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm_unpackhi_epi16(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm_unpacklo_epi16(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm_unpackhi_epi16(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 4; i++) { /* all 8 rows: columns 4i, 4i+1 | 4i+2, 4i+3 */
+        _mm_storeu_si128((__m128i *)(out + 32 * i), _mm_unpacklo_epi32(u[i], u[4 + i]));
+        _mm_storeu_si128((__m128i *)(out + 32 * i + 16), _mm_unpackhi_epi32(u[i], u[4 + i]));
+    }
+}
+
+/* One packed block from the 8 rows' blocks of the same columns (`blk[r]`: row r's GGUF
+ * block as stored). */
+static inline void pack_q4_1_block(const uint8_t *const blk[GROUP], uint8_t *out) {
+    for (int r = 0; r < GROUP; r++) {
+        memcpy(out + 2 * r, blk[r], 2);          /* d */
+        memcpy(out + 16 + 2 * r, blk[r] + 2, 2); /* m */
+    }
+    transpose_8x16(blk, 4, out + 32);
+}
+
+static inline void pack_q8_0_block(const uint8_t *const blk[GROUP], uint8_t *out) {
+    for (int r = 0; r < GROUP; r++) memcpy(out + 2 * r, blk[r], 2);
+    transpose_8x16(blk, 2, out + 16);
+    transpose_8x16(blk, 18, out + 16 + 128);
+}
+
 /* src: GGUF Q4_1 rows, 20 bytes per block (f16 d, f16 m, 16 bytes qs), row-major. */
 void hearth_pack_q4_1(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
     const int64_t nb = k / Q4_BLOCK;
@@ -53,13 +91,9 @@ void hearth_pack_q4_1(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < n / GROUP; g++) {
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *out = dst + (g * nb + b) * 160;
-            for (int r = 0; r < GROUP; r++) {
-                const uint8_t *blk = src + (g * GROUP + r) * row_bytes + b * 20;
-                memcpy(out + 2 * r, blk, 2);      /* d */
-                memcpy(out + 16 + 2 * r, blk + 2, 2); /* m */
-                for (int j = 0; j < 16; j++) out[32 + j * GROUP + r] = blk[4 + j];
-            }
+            const uint8_t *blk[GROUP];
+            for (int r = 0; r < GROUP; r++) blk[r] = src + (g * GROUP + r) * row_bytes + b * 20;
+            pack_q4_1_block(blk, dst + (g * nb + b) * 160);
         }
     }
 }
@@ -71,12 +105,9 @@ void hearth_pack_q8_0(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < n / GROUP; g++) {
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *out = dst + (g * nb + b) * 272;
-            for (int r = 0; r < GROUP; r++) {
-                const uint8_t *blk = src + (g * GROUP + r) * row_bytes + b * 34;
-                memcpy(out + 2 * r, blk, 2);
-                for (int j = 0; j < 32; j++) out[16 + j * GROUP + r] = blk[2 + j];
-            }
+            const uint8_t *blk[GROUP];
+            for (int r = 0; r < GROUP; r++) blk[r] = src + (g * GROUP + r) * row_bytes + b * 34;
+            pack_q8_0_block(blk, dst + (g * nb + b) * 272);
         }
     }
 }
@@ -135,27 +166,42 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
  * rounded once to float16 (returns how many exceed float16's range: those became inf);
  * the nibbles as stored (sub-block 2c: the low nibbles of 32-byte
  * chunk c, 2c + 1: the high ones; Q4_1 holds element j low and j + 16 high). */
+static int relay_q4_k_block(const uint8_t *s, uint8_t *dst) {
+    int overflowed = 0;
+    const float d = f16_at(s), dmin = f16_at(s + 2);
+    for (int j = 0; j < 8; j++) {
+        uint8_t *o = dst + j * 20;
+        int sc, m;
+        k4_scale_min(j, s + 4, &sc, &m);
+        const float scale = d * (float)sc, offset = -(dmin * (float)m);
+        put_f16(o, scale);
+        put_f16(o + 2, offset);
+        overflowed += fabsf(scale) >= 65520.0f || fabsf(offset) >= 65520.0f; /* float16 inf */
+        const uint8_t *q = s + 16 + (j / 2) * 32;
+        const __m128i low4 = _mm_set1_epi8(0x0F), shift = _mm_cvtsi32_si128((j & 1) * 4);
+        const __m128i lo = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)q), shift), low4);
+        const __m128i hi = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(q + 16)), shift), low4);
+        _mm_storeu_si128((__m128i *)(o + 4), _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
+    }
+    return overflowed;
+}
+
 int64_t hearth_relay_q4_k(const uint8_t *src, int64_t nblocks, uint8_t *dst) {
     int64_t overflowed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : overflowed)
-    for (int64_t b = 0; b < nblocks; b++) {
-        const uint8_t *s = src + b * 144;
-        const float d = f16_at(s), dmin = f16_at(s + 2);
-        for (int j = 0; j < 8; j++) {
-            uint8_t *o = dst + (b * 8 + j) * 20;
-            int sc, m;
-            k4_scale_min(j, s + 4, &sc, &m);
-            const float scale = d * (float)sc, offset = -(dmin * (float)m);
-            put_f16(o, scale);
-            put_f16(o + 2, offset);
-            overflowed += fabsf(scale) >= 65520.0f || fabsf(offset) >= 65520.0f; /* float16 inf */
-            const uint8_t *q = s + 16 + (j / 2) * 32;
-            const int shift = (j & 1) * 4;
-            for (int l = 0; l < 16; l++)
-                o[4 + l] = (uint8_t)(((q[l] >> shift) & 0xF) | (((q[l + 16] >> shift) & 0xF) << 4));
-        }
-    }
+    for (int64_t b = 0; b < nblocks; b++) overflowed += relay_q4_k_block(src + b * 144, dst + b * 8 * 20);
     return overflowed;
+}
+
+/* Q4_0 (18 B: f16 d, 16 B nibbles) -> the Q4_1 block of the same values: d, m = -8*d
+ * (exact in float16 unless past its range, or NaN: counted, as in `hearth_relay_q4_k`), the
+ * nibbles as stored (both formats hold element j low and j + 16 high). */
+static int relay_q4_0_block(const uint8_t *s, uint8_t *o) {
+    const float m = -8.0f * f16_at(s);
+    memcpy(o, s, 2);
+    put_f16(o + 2, m);
+    memcpy(o + 4, s + 2, 16);
+    return !(fabsf(m) < 65520.0f); /* inf, or NaN from a NaN d */
 }
 
 /* Q6_K (210 B per 256: ql[128], qh[64], int8 scales[16], d) -> float32, d*sc*(q - 32):
@@ -164,17 +210,25 @@ static void dequant_q6_k_block(const uint8_t *s, float *y) {
     const uint8_t *ql = s, *qh = s + 128;
     const int8_t *sc = (const int8_t *)(s + 192);
     const float d = f16_at(s + 208);
-    for (int n = 0; n < 2; n++) {
-        for (int l = 0; l < 32; l++) {
-            const int is = l / 16;
-            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[l] = d * (float)sc[is + 0] * (float)q1;
-            y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-            y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-            y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+    for (int n = 0; n < 2; n++) { /* 128 values: ql[64], qh[32], 8 scales of 16 values */
+        const __m256i a = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i q[4]; /* values l, l + 32, l + 64, l + 96 of l = 0..31, each 6 bits - 32 */
+        for (int i = 0; i < 4; i++) {
+            const __m256i lo = _mm256_and_si256(i & 2 ? _mm256_srli_epi16(i & 1 ? b : a, 4) : i & 1 ? b : a, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h, 2 * i), low2);
+            q[i] = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), bias);
+        }
+        for (int i = 0; i < 4; i++) {
+            for (int e = 0; e < 4; e++) { /* 8 values at 32 i + 8 e: scale 2 i + e / 2 */
+                const __m128i bytes = e < 2 ? _mm256_castsi256_si128(q[i]) : _mm256_extracti128_si256(q[i], 1);
+                const __m128i eight = (e & 1) ? _mm_srli_si128(bytes, 8) : bytes;
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+                const float ds = d * (float)sc[2 * i + e / 2];
+                _mm256_storeu_ps(y + 32 * i + 8 * e, _mm256_mul_ps(_mm256_set1_ps(ds), v));
+            }
         }
         y += 128;
         ql += 64;
@@ -202,22 +256,37 @@ static void dequant_q45_k_block(const uint8_t *s, const uint8_t *qh, const uint8
 }
 
 /* 32 floats -> one Q8_0 block (34 B) exactly as gguf-py (and ggml's reference) quantize:
- * d = amax / 127, q = round-half-away(x * (1 / d)), d stored as float16. */
+ * d = amax / 127, q = round-half-away(x * (1 / d)), d stored as float16. Eight lanes at a
+ * time with the scalar code's operations one for one (gcc left the scalar loops
+ * unvectorized: a third of a K-quant model's start): |x| by masking the sign, a NaN value
+ * skipped by the maximum as the scalar `a > amax` skipped it (`max_ps` returns its second
+ * operand on NaN), gguf-py's np_roundf as floor(a) + floor(2 (a - floor(a))) with x's sign,
+ * and each int8 the low byte of the truncated int32, as the scalar cast took it. */
 static void quantize_q8_0_block(const float *v, uint8_t *o) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; j++) {
-        const float a = fabsf(v[j]);
-        amax = a > amax ? a : amax;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 x[4], top = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        x[i] = _mm256_loadu_ps(v + 8 * i);
+        top = _mm256_max_ps(_mm256_and_ps(x[i], abs_mask), top);
     }
-    const float d = amax / 127.0f;
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.0f;
     const float id = d == 0.0f ? 0.0f : 1.0f / d;
     put_f16(o, d);
-    int8_t q[32];
-    for (int j = 0; j < 32; j++) { /* gguf-py's np_roundf, op for op: vectorizes, unlike roundf */
-        const float x = v[j] * id, a = fabsf(x), f = floorf(a);
-        q[j] = (int8_t)copysignf(f + floorf(2.0f * (a - f)), x);
+    const __m256 vid = _mm256_set1_ps(id), two = _mm256_set1_ps(2.0f);
+    int32_t q[32];
+    for (int i = 0; i < 4; i++) {
+        const __m256 y = _mm256_mul_ps(x[i], vid), a = _mm256_and_ps(y, abs_mask);
+        const __m256 f = _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        const __m256 half = _mm256_round_ps(_mm256_mul_ps(two, _mm256_sub_ps(a, f)),
+                                            _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        const __m256 r = _mm256_or_ps(_mm256_and_ps(_mm256_add_ps(f, half), abs_mask),
+                                      _mm256_andnot_ps(abs_mask, y));
+        _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvttps_epi32(r));
     }
-    memcpy(o + 2, q, sizeof q);
+    for (int j = 0; j < 32; j++) o[2 + j] = (uint8_t)q[j];
 }
 
 void hearth_quantize_q8_0(const float *x, int64_t nblocks, uint8_t *dst) {
@@ -286,6 +355,91 @@ void hearth_requant_k_q8_0(int64_t kind, const uint8_t *src, int64_t nsuper, uin
         float y[256];
         dequant_block(kind, src + b * size, y);
         for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, dst + (b * 8 + j) * 34);
+    }
+}
+
+/* How many scales of `nblocks` Q4_0 (kind 0) or Q4_K (kind 4) blocks would pass float16's
+ * range re-laid as Q4_1 (what `relay_q4_0_block` / `relay_q4_k_block` count), without
+ * re-laying them: decides a layer's kind before it is packed. */
+int64_t hearth_q4_1_overflows(int64_t kind, const uint8_t *src, int64_t nblocks) {
+    int64_t overflowed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : overflowed)
+    for (int64_t b = 0; b < nblocks; b++) {
+        const uint8_t *s = src + b * gguf_block_bytes(kind);
+        if (kind == 0) {
+            overflowed += !(fabsf(-8.0f * f16_at(s)) < 65520.0f);
+            continue;
+        }
+        const float d = f16_at(s), dmin = f16_at(s + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k4_scale_min(j, s + 4, &sc, &m);
+            overflowed += fabsf(d * (float)sc) >= 65520.0f || fabsf(dmin * (float)m) >= 65520.0f;
+        }
+    }
+    return overflowed;
+}
+
+/* Rows stored in a GGUF format packed straight into the kernels' layout, re-laid block by
+ * block on the way (`engine/layers/gguf_relayout.py` says why each is what it is):
+ *   Q4_1 layout <- 1: Q4_1 as stored, 0: Q4_0 and 4: Q4_K (`relay_q4_0_block`,
+ *                  `relay_q4_k_block`; returns how many scales overflowed float16),
+ *   Q8_0 layout <- 8: Q8_0 as stored, 4 / 5 / 6: Q4_K / Q5_K / Q6_K requantized as
+ *                  `hearth_requant_k_q8_0`.
+ * Bitwise the re-layout followed by `hearth_pack_*`, without the re-laid copy of the
+ * tensor in between: a 7.4 B Q4_K_M model's start wrote every weight twice more
+ * (re-laid, then joined with its layer's other parts) before packing it. */
+int64_t hearth_pack_q4_1_from(int64_t kind, const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    const int64_t nb = k / Q4_BLOCK, span = kind == 4 ? 8 : 1; /* Q4_1 blocks per stored block */
+    const int64_t stored = gguf_block_bytes(kind), row_bytes = nb / span * stored;
+    int64_t overflowed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : overflowed)
+    for (int64_t g = 0; g < n / GROUP; g++) {
+        uint8_t laid[GROUP][8 * 20];
+        for (int64_t s = 0; s < nb / span; s++) {
+            const uint8_t *blk[GROUP];
+            for (int r = 0; r < GROUP; r++) {
+                const uint8_t *in = src + (g * GROUP + r) * row_bytes + s * stored;
+                if (kind == 1) {
+                    blk[r] = in;
+                    continue;
+                }
+                overflowed += kind == 4 ? relay_q4_k_block(in, laid[r]) : relay_q4_0_block(in, laid[r]);
+                blk[r] = laid[r];
+            }
+            for (int64_t j = 0; j < span; j++) {
+                pack_q4_1_block(blk, dst + (g * nb + s * span + j) * 160);
+                for (int r = 0; r < GROUP; r++) blk[r] += 20;
+            }
+        }
+    }
+    return overflowed;
+}
+
+void hearth_pack_q8_0_from(int64_t kind, const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    const int64_t nb = k / Q4_BLOCK, span = kind == 8 ? 1 : 8;
+    const int64_t stored = gguf_block_bytes(kind), row_bytes = nb / span * stored;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / GROUP; g++) {
+        uint8_t laid[GROUP][8 * 34];
+        float y[256];
+        for (int64_t s = 0; s < nb / span; s++) {
+            const uint8_t *blk[GROUP];
+            for (int r = 0; r < GROUP; r++) {
+                const uint8_t *in = src + (g * GROUP + r) * row_bytes + s * stored;
+                if (kind == 8) {
+                    blk[r] = in;
+                    continue;
+                }
+                dequant_block(kind, in, y);
+                for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, laid[r] + j * 34);
+                blk[r] = laid[r];
+            }
+            for (int64_t j = 0; j < span; j++) {
+                pack_q8_0_block(blk, dst + (g * nb + s * span + j) * 272);
+                for (int r = 0; r < GROUP; r++) blk[r] += 34;
+            }
+        }
     }
 }
 

@@ -30,6 +30,9 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_w16_packed_bytes": [_i64, _i64],
     "hearth_pack_w16": [_ptr, _i64, _i64, _ptr],
     "hearth_relay_q4_k": [_ptr, _i64, _ptr],
+    "hearth_q4_1_overflows": [_i64, _ptr, _i64],
+    "hearth_pack_q4_1_from": [_i64, _ptr, _i64, _i64, _ptr],
+    "hearth_pack_q8_0_from": [_i64, _ptr, _i64, _i64, _ptr],
     "hearth_requant_k_q8_0": [_i64, _ptr, _i64, _ptr],
     "hearth_quantize_q8_0": [_ptr, _i64, _ptr],
     "hearth_dequantize_gguf": [_i64, _ptr, _i64, _ptr],
@@ -105,7 +108,8 @@ def _load(variant: str) -> ctypes.CDLL:
         fn.argtypes = args
         fn.restype = (
             _i64
-            if name.endswith(("_bytes", "_floats")) or name == "hearth_relay_q4_k"
+            if name.endswith(("_bytes", "_floats", "_overflows"))
+            or name in ("hearth_relay_q4_k", "hearth_pack_q4_1_from")
             else ctypes.c_int
             if "threads" in name or name.endswith("_path")
             else None
@@ -161,24 +165,85 @@ WIDE_KINDS = ("f16", "bf16")
 """Kinds of 16-bit weights (IEEE half, bfloat16), one packed layout for both."""
 
 
+PACKED_FROM = {
+    "q4_1": ("q4_1", "q4_0", "q4_k"),
+    "q8_0": ("q8_0", "q4_k", "q5_k", "q6_k"),
+    "f16": ("f16",),
+    "bf16": ("bf16",),
+}
+"""Stored formats `pack_parts` packs as each kernel kind, re-laying them block by block as
+it goes (`hearth_pack_q4_1_from`, `hearth_pack_q8_0_from`): Q4_0 and Q4_K as Q4_1, the
+K-quants requantized to Q8_0, each bitwise what `engine/layers/gguf_relayout.py` re-lays."""
+_FROM_CODES = {"q4_0": 0, "q4_1": 1, "q4_k": 4, "q5_k": 5, "q6_k": 6, "q8_0": 8}
+
+
 def pack(kind: str, raw_rows: np.ndarray, bias: torch.Tensor | None = None) -> PackedWeight:
     """Pack rows as stored (``[n, k/32 * block_bytes]`` uint8, row-major: GGUF blocks, or
     little-endian 16-bit weights) for the GEMM kernel."""
-    if kind not in _RAW_BLOCK_BYTES:
-        raise ValueError(f"unsupported packed weight kind {kind!r}")
-    raw = np.ascontiguousarray(raw_rows, dtype=np.uint8)
-    n = raw.shape[0]
-    k = raw.shape[1] // _RAW_BLOCK_BYTES[kind] * QBLOCK
-    if raw.shape[1] % _RAW_BLOCK_BYTES[kind] or n % GROUP:
-        raise ValueError(f"{kind} weight [{n}, {k}] needs rows % {GROUP} == 0 and whole blocks")
+    return pack_parts(kind, [(kind, raw_rows)], bias)
+
+
+def pack_parts(
+    kind: str, parts: list[tuple[str, np.ndarray]], bias: torch.Tensor | None = None
+) -> PackedWeight:
+    """One weight from its parts' rows as stored (each ``(format, uint8 rows)``, in row
+    order, the format one of ``PACKED_FROM[kind]``: a fused layer's q, k and v as the file
+    has them), packed for `kind`'s kernel. Each part is re-laid block by block into its own
+    groups of the packed weight, so no re-laid or joined copy of the rows is ever made (a
+    7.4 B Q4_K_M model's start wrote every weight twice before packing it). Every part must
+    be whole groups of rows; raises ValueError on a Q4_1 scale past float16's range (the
+    caller checks `q4_1_overflows` first)."""
+    if kind not in _RAW_BLOCK_BYTES or not parts:
+        raise ValueError(f"unsupported packed weight kind {kind!r}, or no rows")
+    shaped = []
+    for stored, rows in parts:
+        if stored not in PACKED_FROM[kind]:
+            raise ValueError(f"{stored} rows are not packed as {kind}")
+        raw = np.ascontiguousarray(rows, dtype=np.uint8)
+        if raw.ndim != 2:
+            raise ValueError(f"{stored} rows must be [rows, bytes], got {raw.shape}")
+        size, values = _block_shape(stored)
+        n, k = raw.shape[0], raw.shape[1] // size * values
+        if raw.shape[1] % size or n % GROUP or k % QBLOCK:
+            raise ValueError(f"{kind} weight [{n}, {k}] needs rows % {GROUP} == 0 and whole blocks")
+        shaped.append((stored, raw, n, k))
+    if len({k for *_, k in shaped}) != 1:
+        raise ValueError(
+            f"the parts of one weight have different widths: {[k for *_, k in shaped]}"
+        )
     lib = library()
     layout = "w16" if kind in WIDE_KINDS else kind
-    size = getattr(lib, f"hearth_{layout}_packed_bytes")(n, k)
-    out = torch.empty(size, dtype=torch.uint8)
-    getattr(lib, f"hearth_pack_{layout}")(_p(raw), n, k, _p(out))
+    packed_bytes = getattr(lib, f"hearth_{layout}_packed_bytes")
+    k = shaped[0][3]
+    out = torch.empty(sum(packed_bytes(n, k) for *_, n, _ in shaped), dtype=torch.uint8)
+    at = out.data_ptr()
+    for stored, raw, n, _ in shaped:
+        if stored == kind:
+            getattr(lib, f"hearth_pack_{layout}")(_p(raw), n, k, at)
+        elif kind == "q4_1":
+            if lib.hearth_pack_q4_1_from(_FROM_CODES[stored], _p(raw), n, k, at):
+                raise ValueError(f"{stored} scales past float16's range cannot be packed as q4_1")
+        else:
+            lib.hearth_pack_q8_0_from(_FROM_CODES[stored], _p(raw), n, k, at)
+        at += packed_bytes(n, k)
     if bias is not None:
         bias = bias.detach().to(torch.float32).contiguous()
-    return PackedWeight(kind, n, k, out, bias)
+    return PackedWeight(kind, sum(n for *_, n, _ in shaped), k, out, bias)
+
+
+def _block_shape(stored: str) -> tuple[int, int]:
+    """Bytes and values of one block of a stored format (32 values of a 16-bit weight)."""
+    if stored in WIDE_KINDS:
+        return _RAW_BLOCK_BYTES[stored], QBLOCK
+    return _DEQUANTIZED[stored][1], _DEQUANTIZED[stored][2]
+
+
+def q4_1_overflows(stored: str, raw: np.ndarray) -> bool:
+    """Whether Q4_0 or Q4_K rows re-laid as Q4_1 would have a scale past float16's range
+    (such a tensor is requantized to Q8_0 instead), without re-laying them."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    code, size, _ = _DEQUANTIZED[stored]
+    return bool(library().hearth_q4_1_overflows(code, _p(raw), raw.size // size))
 
 
 _DEQUANTIZED = {

@@ -142,9 +142,9 @@ def test_a_method_that_packs_from_the_dense_weight_reads_it_first(converted: Pat
     class DenseReading(GGUFBlockLinearMethod):
         reads_dense = True
 
-        def _pack(self, layer: Linear, kind: str, rows):
+        def _pack(self, layer: Linear, rows):
             seen[id(layer)] = layer.weight.detach().clone()
-            return super()._pack(layer, kind, rows)
+            return super()._pack(layer, rows)
 
     model, _ = load_model(str(converted), torch.float32, torch.device("cpu"), defer_linears=True)
     kinds = _use_gguf_blocks(model, DenseReading(GGUFSource(gguf_source(str(converted)))))
@@ -185,11 +185,11 @@ def test_a_moe_layers_stacked_experts_are_freed_before_the_next_layer_packs(
     class DenseReading(GGUFBlockLinearMethod):
         reads_dense = True
 
-        def _pack(self, layer: Linear, kind: str, rows):
+        def _pack(self, layer: Linear, rows):
             if id(layer) in owner:
                 stacks_held.append((owner[id(layer)], [m.w13.numel() > 0 for m in layers]))
                 filled[id(layer)] = layer.weight.detach().clone()
-            return super()._pack(layer, kind, rows)
+            return super()._pack(layer, rows)
 
     _use_gguf_blocks(model, DenseReading(GGUFSource(gguf_source(str(converted)))))
     assert {i for i, _ in stacks_held} == {0, 1}

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize, quantize
 from transformers import LlamaConfig
 
-from engine.layers.gguf_relayout import Relayout, as_q8_0, relaid_parts, relaid_rows
+from engine.layers.gguf_relayout import LaidRows, Relayout, as_q8_0, relaid_rows
 from tools import kquants
 
 
@@ -126,16 +126,41 @@ def test_a_fused_layer_of_mixed_kinds_is_brought_to_q8_0() -> None:
     q4k = ("q4_k", kquants.quantize_q4_k(x))
     q6k = ("q6_k", kquants.quantize_q6_k(x))
     q40 = ("q4_0", np.asarray(quantize(x, GT.Q4_0)))
-    parts = relaid_parts([q4k, q6k, q40])
-    assert [k for k, _ in parts] == ["q8_0", "q8_0", "q8_0"]
-    assert np.array_equal(parts[0][1], as_q8_0(*q4k))
-    assert np.array_equal(parts[1][1], relaid_rows(*q6k)[1])
-    assert np.array_equal(_deq("q8_0", parts[2][1]), _deq("q4_0", q40[1]))
-    same = relaid_parts([q4k, q4k])
-    assert [k for k, _ in same] == ["q4_1", "q4_1"]
-    assert np.array_equal(same[0][1], relaid_rows(*q4k)[1])
-    half = relaid_parts([q4k, ("f16", x.astype(np.float16).view(np.uint8))])
-    assert [k for k, _ in half] == ["q4_1", "f16"]
+    laid = LaidRows.of([q4k, q6k, q40])
+    assert laid.kind == "q8_0"
+    parts = np.split(laid.joined(), 3)
+    assert np.array_equal(parts[0], as_q8_0(*q4k))
+    assert np.array_equal(parts[1], relaid_rows(*q6k)[1])
+    assert np.array_equal(_deq("q8_0", parts[2]), _deq("q4_0", q40[1]))
+    same = LaidRows.of([q4k, q4k])
+    assert same.kind == "q4_1"
+    assert np.array_equal(same.joined(), np.concatenate([relaid_rows(*q4k)[1]] * 2))
+    assert LaidRows.of([q4k, ("f16", x.astype(np.float16).view(np.uint8))]) is None
+
+
+@pytest.mark.parametrize("rows", [8, 12])
+def test_a_layer_packs_as_its_re_laid_rows_would_bit_for_bit(rows: int) -> None:
+    """`LaidRows.pack` re-lays each part straight into the packed weight (the formats the C
+    packer re-lays go as stored, Q5_0 is re-laid first): bitwise the packing of the joined
+    re-laid rows, also when a part is not whole groups of 8 rows (12: packed whole)."""
+    from kernels.cpu import ops
+
+    if not ops.available():
+        pytest.skip("no fast CPU kernels on this host (needs AVX2)")
+    x = _weights(rows)
+    stored = [
+        ("q4_k", kquants.quantize_q4_k(x)),
+        ("q6_k", kquants.quantize_q6_k(x * 2)),
+        ("q5_0", np.asarray(quantize(x, GT.Q5_0))),
+        ("q8_0", np.asarray(quantize(x * 3, GT.Q8_0))),
+    ]
+    q40 = ("q4_0", np.asarray(quantize(x, GT.Q4_0)))
+    for parts in (stored, stored[:2], [stored[0], q40], [stored[0], stored[0]]):
+        laid = LaidRows.of(parts)
+        got, want = laid.pack(), ops.pack(laid.kind, laid.joined())
+        assert (got.kind, got.n, got.k) == (want.kind, want.n, want.k)
+        assert torch.equal(got.data, want.data), [k for k, _ in parts]
+    assert LaidRows.of(stored).kind == "q8_0" and LaidRows.of([stored[0], q40]).kind == "q4_1"
 
 
 def test_the_summary_names_what_each_format_became() -> None:

@@ -91,13 +91,12 @@ def test_rows_replace_only_a_rounded_weight_and_skip_shapes_the_kernels_cant_tak
     exact = (torch.randn(16, 64, generator=gen) * 0.05).to(torch.bfloat16).float()
     layer = _linear(exact)
     source = HalfWeights(rounding=True)
-    kind, rows = source.rows(layer, row_multiple=8)
-    assert kind == "bf16" and rows.shape == (16, 128) and source.rounded == 0
+    laid = source.rows(layer, row_multiple=8)
+    assert laid.kind == "bf16" and laid.joined().shape == (16, 128) and source.rounded == 0
     assert torch.equal(layer.weight.detach(), exact)
     w = torch.randn(16, 64, generator=gen) * 0.05
     layer = _linear(w)
-    kind, _ = source.rows(layer, row_multiple=8)
-    assert kind == "f16" and source.rounded == 1
+    assert source.rows(layer, row_multiple=8).kind == "f16" and source.rounded == 1
     assert torch.equal(layer.weight.detach(), w.to(torch.float16).float())
     assert source.describe().endswith(", 1 rounded to float16")
     assert HalfWeights(rounding=False).rows(_linear(w), row_multiple=8) is None

@@ -71,8 +71,8 @@ def test_quantized_rows_are_gguf_py_blocks_in_chunks_and_the_weight_becomes_them
     layer = _linear(96, 1032)
     with torch.no_grad():
         layer.weight.copy_(weight)
-    kind, rows = QuantizedWeights().rows(layer, row_multiple=8)
-    assert kind == "q8_0" and np.array_equal(rows, raw)
+    laid = QuantizedWeights().rows(layer, row_multiple=8)
+    assert laid.kind == "q8_0" and np.array_equal(laid.joined(), raw)
     assert torch.equal(layer.weight.detach(), dequantize_q8_0(raw))
     assert not torch.equal(layer.weight.detach(), weight)  # it did round
 

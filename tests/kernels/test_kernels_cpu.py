@@ -131,6 +131,25 @@ def test_pack_refuses_bad_shapes() -> None:
         ops.pack("q5_0", raw)
 
 
+@pytest.mark.parametrize(("kind", "size", "scales"), [("q4_1", 20, 2), ("q8_0", 34, 1)])
+def test_packing_lays_blocks_out_as_the_kernels_read_them(
+    kind: str, size: int, scales: int
+) -> None:
+    """The packed layout of hearth_cpu.c, byte by byte: per group of 8 rows and 32-column
+    block, the 8 rows' float16 scales (Q4_1: then their mins), then byte j of every row's
+    quants side by side (`8 j + r`)."""
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, (24, 3 * size), dtype=np.uint8)
+    data = ops.pack(kind, raw).data.numpy().reshape(3, 3, -1)  # [group, block, bytes]
+    blocks = raw.reshape(3, 8, 3, size).transpose(0, 2, 1, 3)  # [group, block, row, bytes]
+    heads = 2 * scales
+    for i in range(scales):
+        want = blocks[..., 2 * i : 2 * i + 2].reshape(3, 3, 16)
+        assert np.array_equal(data[..., 16 * i : 16 * i + 16], want)
+    quants = blocks[..., heads:].transpose(0, 1, 3, 2).reshape(3, 3, -1)  # [.., byte j, row]
+    assert np.array_equal(data[..., 8 * heads :], quants)
+
+
 def test_rms_norm_and_add_rms_norm_match_reference() -> None:
     torch.manual_seed(0)
     x, res, w = torch.randn(6, 576) * 3, torch.randn(6, 576), torch.rand(576) + 0.5

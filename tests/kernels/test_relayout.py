@@ -49,6 +49,74 @@ def test_a_q4_k_scale_past_float16s_range_is_reported() -> None:
     for d, fits in ((1039.0, True), (1040.0, False)):
         raw.reshape(2, 2, 144)[1, 1, 0:2] = np.array([d], np.float16).view(np.uint8)
         assert (ops.relay_q4_k(raw) is not None) == fits
+        assert ops.q4_1_overflows("q4_k", raw) == (not fits)
+        if not fits:
+            with pytest.raises(ValueError, match="past float16's range"):
+                ops.pack_parts("q4_1", [("q4_k", np.tile(raw, (4, 1)))])  # 8 rows
+
+
+def test_a_q4_0_scale_past_float16s_range_is_reported() -> None:
+    """Q4_0 as Q4_1 takes m = -8·d: 8188·8 fits float16, 8192·8 does not (nor a NaN d)."""
+    raw = _blocks(8, 2, 18, [0], seed=5, scales=np.array([0.01], np.float16))
+    assert not ops.q4_1_overflows("q4_0", raw)
+    for d, fits in ((8188.0, True), (8192.0, False), (np.nan, False)):
+        raw.reshape(8, 2, 18)[7, 1, 0:2] = np.array([d], np.float16).view(np.uint8)
+        assert ops.q4_1_overflows("q4_0", raw) == (not fits)
+
+
+_STORED = {"q4_0": (18, [0]), "q4_1": (20, [0, 2]), "q4_k": (144, [0, 2]), "q5_k": (176, [0, 2]),
+           "q6_k": (210, [208]), "q8_0": (34, [0])}  # fmt: skip
+"""Bytes of a block of each format `pack_parts` reads and where its float16 scales are."""
+
+
+@pytest.mark.parametrize(
+    ("kind", "stored"),
+    [("q4_1", s) for s in ops.PACKED_FROM["q4_1"]] + [("q8_0", s) for s in ops.PACKED_FROM["q8_0"]],
+)
+def test_packing_from_a_stored_format_is_re_laying_then_packing_bit_for_bit(
+    kind: str, stored: str
+) -> None:
+    """`pack_parts` re-lays block by block as it packs: the same bytes as the re-layout
+    (`relay_q4_k`, Q4_0's d and -8·d, `requantize_k`) packed by `pack`, for 16 rows of 2
+    super-blocks (Q4_1 scales kept within float16's range)."""
+    size, scale_at = _STORED[stored]
+    per_row = 512 // (256 if size > 34 else 32)
+    scales = _SCALES[np.abs(_SCALES) < 1000] if kind == "q4_1" else _SCALES
+    raw = _blocks(16, per_row, size, scale_at, seed=6, scales=scales)
+    if stored == "q4_k" and kind == "q4_1":
+        relaid = ops.relay_q4_k(raw)
+    elif stored == "q4_0":
+        blocks = raw.reshape(16, -1, 18)
+        d = blocks[..., :2].copy().view(np.float16)
+        m = (d * np.float16(-8)).astype(np.float16)
+        relaid = np.concatenate([blocks[..., :2], m.view(np.uint8), blocks[..., 2:]], -1)
+    elif stored != kind:
+        relaid = ops.requantize_k(stored, raw)
+    else:
+        relaid = raw
+    got = ops.pack_parts(kind, [(stored, raw)])
+    want = ops.pack(kind, relaid.reshape(16, -1))
+    assert (got.n, got.k) == (want.n, want.k) == (16, 512)
+    assert np.array_equal(got.data.numpy(), want.data.numpy())
+
+
+def test_a_weight_packs_from_parts_of_different_formats_in_row_order() -> None:
+    """q, k and v stored in different formats: each part's groups in order, the same bytes
+    as the joined re-laid rows packed whole; parts must be whole groups of rows, of one
+    width, in a format the kind is packed from."""
+    q = _blocks(16, 2, 144, [0, 2], seed=7)
+    k = _blocks(8, 2, 210, [208], seed=8)
+    v = _blocks(8, 16, 34, [0], seed=9)
+    got = ops.pack_parts("q8_0", [("q4_k", q), ("q6_k", k), ("q8_0", v)])
+    joined = np.concatenate([ops.requantize_k("q4_k", q), ops.requantize_k("q6_k", k), v])
+    assert np.array_equal(got.data.numpy(), ops.pack("q8_0", joined).data.numpy())
+    assert got.n == 32
+    with pytest.raises(ValueError, match="rows % 8"):
+        ops.pack_parts("q8_0", [("q4_k", q[:12]), ("q6_k", k)])
+    with pytest.raises(ValueError, match="different widths"):
+        ops.pack_parts("q8_0", [("q4_k", q), ("q8_0", v[:, : 8 * 34])])
+    with pytest.raises(ValueError, match="q6_k rows are not packed as q4_1"):
+        ops.pack_parts("q4_1", [("q6_k", k)])
 
 
 @pytest.mark.parametrize(
