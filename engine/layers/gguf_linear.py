@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from pathlib import Path
 from typing import Protocol
 
@@ -335,9 +336,14 @@ def gather_table_from_blocks(model: nn.Module, source: GGUFSource) -> str:
 
 
 def _table(kind: str, rows: np.ndarray) -> torch.Tensor:
-    """An embedding table of the C gather's kinds from rows as stored: GGUF block rows stay uint8,
-    16-bit rows become float16 / bfloat16 `[vocab, hidden]`."""
-    table = torch.from_numpy(np.array(rows))
+    """An embedding table of the C gather's kinds from rows as stored: GGUF block rows stay
+    uint8, 16-bit rows become float16 / bfloat16 `[vocab, hidden]`. Rows read from the file
+    stay in its mapping, as the packed linears' sources do until packed: the gather only
+    reads them, and a copy was anonymous memory the kernel can't drop (a 128k-token Q4_K
+    table: 0.3 GB) and a second of a big model's start on this VM's slow fresh memory."""
+    with warnings.catch_warnings():  # read-only: nothing writes a gathered table
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        table = torch.from_numpy(np.ascontiguousarray(rows))
     if kind == "f16":
         return table.view(torch.float16)
     if kind == "bf16":

@@ -270,12 +270,24 @@ def test_a_k_quant_gguf_runs_every_linear_on_the_block_kernels(
     assert f"token table as its {stored.upper()} rows" in fast.backends.description
     table = fast.model.model.embed_tokens
     assert table.weight.dtype == torch.uint8 and table.blocks == stored
+    assert _mapped_file(table.weight.data_ptr()) == str(llama_dir / f"{qtype}.gguf")
     ids = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(3)).tolist()
     relaid, quantized = _kl(dequantized, fast, ids), _kl(original, dequantized, ids)
     if exact:  # the file's own values: only the order of float32 sums differs
         assert abs(relaid) < 1e-6, relaid
     else:
         assert 0 < relaid <= quantized / 8, (relaid, quantized)
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file this process has mapped at `address` (/proc/self/maps), or None (anonymous
+    memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split(maxsplit=5)
+        low, high = (int(a, 16) for a in span.split("-"))
+        if low <= address < high:
+            return rest[4] if len(rest) == 5 else None
+    return None
 
 
 def test_a_16_bit_token_table_is_gathered_as_stored(llama_dir: Path) -> None:
@@ -288,6 +300,7 @@ def test_a_16_bit_token_table_is_gathered_as_stored(llama_dir: Path) -> None:
     fast, exact, _ = _engines(llama_dir, "F16")
     table = fast.model.model.embed_tokens.weight
     assert table.dtype == torch.float16
+    assert _mapped_file(table.data_ptr()) == str(llama_dir / "F16.gguf")  # the file's rows
     ids = torch.tensor([0, 7, VOCAB - 1])
     want = exact.model.model.embed_tokens.weight[ids]
     assert torch.equal(ops.embedding(ids, table), want)
