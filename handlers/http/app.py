@@ -44,6 +44,7 @@ from handlers.serving import (
 from handlers.serving.classification import ServingClassification
 from handlers.serving.cohere_embed import ServingCohereEmbed
 from handlers.serving.control import ServingControl
+from handlers.serving.derender import ServingDerender
 from handlers.serving.generate import ServingGenerate
 from handlers.serving.generate_render import ServingGenerateRender
 from handlers.serving.generative_scoring import ServingGenerativeScoring
@@ -109,6 +110,9 @@ def create_app(
     render = ServingGenerateRender(chat, completion)
     app.add_route("/v1/chat/completions/render", resources.RenderChat(config, render))
     app.add_route("/v1/completions/render", resources.RenderCompletion(config, render))
+    derender = ServingDerender(chat, completion)
+    app.add_route("/v1/chat/completions/derender", resources.DerenderChat(config, derender))
+    app.add_route("/v1/completions/derender", resources.DerenderCompletion(config, derender))
     app.add_route(
         "/v1/embeddings",
         resources.PooledRoute(config, EmbeddingRequest, embedding.create, served.limits),

@@ -32,6 +32,7 @@ from handlers.protocol.base import ModelT, RequestLimits, parse_request
 from handlers.protocol.chat import ChatCompletionRequest, parse_batch_chat
 from handlers.protocol.completion import CompletionRequest
 from handlers.protocol.control import StartProfileRequest
+from handlers.protocol.derender import DerenderChatRequest, DerenderCompletionRequest
 from handlers.protocol.generate import GenerateRequest
 from handlers.protocol.responses import ResponsesRequest
 from handlers.protocol.tokenize import (
@@ -44,6 +45,7 @@ from handlers.serving.chat import ServingChat
 from handlers.serving.completion import ServingCompletion
 from handlers.serving.context import RequestContext
 from handlers.serving.control import ServingControl
+from handlers.serving.derender import ServingDerender
 from handlers.serving.generate import ServingGenerate
 from handlers.serving.generate_render import ServingGenerateRender
 from handlers.serving.invocations import ServingInvocations
@@ -424,6 +426,36 @@ class RenderCompletion(_JsonBody):
             CompletionRequest, await self.body(req), self._serving.served.limits
         )
         resp.media = await self._serving.render_completion(request)
+
+
+class DerenderChat(_JsonBody):
+    """vLLM's `POST /v1/chat/completions/derender`: a generate response's tokens as the
+    chat response they make."""
+
+    def __init__(self, config: ServerConfig, serving: ServingDerender) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            DerenderChatRequest, await self.body(req), self._serving.served.limits
+        )
+        send_model(resp, await self._serving.derender_chat(request))
+
+
+class DerenderCompletion(_JsonBody):
+    """vLLM's `POST /v1/completions/derender`: one generate response per prompt as the
+    completion response they make."""
+
+    def __init__(self, config: ServerConfig, serving: ServingDerender) -> None:
+        super().__init__(config)
+        self._serving = serving
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        request = parse_request(
+            DerenderCompletionRequest, await self.body(req), self._serving.served.limits
+        )
+        send_model(resp, await self._serving.derender_completion(request))
 
 
 class ResetPrefixCache:

@@ -178,7 +178,7 @@ class ServingChat(ServingBase):
         )
         await self.collect(run)
         choices = [
-            self._choice(request, chosen, seq, self._echo_text(request) + seq.text)
+            self.finished_choice(request, chosen, seq, self._echo_text(request) + seq.text)
             for request, (chosen, _, _), seq in zip(requests, rendered, run.sequences, strict=True)
         ]
         return ChatCompletionResponse(**self.envelope(run), choices=choices)
@@ -189,7 +189,9 @@ class ServingChat(ServingBase):
     ) -> ChatCompletionResponse:
         await self.collect(run)
         echo = self._echo_text(request)
-        choices = [self._choice(request, template, seq, echo + seq.text) for seq in run.sequences]
+        choices = [
+            self.finished_choice(request, template, seq, echo + seq.text) for seq in run.sequences
+        ]
         first = run.sequences[0].prompt_logprobs
         return ChatCompletionResponse(
             **self.envelope(run),
@@ -199,14 +201,15 @@ class ServingChat(ServingBase):
             prompt_text=run.prompt_texts[0] if request.return_prompt_text else None,
         )
 
-    def _choice(
+    def finished_choice(
         self,
         request: ChatCompletionRequest,
         template: ChatTemplateChoice,
         seq: Choice,
         text: str,
     ) -> ChatCompletionResponseChoice:
-        """One finished choice: reasoning split off, tool calls parsed out of the text."""
+        """One finished choice: reasoning split off, tool calls parsed out of the text (the
+        derender route builds its choices here too)."""
         reasoning = None
         if _parses_harmony(request, template):
             parsed = parse_harmony(text, _offered_tools(request))

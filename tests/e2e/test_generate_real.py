@@ -1,7 +1,8 @@
 """vLLM's token-in-token-out route through a real `hearth serve` (the default model, in the
 mode whose outputs never depend on load): the tokens `/inference/v1/generate` returns for
 a token prompt are the ones `/v1/completions` returns for the same ids, streamed or not,
-and text mode's text is those tokens decoded."""
+and text mode's text is those tokens decoded; render → generate → derender answers as the chat
+route does."""
 
 from __future__ import annotations
 
@@ -71,3 +72,43 @@ def test_a_bad_sampling_field_is_a_400_naming_it(invariant_server: Server) -> No
     result = generate(invariant_server, {"token_ids": [1, 2], "sampling_params": {"top_k": -5}})
     assert result.status_code == 400
     assert result.json()["error"]["param"] == "sampling_params.top_k"
+
+
+def test_render_generate_derender_answers_as_the_chat_route(invariant_server: Server) -> None:
+    """The token-in-token-out split end to end: a chat rendered, its tokens generated and
+    derendered is the chat route's answer (greedy, in the load-invariant mode)."""
+    chat = {
+        "messages": [{"role": "user", "content": "Name three primary colors."}],
+        "temperature": 0,
+        "max_tokens": 16,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    direct = httpx.post(f"{invariant_server.v1}/chat/completions", json=chat, timeout=120)
+    assert direct.status_code == 200, direct.text
+    rendered = httpx.post(f"{invariant_server.v1}/chat/completions/render", json=chat, timeout=60)
+    assert rendered.status_code == 200, rendered.text
+    generated = generate(invariant_server, rendered.json())
+    assert generated.status_code == 200, generated.text
+    derendered = httpx.post(
+        f"{invariant_server.v1}/chat/completions/derender",
+        json={
+            "generate_response": generated.json(),
+            "prompt_tokens": len(rendered.json()["token_ids"]),
+            "chat_request": chat,
+        },
+        timeout=60,
+    )
+    assert derendered.status_code == 200, derendered.text
+    want, got = direct.json()["choices"][0], derendered.json()["choices"][0]
+    assert got["message"]["content"] == want["message"]["content"] != ""
+    assert got["finish_reason"] == want["finish_reason"]
+    assert got["logprobs"] == want["logprobs"]
+    assert derendered.json()["usage"] == direct.json()["usage"]
+    outside = 10**7  # past any vocabulary
+    bad = {
+        "generate_response": {"request_id": "x", "choices": [{"index": 0, "token_ids": [outside]}]}
+    }
+    refused = httpx.post(f"{invariant_server.v1}/chat/completions/derender", json=bad, timeout=60)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "generate_response.choices[0].token_ids[0]"

@@ -1,6 +1,6 @@
 """Property-based fuzzing of the wire schemas (issue 8): generated bodies for chat,
 completions, TGI (/invocations), /tokenize, the token-in-token-out /inference/v1/generate
-and the render routes through the production app. Whatever the
+and the render and derender routes through the production app. Whatever the
 body, the answer is a 2xx or a 4xx in OpenAI's error shape: never a 500, never an
 exception out of the app, and nothing left running in the engine.
 
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from handlers.protocol.chat import ChatCompletionRequest
 from handlers.protocol.completion import CompletionRequest
+from handlers.protocol.derender import DerenderChatRequest, DerenderCompletionRequest
 from handlers.protocol.generate import (
     IGNORED_SAMPLING_FIELDS,
     REFUSED_SAMPLING_FIELDS,
@@ -26,7 +27,7 @@ from handlers.protocol.generate import (
 from handlers.protocol.tgi import TGIParameters
 
 EXAMPLES = 300
-"""Per test; eight tests make 2,400 bodies a run (about 60 s on two shared cores)."""
+"""Per test; ten tests make 3,000 bodies a run (about 65 s on two shared cores)."""
 
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -115,6 +116,53 @@ TOKENIZE_BODIES = bodies(
     {"prompt": st.text(max_size=20) | json_values},
 )
 
+_token_ids = st.lists(st.integers(min_value=-1, max_value=70_000), max_size=5)
+_logprob_entries = st.lists(
+    st.fixed_dictionaries(
+        {"logprob": st.floats(allow_nan=False) | json_values},
+        optional={
+            "token_id": st.integers(min_value=-1, max_value=70_000) | json_values,
+            "token": st.sampled_from(["token_id:5", "token_id:", "token_id:99999999", "x"])
+            | json_values,
+            "top_logprobs": json_values,
+        },
+    ),
+    max_size=3,
+)
+GENERATED = st.fixed_dictionaries(
+    {
+        "request_id": st.text(max_size=5) | json_values,
+        "choices": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "index": st.integers(min_value=-1, max_value=3),
+                    "token_ids": _token_ids | json_values,
+                },
+                optional={
+                    "logprobs": st.fixed_dictionaries({"content": _logprob_entries | json_values})
+                    | json_values,
+                    "finish_reason": json_values,
+                    "stop_reason": json_values,
+                },
+            ),
+            max_size=3,
+        )
+        | json_values,
+    }
+)
+"""A generate response as the derender routes take it back, valid or nearly."""
+DERENDER_CHAT_BODIES = bodies(
+    sorted(DerenderChatRequest.model_fields),
+    {"generate_response": GENERATED, "chat_request": CHAT_BODIES},
+)
+DERENDER_COMPLETION_BODIES = bodies(
+    sorted(DerenderCompletionRequest.model_fields),
+    {
+        "generate_responses": st.lists(GENERATED, max_size=3),
+        "completion_request": COMPLETION_BODIES,
+    },
+)
+
 
 def check(client, engine, path: str, body: Any) -> None:
     result = client.simulate_post(path, json=body)
@@ -141,8 +189,20 @@ def check(client, engine, path: str, body: Any) -> None:
         ("/inference/v1/generate", GENERATE_BODIES),
         ("/v1/chat/completions/render", CHAT_BODIES),
         ("/v1/completions/render", COMPLETION_BODIES),
+        ("/v1/chat/completions/derender", DERENDER_CHAT_BODIES),
+        ("/v1/completions/derender", DERENDER_COMPLETION_BODIES),
     ],
-    ids=["chat", "completions", "tgi", "tokenize", "generate", "chat-render", "completion-render"],
+    ids=[
+        "chat",
+        "completions",
+        "tgi",
+        "tokenize",
+        "generate",
+        "chat-render",
+        "completion-render",
+        "chat-derender",
+        "completion-derender",
+    ],
 )
 def test_no_body_makes_a_500_or_leaks(client, engine, path: str, strategy) -> None:
     @FUZZ
