@@ -21,10 +21,13 @@ keys checked against tiny models of each architecture in tests/engine/test_gguf_
 - every architecture: `pad_token_id` is the file's, or none (Phi-3's class default, 32000,
   lies outside smaller vocabularies).
 
+- llama with experts (`expert_count`): a Mixtral, which llama.cpp writes as "llama" and
+  transformers would read as a dense Llama without its experts: a `MixtralConfig` of the
+  same fields plus the experts' (`_mixtral_config`).
+
 `refusal` names the files that would convert to a different model, so they are refused
-with a reason instead: a "llama" file with experts (llama.cpp writes Mixtral so, and
-transformers builds a dense Llama without them), rope scaling other than linear (YaRN,
-...: transformers drops it), and every architecture the table lacks.
+with a reason instead: rope scaling other than linear (YaRN, ...: transformers drops it),
+and every architecture the table lacks.
 Only the conversion child imports this module (it reads gguf-py objects, never torch).
 """
 
@@ -35,7 +38,7 @@ from typing import Any
 __all__ = ["GGUF_ARCHITECTURES", "fixed_config", "metadata", "refusal", "unplaced_tensors"]
 
 GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
+    "llama": "LlamaForCausalLM",  # MixtralForCausalLM with experts
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -68,12 +71,6 @@ def metadata(reader: Any) -> dict[str, Any]:
 def refusal(arch: str, meta: dict[str, Any]) -> str | None:
     """Why a GGUF of `general.architecture` `arch` is not converted, or None."""
     served = ", ".join(sorted(GGUF_ARCHITECTURES))
-    if arch == "llama" and meta.get("llama.expert_count"):
-        return (
-            f"this 'llama' GGUF has {meta['llama.expert_count']} experts (a Mixtral): "
-            "transformers' GGUF loader would convert it to a dense Llama without them; serve "
-            f"its safetensors directory instead (GGUF architectures served: {served})"
-        )
     if arch in _NOT_READ:
         return (
             f"GGUF architecture {arch!r} is not converted ({_NOT_READ[arch]}); serve its "
@@ -249,4 +246,32 @@ def fixed_config(config: Any, arch: str, meta: dict[str, Any], reader: Any) -> A
                 original_max_position_embeddings=original,
             )
         d["rope_parameters"] = rope
+    if arch == "llama" and key("expert_count"):
+        return _mixtral_config(d, meta, names)
     return type(config).from_dict(d)
+
+
+def _mixtral_config(d: dict[str, Any], meta: dict[str, Any], names: set[str]) -> Any:
+    """A "llama" file with experts is a Mixtral (llama.cpp writes Mixtral so; transformers
+    reads it as a dense Llama and drops the experts): the Llama config's fields plus the
+    experts' (`expert_count`, `expert_used_count`). Mixtral has no attention or MLP biases
+    and its experts are one stacked tensor per projection (llama.cpp's layout since
+    2024; the per-expert tensors of older files are refused by name as unplaced)."""
+    from transformers import MixtralConfig
+
+    if d.get("attention_bias") or d.get("mlp_bias"):
+        raise ValueError("a 'llama' GGUF with experts and biases is no Mixtral hearth serves")
+    if not any(name.endswith("ffn_gate_exps.weight") for name in names):
+        raise ValueError(
+            "its experts are not stacked per projection (ffn_gate_exps): a GGUF written by "
+            "llama.cpp before 2024; convert the checkpoint again with a current llama.cpp"
+        )
+    fields = set(MixtralConfig().to_dict()) - {
+        "model_type",
+        "transformers_version",
+        "architectures",
+    }
+    mixtral = {k: v for k, v in d.items() if k in fields}
+    mixtral["num_local_experts"] = int(meta["llama.expert_count"])
+    mixtral["num_experts_per_tok"] = int(meta.get("llama.expert_used_count", 2))
+    return MixtralConfig(**mixtral)

@@ -89,9 +89,11 @@ class GGUFLayout:
     orders: list[list[int]]
     """Row orders (each checkpoint row's file row), each stored once."""
     experts: dict[str, list[str]] = field(default_factory=dict)
-    """A parameter transformers stacks over the experts (Qwen3-MoE's
-    ``mlp.experts.gate_up_proj``) -> the per-expert checkpoint tensors that make it up, which
-    are what `names` maps the file's expert slices to (`_split_experts`)."""
+    """A parameter of transformers' model that the engine's checkpoint names otherwise ->
+    the checkpoint tensors that make it up, which are what `names` maps the file's tensors
+    to: an expert stack (Qwen3-MoE's ``mlp.experts.gate_up_proj``) -> its per-expert
+    matrices (`_split_experts`); Mixtral's ``mlp.gate`` -> its checkpoints'
+    ``block_sparse_moe.gate``."""
 
     @classmethod
     def of_config(cls, config: Any, arch: str, source: Any) -> tuple[GGUFLayout, Any]:
@@ -105,9 +107,13 @@ class GGUFLayout:
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         processor_config = json.loads(config.to_json_string(use_diff=False))
         processor = _processor(arch, processor_config)
-        names = get_gguf_hf_weights_map(model, processor)
+        # A Mixtral file is a "llama" one: gguf-py's Llama names, which include the experts'
+        model_type = "llama" if config.model_type == "mixtral" else None
+        names = get_gguf_hf_weights_map(model, processor, model_type=model_type)
         shapes = {n: list(p.shape) for n, p in model.named_parameters()}
-        slices, experts = _split_experts(arch, source, names, shapes)
+        slices, experts = _split_experts(config.model_type, source, names, shapes)
+        if config.model_type == "mixtral":
+            experts.update(_mixtral_routers(names, shapes))
         orders: dict[tuple[int, ...], int] = {}
         treatments: dict[str, str | int] = {}
         for name in source.tensors:
@@ -135,14 +141,31 @@ class GGUFLayout:
         return cls(**json.loads((directory / WEIGHTS_IN_GGUF).read_text()))
 
 
-_STACKED_EXPERTS = {"qwen3moe": "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"}
-"""Architectures whose file stacks each layer's experts in one tensor per projection
-(`EXPERT_TENSORS`), and the checkpoint name of one expert's matrix."""
+_STACKED_EXPERTS = {
+    "qwen3_moe": (
+        "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight",
+        {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"},
+    ),
+    "mixtral": (
+        "model.layers.{layer}.block_sparse_moe.experts.{expert}.{proj}.weight",
+        {"ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"},
+    ),
+}
+"""Model types whose file stacks each layer's experts in one tensor per projection
+(`EXPERT_TENSORS`): the checkpoint name of one expert's matrix, and each stacked tensor's
+projection in it."""
 _STACKED = re.compile(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight")
+_FUSED_PARAMETER = {
+    "ffn_gate_exps": "gate_up_proj",
+    "ffn_up_exps": "gate_up_proj",
+    "ffn_down_exps": "down_proj",
+}
+"""transformers' parameter (`model.layers.L.mlp.experts.*`) that holds each stacked tensor,
+where its GGUF name map does not say (Mixtral's gate and up under the "llama" names)."""
 
 
 def _split_experts(
-    arch: str, source: Any, names: dict[str, str], shapes: dict[str, list[int]]
+    model_type: str, source: Any, names: dict[str, str], shapes: dict[str, list[int]]
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Read a stacked expert tensor ``[experts, rows, columns]`` as one matrix per expert,
     under the per-expert names of the model's checkpoints on the hub, which is also what
@@ -150,20 +173,22 @@ def _split_experts(
     checkpoint name. transformers' processor instead copies a layer's gate and up tensors
     into one parameter ``[experts, 2 * rows, columns]``, whose halves are those slices.
     Returns the slices of each stacked file tensor, and each stacked parameter's parts."""
-    from engine.layers.gguf_linear import EXPERT_TENSORS, expert_slice
+    from engine.layers.gguf_linear import expert_slice
 
-    template = _STACKED_EXPERTS.get(arch)
     slices: dict[str, list[str]] = {}
     experts: dict[str, list[str]] = {}
-    if template is None:
+    if model_type not in _STACKED_EXPERTS:
         return slices, experts
-    projection = {tensor: proj for proj, tensor in EXPERT_TENSORS.items()}
+    template, projection = _STACKED_EXPERTS[model_type]
     for name, (dims, _, _) in source.tensors.items():
         m = _STACKED.fullmatch(name)
         if m is None or m.group(2) not in projection or len(dims) != 3:
             continue
         # transformers keys these by the name less ".weight" (its processor's lookup)
         stacked = names.pop(name, None) or names.pop(name.removesuffix(".weight"), None)
+        if stacked is None:
+            fused = f"model.layers.{m.group(1)}.mlp.experts.{_FUSED_PARAMETER[m.group(2)]}"
+            stacked = fused if fused in shapes else None
         if stacked is None:
             continue
         slices[name] = []
@@ -174,6 +199,23 @@ def _split_experts(
             slices[name].append(expert_slice(name, e))
             experts.setdefault(stacked, []).append(hf_name)
     return slices, experts
+
+
+_ROUTER = re.compile(r"model\.layers\.(\d+)\.mlp\.gate\.weight")
+
+
+def _mixtral_routers(names: dict[str, str], shapes: dict[str, list[int]]) -> dict[str, list[str]]:
+    """Mixtral's routers under its checkpoints' name (``block_sparse_moe.gate``, what the
+    engine loads) where transformers says ``mlp.gate``: `names` and `shapes` renamed, and
+    each transformers parameter -> its new name (`GGUFLayout.experts`)."""
+    renamed: dict[str, list[str]] = {}
+    for file_name, hf_name in list(names.items()):
+        if (m := _ROUTER.fullmatch(hf_name)) is not None:
+            new = f"model.layers.{m.group(1)}.block_sparse_moe.gate.weight"
+            names[file_name] = new
+            shapes[new] = shapes[hf_name]
+            renamed[hf_name] = [new]
+    return renamed
 
 
 def _processor(arch: str, processor_config: dict[str, Any]) -> Any:

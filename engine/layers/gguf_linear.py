@@ -78,6 +78,7 @@ _LAYER_TENSORS = {
     "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused checkpoint tensors, stored fused
     "mlp.gate_up_proj": "ffn_up",
     "mlp.gate": "ffn_gate_inp",  # Qwen3-MoE's router
+    "block_sparse_moe.gate": "ffn_gate_inp",  # Mixtral's
 }
 """Hugging Face module names inside a decoder layer → llama.cpp's tensor names."""
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -85,10 +86,14 @@ EXPERT_TENSORS = {
     "gate_proj": "ffn_gate_exps",
     "up_proj": "ffn_up_exps",
     "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",  # Mixtral's names of the same three
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
-"""A per-expert module (Qwen3-MoE's ``mlp.experts.E.gate_proj``, ...) → the llama.cpp tensor
-that stacks every expert's weight of a layer: ``[experts, rows, columns]``."""
-_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(\w+)")
+"""A per-expert module (Qwen3-MoE's ``mlp.experts.E.gate_proj``, Mixtral's
+``block_sparse_moe.experts.E.w1``, ...) → the llama.cpp tensor that stacks every expert's
+weight of a layer: ``[experts, rows, columns]``."""
+_EXPERT = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)")
 _SLICE = re.compile(r"(.+)\[(\d+)\]")
 
 
