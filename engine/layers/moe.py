@@ -187,10 +187,14 @@ class PackedExpertsMoEMethod(MoEMethod):
         from kernels.cpu import capture, ops
 
         experts = layer.packed_experts
+        # LoRA hooks go on every expert of a projection or on none (`engine/lora/manager.py`
+        # picks linears by their names' suffix, the same for each expert): the first expert
+        # of each says, where a scan of all of them cost every MoE layer of every step.
         if (
             experts is None
             or capture.active() is not None
-            or any(m.lora is not None for m in (*layer.gate_up, *layer.down))
+            or layer.gate_up[0].lora is not None
+            or layer.down[0].lora is not None
         ):
             return EXPERT_LINEARS.apply(layer, x, topk_weights, topk_ids)
         return ops.moe_experts(x, topk_weights, topk_ids, experts)

@@ -48,3 +48,33 @@ def test_packed_experts_run_in_one_call_and_compute_what_the_expert_linears_do(
     assert [tokens for tokens, _ in got] == [tokens for tokens, _ in want]
     for (_, lp_got), (_, lp_want) in zip(got, want, strict=True):
         torch.testing.assert_close(torch.tensor(lp_got), torch.tensor(lp_want), atol=1e-4, rtol=0)
+
+
+def test_experts_with_lora_hooks_take_the_expert_linears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `--enable-lora` a Qwen3-MoE's experts carry LoRA hooks (their projections are
+    targets; Mixtral's w1/w3/w2 are not): the layer runs expert by expert, so an adapter's
+    term is added, and the one C call only where no hook is."""
+    calls: list[str] = []
+    real = EXPERT_LINEARS.apply
+    monkeypatch.setattr(
+        EXPERT_LINEARS, "apply", lambda *a, **k: calls.append("linears") or real(*a, **k)
+    )
+    for name, hooked in (("qwen3-moe", True), ("mixtral", False)):
+        config = CONFIGS[name]()
+        config.head_dim = 32
+        directory = tmp_path / name
+        save_random_config(config, directory)
+        write_tokenizer(directory, VOCAB)
+        core = EngineCore(
+            EngineConfig(
+                model=str(directory), quantization="q8_0", max_model_len=96, enable_lora=True
+            )
+        )
+        moe = [m for m in core.model.modules() if isinstance(m, FusedMoE)]
+        assert all(m.method is PACKED_EXPERTS for m in moe)
+        assert all((e.lora is not None) == hooked for m in moe for e in (*m.gate_up, *m.down))
+        calls.clear()
+        greedy_runs(core, [[5, 6, 7]], 2)
+        assert bool(calls) == hooked, name
