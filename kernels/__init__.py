@@ -36,6 +36,7 @@ __all__ = [
     "fused_add_rms_norm",
     "fused_moe",
     "gelu_tanh_and_mul",
+    "head_rms_norm",
     "kernel_backend",
     "paged_attention",
     "rms_norm",
@@ -81,6 +82,15 @@ rms_norm = _dispatched(reference.rms_norm, "kernels.triton.rms_norm", "rms_norm_
 fused_add_rms_norm = _dispatched(
     reference.fused_add_rms_norm, "kernels.triton.rms_norm", "fused_add_rms_norm_triton"
 )
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, heads: int) -> torch.Tensor:
+    """RMSNorm over each head of ``x`` (``[T, heads * hd]``; q or k, whose rows may be a
+    strided view of the fused qkv output) with the head-wide ``weight`` → ``[T, heads * hd]``:
+    `rms_norm` over rows of one head each (Qwen3's and Gemma 3's q / k norms)."""
+    return rms_norm(x.reshape(-1, x.shape[-1] // heads), weight, eps).view(x.shape[0], -1)
+
+
 rotary_embedding = _dispatched(
     reference.rotary_embedding, "kernels.triton.rotary", "rotary_embedding_triton", arg=1
 )

@@ -28,6 +28,10 @@ class KernelOps(Protocol):
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def head_rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, heads: int
+    ) -> torch.Tensor: ...
+
     def rotary_embedding(
         self,
         positions: torch.Tensor,

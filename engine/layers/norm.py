@@ -42,3 +42,7 @@ class RMSNorm(nn.Module):
         if residual is None:
             return self.ops.rms_norm(x, self.weight, self.eps)
         return self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def per_head(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """This norm (head-wide) over each of the `heads` heads of ``x`` ``[T, heads * hd]``."""
+        return self.ops.head_rms_norm(x, self.weight, self.eps, heads)

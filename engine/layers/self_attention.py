@@ -94,9 +94,8 @@ class SelfAttention(nn.Module):
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2*kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and self.k_norm is not None:
-            # Per head: rows of head_dim (a copy of the strided q/k views).
-            q = self.q_norm(q.reshape(-1, self.head_dim))
-            k = self.k_norm(k.reshape(-1, self.head_dim))
+            q = self.q_norm.per_head(q, self.num_heads)
+            k = self.k_norm.per_head(k, self.num_kv_heads)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, nh, hd]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, nkv, hd]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, nkv, hd]

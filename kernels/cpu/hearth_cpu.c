@@ -881,6 +881,17 @@ void hearth_rms_norm(const float *x, const float *w, float *out, int64_t t, int6
     for (int64_t r = 0; r < t; r++) rms_row(x + r * h, w, out + r * h, h, eps);
 }
 
+/* RMSNorm over each head's `hd` values, `heads` heads a token (Qwen3's and Gemma 3's q / k
+ * norms): x rows of stride ldx (q or k inside the fused qkv output), out [t, heads * hd].
+ * Each (token, head) is `rms_row` over hd, bit for bit what `hearth_rms_norm` gives the same
+ * values copied into rows of hd: one call where the eager path copied the strided heads out
+ * in torch first, which kept a step of such a model from being a step program. */
+void hearth_head_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t t, int64_t heads,
+                          int64_t hd, float eps) {
+#pragma omp parallel for schedule(static) if (t * heads > 4)
+    for (int64_t r = 0; r < t * heads; r++) rms_row(x + (r / heads) * ldx + (r % heads) * hd, w, out + r * hd, hd, eps);
+}
+
 /* residual += x; x = rms_norm(residual) * w (both in place). */
 void hearth_add_rms_norm(float *x, float *residual, const float *w, int64_t t, int64_t h, float eps) {
 #pragma omp parallel for schedule(static) if (t > 4)
@@ -1673,6 +1684,7 @@ enum {
     OP_SILU_MUL,
     OP_LINEAR_BF16,
     OP_LORA,
+    OP_HEAD_NORM,
 };
 
 typedef struct {
@@ -1738,6 +1750,9 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
             break;
         case OP_RMS_NORM: /* x = a, w = b, out = c; i0 = width */
             hearth_rms_norm(a, b, c, t, op->i[0], op->f[0]);
+            break;
+        case OP_HEAD_NORM: /* x = a (stride ld0), w = b, out = c; i0 = heads, i1 = head width */
+            hearth_head_rms_norm(a, op->ld[0], b, c, t, op->i[0], op->i[1], op->f[0]);
             break;
         case OP_ADD_RMS_NORM: /* x = a, residual = b, w = c */
             hearth_add_rms_norm(a, b, c, t, op->i[0], op->f[0]);

@@ -42,6 +42,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_bf16w_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
+    "hearth_head_rms_norm": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
     "hearth_rope": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
     "hearth_kv_write": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
@@ -475,6 +476,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return out
     out = torch.empty_like(x)
     library().hearth_rms_norm(_p(x), _p(weight), _p(out), x.shape[0], x.shape[1], eps)
+    return out
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, heads: int) -> torch.Tensor:
+    """RMSNorm over each head of ``x`` (``[T, heads * hd]``, rows may be strided: q or k in
+    the fused qkv output) with the head-wide `weight`: ``[T, heads * hd]``, each head
+    bitwise `rms_norm` of it alone."""
+    _check(x, "x")
+    t, width = check_rows(x, x.shape[-1]), x.shape[-1]
+    hd = width // heads
+    if hd * heads != width or weight.shape != (hd,):
+        raise ValueError(f"{heads} heads of [{width}] need a weight of [{width // heads}]")
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        out = rec.new(width)
+        rec.emit(capture.OP_HEAD_NORM, [x, weight, out, None], (heads, hd), (eps,))
+        return out
+    out = torch.empty((t, width), dtype=torch.float32)
+    library().hearth_head_rms_norm(_p(x), x.stride(0), _p(weight), _p(out), t, heads, hd, eps)
     return out
 
 

@@ -133,3 +133,31 @@ def test_the_lora_program_replays_the_eager_forward_with_adapters(model_smollm2_
     base = _hidden(core, step, program=True)
     assert torch.equal(base[9], replayed[9]), "the base token is the base program's"
     assert not torch.equal(base[:9], replayed[:9]) and not torch.equal(base[10:], replayed[10:])
+
+
+def test_a_qwen3_forward_with_per_head_norms_is_a_program(tmp_path) -> None:
+    """Qwen3's q / k norms run as one kernel each (`head_rms_norm` on the strided q and k):
+    its forward is captured (13 kernels a layer) and replays the eager forward bitwise."""
+    from transformers import Qwen3Config
+
+    from engine.core import EngineCore
+    from tests.engine.tiny_models import COMMON, save_random_config
+    from tests.gpu.gpu_models import write_tokenizer
+
+    config = Qwen3Config(
+        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1}, head_dim=32
+    )
+    save_random_config(config, tmp_path)
+    write_tokenizer(tmp_path, config.vocab_size)
+    core = EngineCore(EngineConfig(model=str(tmp_path), quantization="q8_0", max_model_len=96))
+    backend = core.runner.attention
+    assert backend.program is not None, "the Qwen3 forward was not captured"
+    assert backend.num_program_ops == 1 + 13 * core.model.num_layers + 1
+    gen = torch.Generator().manual_seed(4)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(3, config.vocab_size, (n,), generator=gen).tolist()
+
+    for step in ([(0, toks(11), [1, 2, 3])], [(11, toks(1), [1, 2, 3]), (0, toks(6), [5, 6])]):
+        eager = _hidden(core, step, program=False)
+        assert torch.equal(eager, _hidden(core, step, program=True))

@@ -150,6 +150,22 @@ def test_packing_lays_blocks_out_as_the_kernels_read_them(
     assert np.array_equal(data[..., 8 * heads :], quants)
 
 
+def test_head_rms_norm_is_rms_norm_of_each_head_bitwise() -> None:
+    """Qwen3's q / k norms: each head of a strided column range (q or k inside the qkv
+    output) normalised as `rms_norm` normalises that head's values copied into a row."""
+    gen = torch.Generator().manual_seed(7)
+    t, heads, hd = 5, 3, 32
+    qkv = torch.randn(t, heads * hd + 40, generator=gen)
+    x = qkv[:, 8 : 8 + heads * hd]  # strided rows
+    weight = torch.rand(hd, generator=gen) + 0.5
+    got = ops.head_rms_norm(x, weight, 1e-6, heads)
+    want = ops.rms_norm(x.reshape(-1, hd).contiguous(), weight, 1e-6).view(t, -1)
+    assert got.shape == (t, heads * hd) and torch.equal(got, want)
+    torch.testing.assert_close(got, reference.rms_norm(x.reshape(-1, hd), weight, 1e-6).view(t, -1))
+    with pytest.raises(ValueError, match="need a weight"):
+        ops.head_rms_norm(x, weight[:16], 1e-6, heads)
+
+
 def test_rms_norm_and_add_rms_norm_match_reference() -> None:
     torch.manual_seed(0)
     x, res, w = torch.randn(6, 576) * 3, torch.randn(6, 576), torch.rand(576) + 0.5
