@@ -77,6 +77,8 @@ class CpuAttentionBackend(AttentionBackend):
             blocks = getattr(packed, "blocks", None)  # a tiled weight's float32-kernel copy
             persistent += [getattr(blocks, "data", None)]
             persistent += list(getattr(module, "kv_cache", None) or ())
+            experts = getattr(module, "packed_experts", None)  # a MoE layer's table
+            persistent += [getattr(experts, "table", None)]
         inputs = {
             "input_ids": ids,
             "positions": positions,

@@ -119,6 +119,12 @@ class MoEMethod:
 
     name = "base"
 
+    def block(self, layer: FusedMoE, router: TopKRouter, x: torch.Tensor) -> torch.Tensor:
+        """The whole MoE block of `layer`: `router` picks each token's experts, `apply`
+        computes them (a method may do both at once)."""
+        topk_weights, topk_ids = router(x)
+        return self.apply(layer, x, topk_weights, topk_ids)
+
     def apply(
         self,
         layer: FusedMoE,
@@ -170,12 +176,24 @@ class GroupedGemmMoEMethod(MoEMethod):
 
 class PackedExpertsMoEMethod(MoEMethod):
     """The CPU fast path's SwiGLU experts, all packed for the float32-activation GEMMs: the
-    whole layer in one C call (``kernels/cpu/ops.py`` `moe_experts`: the same grouping and
-    GEMMs as `ExpertLinearsMoEMethod`, the activation by the C kernel the dense MLP uses,
-    without a Python round per expert). Falls back to the expert linears while a step is
-    being captured or when an expert carries LoRA adapters."""
+    whole block in one C call from the router's logits (``kernels/cpu/ops.py`` `moe_block`:
+    each token's softmax top-k, then the same grouping and GEMMs as
+    `ExpertLinearsMoEMethod`, the activation by the C kernel the dense MLP uses), which the
+    step program replays as one op; without it a MoE model's step ran op by op in Python.
+    Falls back to the torch router and the expert linears when an expert carries LoRA
+    adapters (or the router scores otherwise than softmax then top-k)."""
 
     name = "packed-experts"
+
+    def block(self, layer: FusedMoE, router: TopKRouter, x: torch.Tensor) -> torch.Tensor:
+        from kernels.cpu import ops
+
+        if self._packed(layer) and router.scoring == "softmax_topk" and x.dtype == torch.float32:
+            logits = router.gate(x)
+            return ops.moe_block(
+                x, logits, layer.packed_experts, router.top_k, router.norm_topk_prob
+            )
+        return super().block(layer, router, x)
 
     def apply(
         self,
@@ -186,18 +204,21 @@ class PackedExpertsMoEMethod(MoEMethod):
     ) -> torch.Tensor:
         from kernels.cpu import capture, ops
 
-        experts = layer.packed_experts
-        # LoRA hooks go on every expert of a projection or on none (`engine/lora/manager.py`
-        # picks linears by their names' suffix, the same for each expert): the first expert
-        # of each says, where a scan of all of them cost every MoE layer of every step.
-        if (
-            experts is None
-            or capture.active() is not None
-            or layer.gate_up[0].lora is not None
-            or layer.down[0].lora is not None
-        ):
+        if not self._packed(layer) or capture.active() is not None:
             return EXPERT_LINEARS.apply(layer, x, topk_weights, topk_ids)
-        return ops.moe_experts(x, topk_weights, topk_ids, experts)
+        return ops.moe_experts(x, topk_weights, topk_ids, layer.packed_experts)
+
+    @staticmethod
+    def _packed(layer: FusedMoE) -> bool:
+        """Whether the layer's experts run packed: LoRA hooks go on every expert of a
+        projection or on none (`engine/lora/manager.py` picks linears by their names'
+        suffix, the same for each expert), so the first expert of each says, where a scan
+        of all of them cost every MoE layer of every step."""
+        return (
+            layer.packed_experts is not None
+            and layer.gate_up[0].lora is None
+            and layer.down[0].lora is None
+        )
 
 
 EXPERT_LINEARS = ExpertLinearsMoEMethod()
@@ -303,8 +324,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        topk_weights, topk_ids = self.router(x)
-        return self.experts(x, topk_weights, topk_ids)
+        return self.experts.method.block(self.experts, self.router, x)
 
 
 def use_moe_method(model: nn.Module, method: MoEMethod) -> int:

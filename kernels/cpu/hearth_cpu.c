@@ -33,6 +33,7 @@
 
 #define Q4_BLOCK 32
 #define GROUP 8 /* output rows per packed group: one AVX2 lane each */
+#define MOE_MAX_EXPERTS 1024 /* experts a router op takes (ops.moe_block checks) */
 
 /* -------------------------------------------------------------------------- packing */
 /*
@@ -1685,6 +1686,7 @@ enum {
     OP_LINEAR_BF16,
     OP_LORA,
     OP_HEAD_NORM,
+    OP_MOE,
 };
 
 typedef struct {
@@ -1712,7 +1714,13 @@ typedef struct {
     int64_t amx_min_t;
     const int32_t *lora_slots; /* each token's adapter slot (-1: the base); NULL: no LoRA op runs */
     float *lora_scratch;       /* t * (shards * max_rank) floats of the widest LoRA op */
+    float *moe_scratch;        /* the widest MoE op's scratch for t tokens (`hearth_moe_block`) */
+    int64_t *moe_order;
 } hearth_step;
+
+void hearth_moe_block(const float *x, int64_t ldx, const float *logits, int64_t ldl, int64_t t, int64_t top_k,
+                      int64_t renorm, const int64_t *table, float *out, int64_t ldo, float *scratch,
+                      int64_t *order);
 
 void hearth_q8a_gemm(int32_t kind, const float *x, int64_t t, int64_t ldx, int64_t k, const uint8_t *w,
                      int64_t n, const float *bias, float *out, int64_t ldo, uint8_t *scratch,
@@ -1750,6 +1758,10 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
             break;
         case OP_RMS_NORM: /* x = a, w = b, out = c; i0 = width */
             hearth_rms_norm(a, b, c, t, op->i[0], op->f[0]);
+            break;
+        case OP_MOE: /* x = a, router logits = b, out = c; aux = the experts' table; i0 = top_k, i1 = renorm */
+            hearth_moe_block(a, op->ld[0], b, op->ld[1], t, op->i[0], op->i[1], (const int64_t *)op->aux, c,
+                             op->ld[2], st->moe_scratch, st->moe_order);
             break;
         case OP_HEAD_NORM: /* x = a (stride ld0), w = b, out = c; i0 = heads, i1 = head width */
             hearth_head_rms_norm(a, op->ld[0], b, c, t, op->i[0], op->i[1], op->f[0]);
@@ -1839,10 +1851,10 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
  * summed in slot order: a token's result does not depend on the batch.
  * scratch: t * top_k * (2 * h + 3 * inter) floats; order: t * top_k int64.
  */
-void hearth_moe_experts(const float *x, int64_t t, int64_t h, int64_t inter, int64_t top_k, const int64_t *ids,
-                        const float *weights, int64_t n_experts, const int32_t *kind13,
+static void moe_experts(const float *x, int64_t ldx, int64_t t, int64_t h, int64_t inter, int64_t top_k,
+                        const int64_t *ids, const float *weights, int64_t n_experts, const int32_t *kind13,
                         const uint8_t *const *w13, const float *const *b13, const int32_t *kind2,
-                        const uint8_t *const *w2, const float *const *b2, float *out, float *scratch,
+                        const uint8_t *const *w2, const float *const *b2, float *out, int64_t ldo, float *scratch,
                         int64_t *order) {
     const int64_t slots = t * top_k;
     float *xe = scratch, *gu = xe + slots * h, *act = gu + slots * 2 * inter, *per_slot = act + slots * inter;
@@ -1854,7 +1866,7 @@ void hearth_moe_experts(const float *x, int64_t t, int64_t h, int64_t inter, int
         if (n == 0) continue;
         const int64_t *mine = order + start;
         start += n;
-        for (int64_t r = 0; r < n; r++) memcpy(xe + r * h, x + (mine[r] / top_k) * h, h * sizeof(float));
+        for (int64_t r = 0; r < n; r++) memcpy(xe + r * h, x + (mine[r] / top_k) * ldx, h * sizeof(float));
         linear_f32(kind13[e], xe, n, h, h, w13[e], 2 * inter, b13[e], gu, 2 * inter);
         hearth_silu_mul(gu, act, n, inter);
         linear_f32(kind2[e], act, n, inter, inter, w2[e], h, b2[e], xe, h);
@@ -1867,11 +1879,63 @@ void hearth_moe_experts(const float *x, int64_t t, int64_t h, int64_t inter, int
     }
 #pragma omp parallel for schedule(static) if (t > 1)
     for (int64_t r = 0; r < t; r++) {
-        float *o = out + r * h;
+        float *o = out + r * ldo;
         memcpy(o, per_slot + r * top_k * h, h * sizeof(float));
         for (int64_t j = 1; j < top_k; j++) {
             const float *p = per_slot + (r * top_k + j) * h;
             for (int64_t c = 0; c < h; c++) o[c] += p[c];
         }
     }
+}
+
+void hearth_moe_experts(const float *x, int64_t t, int64_t h, int64_t inter, int64_t top_k, const int64_t *ids,
+                        const float *weights, int64_t n_experts, const int32_t *kind13,
+                        const uint8_t *const *w13, const float *const *b13, const int32_t *kind2,
+                        const uint8_t *const *w2, const float *const *b2, float *out, float *scratch,
+                        int64_t *order) {
+    moe_experts(x, h, t, h, inter, top_k, ids, weights, n_experts, kind13, w13, b13, kind2, w2, b2, out, h,
+                scratch, order);
+}
+
+/* A token's router (engine/layers/moe.py TopKRouter, "softmax_topk"): softmax of its E
+ * logits in float32 (the maximum subtracted, the sum in expert order), the k largest
+ * (a tie to the lower expert), renormalised over the k when `renorm`. The ids are
+ * transformers' (the softmax keeps the logits' order); a weight may differ from torch's
+ * in its last bits (another exp), as the activation's already did. */
+static void moe_route(const float *logits, int64_t n_experts, int64_t top_k, int renorm, int64_t *ids, float *w) {
+    uint64_t taken[(MOE_MAX_EXPERTS + 63) / 64] = {0};
+    for (int64_t j = 0; j < top_k; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < n_experts; e++)
+            if (!(taken[e >> 6] >> (e & 63) & 1) && (best < 0 || logits[e] > logits[best])) best = e;
+        taken[best >> 6] |= 1ull << (best & 63);
+        ids[j] = best;
+    }
+    const float top = logits[ids[0]];
+    float sum = 0.0f;
+    for (int64_t e = 0; e < n_experts; e++) sum += expf(logits[e] - top);
+    float kept = 0.0f;
+    for (int64_t j = 0; j < top_k; j++) {
+        w[j] = expf(logits[ids[j]] - top) / sum;
+        kept += w[j];
+    }
+    if (renorm)
+        for (int64_t j = 0; j < top_k; j++) w[j] /= kept;
+}
+
+/* A MoE block from its router's logits: each token routed (`moe_route`), then the experts
+ * (`moe_experts`). `table`: n_experts, h, inter, then the addresses of the six per-expert
+ * tables of `hearth_moe_experts` (ops.PackedExperts.table). scratch: t * top_k * (2 h +
+ * 3 inter + 1) floats; order: 2 t * top_k int64. The step program's OP_MOE. */
+void hearth_moe_block(const float *x, int64_t ldx, const float *logits, int64_t ldl, int64_t t, int64_t top_k,
+                      int64_t renorm, const int64_t *table, float *out, int64_t ldo, float *scratch,
+                      int64_t *order) {
+    const int64_t n_experts = table[0], h = table[1], inter = table[2], slots = t * top_k;
+    int64_t *ids = order + slots;
+    float *weights = scratch + slots * (2 * h + 3 * inter);
+    for (int64_t r = 0; r < t; r++)
+        moe_route(logits + r * ldl, n_experts, top_k, (int)renorm, ids + r * top_k, weights + r * top_k);
+    moe_experts(x, ldx, t, h, inter, top_k, ids, weights, n_experts, (const int32_t *)table[3],
+                (const uint8_t *const *)table[4], (const float *const *)table[5], (const int32_t *)table[6],
+                (const uint8_t *const *)table[7], (const float *const *)table[8], out, ldo, scratch, order);
 }

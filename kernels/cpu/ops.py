@@ -53,6 +53,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_num_threads": [],
     "hearth_embedding": [_ptr, _i64, _ptr, _i64, _i64, _ptr],
     "hearth_run_program": [_ptr, _i64, _ptr],
+    "hearth_moe_block": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr],
     "hearth_moe_experts": [
         *[_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64],
         *[_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr],
@@ -379,6 +380,15 @@ class PackedExperts:
     w2: torch.Tensor
     b2: torch.Tensor
     weights: tuple[PackedWeight, ...]
+    table: torch.Tensor | None = None
+    """int64: experts, h, inter and the addresses of the six tables above, as
+    `hearth_moe_block` (and the step program's MoE op) reads them."""
+
+    def __post_init__(self) -> None:
+        tables = (self.kind13, self.w13, self.b13, self.kind2, self.w2, self.b2)
+        header = [self.kind13.numel(), self.h, self.inter]
+        table = torch.tensor(header + [_p(t) for t in tables], dtype=torch.int64)
+        object.__setattr__(self, "table", table)
 
     @classmethod
     def of(cls, gate_up: list[PackedWeight], down: list[PackedWeight]) -> PackedExperts:
@@ -428,6 +438,42 @@ def moe_experts(
         _p(x), t, experts.h, experts.inter, top_k, _p(ids), _p(weights), experts.kind13.numel(),
         _p(experts.kind13), _p(experts.w13), _p(experts.b13), _p(experts.kind2),
         _p(experts.w2), _p(experts.b2), _p(out), _p(scratch), _p(order),
+    )  # fmt: skip
+    return out
+
+
+MOE_MAX_EXPERTS = 1024
+"""Experts of a router `moe_block` takes (hearth_cpu.c `MOE_MAX_EXPERTS`)."""
+
+
+def moe_block(
+    x: torch.Tensor, logits: torch.Tensor, experts: PackedExperts, top_k: int, renorm: bool
+) -> torch.Tensor:
+    """A MoE block from its router's logits ``[T, E]`` (float32, rows may be strided): each
+    token's top-k experts by softmax (renormalised over the k when `renorm`), then
+    `moe_experts`, in one C call (`hearth_moe_block`); under capture one op of the step
+    program (`OP_MOE`). x: ``[T, h]``. Returns ``[T, h]``."""
+    t = check_rows(x, experts.h)
+    n_experts = experts.kind13.numel()
+    _check(logits, "logits")
+    shaped = logits.dim() == 2 and logits.shape == (t, n_experts) and logits.stride(1) == 1
+    if not shaped or not 0 < top_k <= n_experts <= MOE_MAX_EXPERTS:
+        raise ValueError(f"logits must be [{t}, {n_experts}] and 0 < top_k <= {n_experts}")
+    floats = top_k * (2 * experts.h + 3 * experts.inter + 1)  # per token
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        out = rec.new(experts.h)
+        rec.emit(
+            capture.OP_MOE, [x, logits, out, None], (top_k, int(renorm), floats), aux=experts.table
+        )
+        return out
+    out = torch.empty((t, experts.h), dtype=torch.float32)
+    scratch = torch.empty(t * floats, dtype=torch.float32)
+    order = torch.empty(2 * t * top_k, dtype=torch.int64)
+    library().hearth_moe_block(
+        _p(x), x.stride(0), _p(logits), logits.stride(0), t, top_k, int(renorm),
+        _p(experts.table), _p(out), experts.h, _p(scratch), _p(order),
     )  # fmt: skip
     return out
 

@@ -38,6 +38,8 @@ class HearthStep(ctypes.Structure):
         ("amx_min_t", _i64),
         ("lora_slots", _ptr),
         ("lora_scratch", _ptr),
+        ("moe_scratch", _ptr),
+        ("moe_order", _ptr),
     ]
 
 
@@ -54,6 +56,9 @@ class StepProgram:
         self.q8_k = 0
         self.lora_width = 0
         """Floats per token of the widest LoRA op's scratch (0: the program holds none)."""
+        self.moe_width = self.moe_top_k = 0
+        """Floats per token of the widest MoE op's scratch, and the most experts a token
+        takes (its routing order: 2 x top_k int64 per token)."""
         for op, rec in zip(self.ops, recorder.ops, strict=True):
             op.code, op.kind = rec.code, rec.kind
             for j, operand in enumerate(rec.operands):
@@ -74,10 +79,15 @@ class StepProgram:
                 self.q8_k = max(self.q8_k, rec.ints[0])
             if rec.code == capture.OP_LORA:  # h: shards x max_rank floats per token
                 self.lora_width = max(self.lora_width, rec.ints[2] * rec.ints[3])
+            if rec.code == capture.OP_MOE:  # top_k x (2 h + 3 inter + 1) floats per token
+                self.moe_width = max(self.moe_width, rec.ints[2])
+                self.moe_top_k = max(self.moe_top_k, rec.ints[0])
         self._arena = torch.empty(0, dtype=torch.float32)
         self._bufs = (ctypes.c_void_p * max(len(self.slot_widths), 1))()
         self._q8 = torch.empty(0, dtype=torch.uint8)
         self._lora_h = torch.empty(0, dtype=torch.float32)
+        self._moe = torch.empty(0, dtype=torch.float32)
+        self._moe_order = torch.empty(0, dtype=torch.int64)
 
     @property
     def floats_per_row(self) -> int:
@@ -134,6 +144,11 @@ class StepProgram:
             if self._lora_h.numel() < t * self.lora_width:
                 self._lora_h = torch.empty(t * self.lora_width, dtype=torch.float32)
             step.lora_slots, step.lora_scratch = lora_slots.data_ptr(), self._lora_h.data_ptr()
+        if self.moe_width:
+            if self._moe.numel() < t * self.moe_width:
+                self._moe = torch.empty(t * self.moe_width, dtype=torch.float32)
+                self._moe_order = torch.empty(2 * t * self.moe_top_k, dtype=torch.int64)
+            step.moe_scratch, step.moe_order = self._moe.data_ptr(), self._moe_order.data_ptr()
         ops.library().hearth_run_program(self.ops, self.num_ops, ctypes.byref(step))
         start, width = views[self.out_slot]
         rows = self._arena[start : start + t * width].view(t, width)

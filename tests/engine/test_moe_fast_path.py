@@ -12,7 +12,13 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.layers.moe import EXPERT_LINEARS, PACKED_EXPERTS, FusedMoE, use_moe_method
+from engine.layers.moe import (
+    EXPERT_LINEARS,
+    PACKED_EXPERTS,
+    FusedMoE,
+    SparseMoeBlock,
+    use_moe_method,
+)
 from kernels.cpu import ops
 from tests.engine.engine_runs import greedy_runs
 from tests.engine.moe_models import CONFIGS, VOCAB
@@ -35,9 +41,12 @@ def test_packed_experts_run_in_one_call_and_compute_what_the_expert_linears_do(
     assert moe and all(m.method is PACKED_EXPERTS for m in moe)
     assert f"{len(moe)} MoE layers' experts in one C call each" in core.backends.description
     routed: set[tuple[int, int]] = set()
-    for i, m in enumerate(moe):  # which experts the prompts reach
-        m.register_forward_hook(
-            lambda _m, args, _out, i=i: routed.update((i, int(e)) for e in args[2].reshape(-1))
+    blocks = [b for b in core.model.modules() if isinstance(b, SparseMoeBlock)]
+    for i, b in enumerate(blocks):  # which experts the prompts reach (the router's top k)
+        b.router.gate.register_forward_hook(
+            lambda _m, _args, logits, i=i, k=b.router.top_k: routed.update(
+                (i, int(e)) for e in logits.topk(k, dim=-1).indices.reshape(-1)
+            )
         )
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (7, 23, 41)]

@@ -161,3 +161,38 @@ def test_a_qwen3_forward_with_per_head_norms_is_a_program(tmp_path) -> None:
     for step in ([(0, toks(11), [1, 2, 3])], [(11, toks(1), [1, 2, 3]), (0, toks(6), [5, 6])]):
         eager = _hidden(core, step, program=False)
         assert torch.equal(eager, _hidden(core, step, program=True))
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3-moe"])
+def test_a_moe_forward_is_a_program(name: str, tmp_path) -> None:
+    """With routers of whole 8-row groups (on the C kernels), a MoE block is one op
+    (`moe_block`: each token's softmax top-k from the router's logits, then its experts in
+    one call), so a MoE forward is a step program (Qwen3-MoE's dense layer and per-head
+    norms included) and replays the eager forward bitwise."""
+    from engine.core import EngineCore
+    from tests.engine.moe_models import CONFIGS
+    from tests.engine.tiny_models import save_random_config
+    from tests.gpu.gpu_models import write_tokenizer
+
+    config = CONFIGS[name]()
+    config.head_dim = 32  # the C attention's unit
+    if name == "mixtral":
+        config.num_local_experts = 8
+    else:  # and its dense layer's width whole 32-column blocks, on the C kernels too
+        config.num_experts, config.intermediate_size = 8, 96
+    save_random_config(config, tmp_path)
+    write_tokenizer(tmp_path, config.vocab_size)
+    core = EngineCore(EngineConfig(model=str(tmp_path), quantization="q8_0", max_model_len=96))
+    backend = core.runner.attention
+    assert backend.program is not None, f"the {name} forward was not captured"
+    gen = torch.Generator().manual_seed(6)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(3, config.vocab_size, (n,), generator=gen).tolist()
+
+    for step in (
+        [(0, toks(13), [1, 2, 3, 4])],
+        [(13, toks(1), [1, 2, 3, 4]), (0, toks(9), [5, 6, 7])],
+    ):
+        eager = _hidden(core, step, program=False)
+        assert torch.equal(eager, _hidden(core, step, program=True))

@@ -81,3 +81,29 @@ def test_experts_of_other_shapes_are_refused(layer) -> None:
     _, _, _, gate_up, down = layer
     with pytest.raises(ValueError, match="other shapes or kinds"):
         ops.PackedExperts.of(gate_up, [*down[:-1], gate_up[0]])
+
+
+@pytest.mark.parametrize("renorm", [True, False])
+def test_the_block_routes_as_the_torch_router_then_runs_the_experts(layer, renorm) -> None:
+    """`moe_block` from the router's logits (strided rows, as a column range of a wider
+    output): each token's experts are the softmax's top k (transformers' router), its weights
+    those probabilities (renormalised over the k, or not) to float32 rounding, and the rest
+    is `moe_experts` on them; a token's result alone is its result in the batch, bitwise."""
+    packed = layer[0]
+    gen = torch.Generator().manual_seed(8)
+    t = 11
+    x = torch.randn(t, H + 16, generator=gen)[:, 16:]
+    logits = torch.randn(t, EXPERTS + 3, generator=gen)[:, :EXPERTS]
+    probs = torch.softmax(logits, -1)
+    weights, ids = probs.topk(TOP_K, dim=-1)
+    if renorm:
+        weights = weights / weights.sum(-1, keepdim=True)
+    got = ops.moe_block(x, logits, packed, TOP_K, renorm)
+    want = ops.moe_experts(x.contiguous(), weights, ids, packed)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    for r in (0, 5, 10):
+        assert torch.equal(
+            ops.moe_block(x[r : r + 1], logits[r : r + 1], packed, TOP_K, renorm)[0], got[r]
+        )
+    with pytest.raises(ValueError, match="logits must be"):
+        ops.moe_block(x, logits[:, :4], packed, TOP_K, renorm)
