@@ -42,11 +42,18 @@ __all__ = [
 # ----------------------------------------------------------------------------- embedding
 
 
-def embedding(input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0") -> torch.Tensor:
-    """Rows of the token embedding table (``F.embedding``). `blocks` names the format of a
-    table of GGUF rows, which only the CPU fast path's gather reads (kernels/cpu/ops.py);
-    here the table is a float one."""
-    return F.embedding(input_ids, weight)  # [T, H]
+def embedding(
+    input_ids: torch.Tensor,
+    weight: torch.Tensor,
+    blocks: str = "q8_0",
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rows of the token embedding table (``F.embedding``), times `scale` when given
+    (Gemma's ``sqrt(hidden)``, a 0-d tensor of the model dtype). `blocks` names the format
+    of a table of GGUF rows, which only the CPU fast path's gather reads
+    (kernels/cpu/ops.py); here the table is a float one."""
+    out = F.embedding(input_ids, weight)  # [T, H]
+    return out if scale is None else out * scale
 
 
 # ----------------------------------------------------------------------------- norms

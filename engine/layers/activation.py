@@ -21,15 +21,16 @@ class SiluAndMul(nn.Module):
 
 
 class GeluTanhAndMul(nn.Module):
-    """``gelu_tanh(gate) * up`` (GeGLU: Gemma's ``gelu_pytorch_tanh``), gate rows first.
+    """``gelu_tanh(gate) * up`` (GeGLU: Gemma's ``gelu_pytorch_tanh``), gate rows first:
+    the torch op on CUDA and in the exact mode, the C kernel on the fast path (since stop
+    47; a Gemma 3 forward is then a step program)."""
 
-    It has no ``ops`` attribute on purpose: no C kernel exists for it, so it always runs
-    the `kernels` package (torch reference on CPU, the same torch op on CUDA) even when
-    the fast path hands the other layers ``kernels.cpu.ops``.
-    """
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: KernelOps = kernels
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return kernels.gelu_tanh_and_mul(gate_up)
+        return self.ops.gelu_tanh_and_mul(gate_up)
 
 
 def gated_activation(name: str) -> nn.Module:

@@ -35,8 +35,7 @@ class VocabEmbedding(nn.Module):
             self.register_buffer("scale", scale_t, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.ops.embedding(input_ids, self.weight, self.blocks)  # [T, H]
-        return out if self.scale is None else out * self.scale
+        return self.ops.embedding(input_ids, self.weight, self.blocks, self.scale)  # [T, H]
 
 
 def lm_head(

@@ -19,7 +19,11 @@ class KernelOps(Protocol):
     """What `kernels` and `kernels.cpu.ops` both provide (see ``kernels.reference``)."""
 
     def embedding(
-        self, input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0"
+        self,
+        input_ids: torch.Tensor,
+        weight: torch.Tensor,
+        blocks: str = "q8_0",
+        scale: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
@@ -41,6 +45,8 @@ class KernelOps(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def use_kernel_ops(model: nn.Module, ops: KernelOps) -> int:

@@ -932,6 +932,36 @@ void hearth_silu_mul(const float *gu, float *out, int64_t t, int64_t inter) {
     }
 }
 
+/* GeGLU (Gemma's gelu_pytorch_tanh): out = gelu_tanh(g) * u, gate columns first.
+ * 0.5 (1 + tanh(y)) is sigmoid(2 y), so gelu_tanh(g) = g * sigmoid(2 sqrt(2/pi) (g + 0.044715
+ * g^3)), computed as `hearth_silu_mul` computes its sigmoid (exp of -|z|): within float32
+ * rounding of torch's tanh form, not bitwise it. */
+void hearth_gelu_tanh_mul(const float *gu, float *out, int64_t t, int64_t inter) {
+    const float c = 2.0f * 0.7978845608028654f, k = 0.044715f;
+#pragma omp parallel for schedule(static) if (t > 1)
+    for (int64_t r = 0; r < t; r++) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        int64_t i = 0;
+        const __m256 one = _mm256_set1_ps(1.0f), vc = _mm256_set1_ps(c), vk = _mm256_set1_ps(k);
+        for (; i + 8 <= inter; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 z = _mm256_mul_ps(vc, _mm256_fmadd_ps(_mm256_mul_ps(vk, gv), _mm256_mul_ps(gv, gv), gv));
+            const __m256 e = exp256(_mm256_or_ps(z, _mm256_set1_ps(-0.0f)));
+            const __m256 pos = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GE_OQ);
+            const __m256 sig = _mm256_blendv_ps(_mm256_div_ps(e, _mm256_add_ps(one, e)),
+                                                _mm256_div_ps(one, _mm256_add_ps(one, e)), pos);
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        }
+        for (; i < inter; i++) {
+            const float z = c * fmaf(k * g[i], g[i] * g[i], g[i]);
+            const float e = exp_scalar(-fabsf(z));
+            const float sig = z >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            o[i] = g[i] * sig * u[i];
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ rotary, KV write */
 /*
  * x: [T, ld] rows whose first `heads` * hd floats are heads of width hd (a q or k view of
@@ -1687,6 +1717,7 @@ enum {
     OP_LORA,
     OP_HEAD_NORM,
     OP_MOE,
+    OP_GELU_MUL,
 };
 
 typedef struct {
@@ -1753,8 +1784,14 @@ void hearth_run_program(const hearth_op *ops, int64_t n_ops, const hearth_step *
         float *a = operand(op, st, 0), *b = operand(op, st, 1), *c = operand(op, st, 2);
         float *d = operand(op, st, 3);
         switch (op->code) {
-        case OP_EMBED: /* table = a (persistent, element type `kind`), out = c; i0 = width */
+        case OP_EMBED: /* table = a (persistent, element type `kind`), out = c; i0 = width; f0: a
+                        * scale of the rows (Gemma's sqrt(hidden)), 0: none */
             hearth_embedding(st->ids, t, a, op->i[0], op->kind, c);
+            if (op->f[0] != 0.0f)
+                for (int64_t j = 0; j < t * op->i[0]; j++) c[j] *= op->f[0];
+            break;
+        case OP_GELU_MUL: /* gate_up = a, out = c; i0 = inter */
+            hearth_gelu_tanh_mul(a, c, t, op->i[0]);
             break;
         case OP_RMS_NORM: /* x = a, w = b, out = c; i0 = width */
             hearth_rms_norm(a, b, c, t, op->i[0], op->f[0]);

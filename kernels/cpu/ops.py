@@ -44,6 +44,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_head_rms_norm": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
+    "hearth_gelu_tanh_mul": [_ptr, _ptr, _i64, _i64],
     "hearth_rope": [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr],
     "hearth_kv_write": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_paged_attention": [
@@ -577,6 +578,23 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
     return out
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma's ``gelu_pytorch_tanh``): ``gelu_tanh(gate) * up`` of ``[T, 2 * I]``
+    (`hearth_gelu_tanh_mul`: the reference's function within float32 rounding)."""
+    _check(gate_up, "gate_up")
+    gate_up = gate_up.contiguous()
+    t, two_i = gate_up.shape
+    rec = capture.active()
+    if rec is not None:
+        rec.rows(t)
+        out = rec.new(two_i // 2)
+        rec.emit(capture.OP_GELU_MUL, [gate_up, None, out, None], (two_i // 2,))
+        return out
+    out = torch.empty((t, two_i // 2), dtype=torch.float32)
+    library().hearth_gelu_tanh_mul(_p(gate_up), _p(out), t, two_i // 2)
+    return out
+
+
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -867,11 +885,17 @@ rows; uint8: a GGUF's rows, `_EMBED_BLOCKS` plus their format's code; the 16-bit
 codes)."""
 
 
-def embedding(input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0") -> torch.Tensor:
+def embedding(
+    input_ids: torch.Tensor,
+    weight: torch.Tensor,
+    blocks: str = "q8_0",
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``F.embedding`` as float32 rows (the C gather, so a step program can record it) of
     a float32 table, of one held in 16 bits (each value widened exactly), or of a GGUF's
     rows (uint8 ``[vocab, row bytes]``) in format `blocks` (Q8_0, or any other
-    `dequantizes` reads), dequantized exactly as gguf-py does."""
+    `dequantizes` reads), dequantized exactly as gguf-py does; times `scale` (a 0-d
+    tensor: Gemma's) in float32, as the reference multiplies float32 rows."""
     kind = _EMBED_KINDS.get(weight.dtype)
     if kind is None or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(
@@ -896,8 +920,9 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor, blocks: str = "q8_0
         rec.rows(t)
         rec.step_input("input_ids", input_ids)
         out = rec.new(h)
-        rec.emit(capture.OP_EMBED, [weight, None, out, None], (h,), kind=kind)
+        floats = () if scale is None else (float(scale),)
+        rec.emit(capture.OP_EMBED, [weight, None, out, None], (h,), floats, kind=kind)
         return out
     out = torch.empty((t, h), dtype=torch.float32)
     library().hearth_embedding(_p(input_ids), t, _p(weight), h, kind, _p(out))
-    return out
+    return out if scale is None else out.mul_(float(scale))

@@ -196,3 +196,34 @@ def test_a_moe_forward_is_a_program(name: str, tmp_path) -> None:
     ):
         eager = _hidden(core, step, program=False)
         assert torch.equal(eager, _hidden(core, step, program=True))
+
+
+def test_a_gemma3_forward_is_a_program(tmp_path) -> None:
+    """Gemma 3's scaled embedding, GeGLU and sandwich norms are C kernels on the fast path,
+    so its forward (sliding and global layers) is a step program, bitwise its eager
+    forward."""
+    from transformers import Gemma3TextConfig
+
+    from engine.core import EngineCore
+    from tests.engine.tiny_models import COMMON, save_random_config
+    from tests.gpu.gpu_models import write_tokenizer
+
+    config = Gemma3TextConfig(
+        **{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 6},
+        head_dim=32, query_pre_attn_scalar=32, sliding_window=6, final_logit_softcapping=30.0,
+    )  # fmt: skip
+    save_random_config(config, tmp_path)
+    write_tokenizer(tmp_path, config.vocab_size)
+    core = EngineCore(EngineConfig(model=str(tmp_path), quantization="q8_0", max_model_len=96))
+    assert core.runner.attention.program is not None, "the Gemma 3 forward was not captured"
+    gen = torch.Generator().manual_seed(7)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(3, config.vocab_size, (n,), generator=gen).tolist()
+
+    for step in (
+        [(0, toks(15), [1, 2, 3, 4])],
+        [(15, toks(1), [1, 2, 3, 4]), (0, toks(8), [5, 6])],
+    ):
+        eager = _hidden(core, step, program=False)
+        assert torch.equal(eager, _hidden(core, step, program=True))
