@@ -563,6 +563,19 @@ def add_rms_norm_(
 
 
 def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    return _gated(gate_up, capture.OP_SILU_MUL, "hearth_silu_mul", out)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma's ``gelu_pytorch_tanh``): ``gelu_tanh(gate) * up`` of ``[T, 2 * I]``
+    (`hearth_gelu_tanh_mul`: the reference's function within float32 rounding)."""
+    return _gated(gate_up, capture.OP_GELU_MUL, "hearth_gelu_tanh_mul")
+
+
+def _gated(
+    gate_up: torch.Tensor, code: int, kernel: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A gated activation's C kernel (or, under capture, its op) on ``[T, 2 * I]``."""
     _check(gate_up, "gate_up")
     gate_up = gate_up.contiguous()
     t, two_i = gate_up.shape
@@ -570,28 +583,11 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
     if rec is not None:
         rec.rows(t)
         out = rec.new(two_i // 2) if out is None else out
-        rec.emit(capture.OP_SILU_MUL, [gate_up, None, out, None], (two_i // 2,))
+        rec.emit(code, [gate_up, None, out, None], (two_i // 2,))
         return out
     if out is None:
         out = torch.empty((t, two_i // 2), dtype=torch.float32)
-    library().hearth_silu_mul(_p(gate_up), _p(out), t, two_i // 2)
-    return out
-
-
-def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """GeGLU (Gemma's ``gelu_pytorch_tanh``): ``gelu_tanh(gate) * up`` of ``[T, 2 * I]``
-    (`hearth_gelu_tanh_mul`: the reference's function within float32 rounding)."""
-    _check(gate_up, "gate_up")
-    gate_up = gate_up.contiguous()
-    t, two_i = gate_up.shape
-    rec = capture.active()
-    if rec is not None:
-        rec.rows(t)
-        out = rec.new(two_i // 2)
-        rec.emit(capture.OP_GELU_MUL, [gate_up, None, out, None], (two_i // 2,))
-        return out
-    out = torch.empty((t, two_i // 2), dtype=torch.float32)
-    library().hearth_gelu_tanh_mul(_p(gate_up), _p(out), t, two_i // 2)
+    getattr(library(), kernel)(_p(gate_up), _p(out), t, two_i // 2)
     return out
 
 
