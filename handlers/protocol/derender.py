@@ -18,6 +18,8 @@ for every id.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from handlers.protocol.base import FieldError, OpenAIBaseModel, limits_from, reject_negative_ids
@@ -109,6 +111,15 @@ class GeneratedTokens(OpenAIBaseModel):
     request_id: str = Field(min_length=1, max_length=256)
     choices: list[DerenderChoice] = Field(min_length=1)
     prompt_token_ids: list[int] | None = None
+    usage: dict[str, Any] | None = None
+
+    def prompt_tokens(self) -> int:
+        """The prompt's length as this response says it (its `prompt_token_ids`, else its
+        usage's `prompt_tokens`), or 0."""
+        if self.prompt_token_ids is not None:
+            return len(self.prompt_token_ids)
+        count = (self.usage or {}).get("prompt_tokens")
+        return count if isinstance(count, int) and count >= 0 else 0
 
     @field_validator("choices")
     @classmethod
@@ -140,8 +151,8 @@ class DerenderChatRequest(_NotStreaming):
     model: str | None = None
     generate_response: GeneratedTokens
     prompt_tokens: int | None = Field(default=None, ge=0)
-    """The prompt's length, for usage (else `prompt_token_ids`', else 0: a generate response
-    carries only its output)."""
+    """The prompt's length, for usage (else `prompt_token_ids`', else what the generate
+    response says of it, else 0; vLLM's is 0 unless given)."""
     prompt_token_ids: list[int] | None = None
     chat_request: ChatCompletionRequest | None = None
     """The chat the tokens answer (what `/v1/chat/completions/render` was given): its
@@ -151,8 +162,9 @@ class DerenderChatRequest(_NotStreaming):
     def usage_prompt_tokens(self) -> int:
         if self.prompt_tokens is not None:
             return self.prompt_tokens
-        ids = self.prompt_token_ids or self.generate_response.prompt_token_ids
-        return len(ids or ())
+        if self.prompt_token_ids is not None:
+            return len(self.prompt_token_ids)
+        return self.generate_response.prompt_tokens()
 
 
 class DerenderCompletionRequest(_NotStreaming):
@@ -187,4 +199,4 @@ class DerenderCompletionRequest(_NotStreaming):
     def usage_prompt_tokens(self) -> list[int]:
         if self.prompt_tokens is not None:
             return list(self.prompt_tokens)
-        return [len(r.prompt_token_ids or ()) for r in self.generate_responses]
+        return [r.prompt_tokens() for r in self.generate_responses]

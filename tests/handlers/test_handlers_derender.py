@@ -139,6 +139,10 @@ def test_without_the_chat_request_the_tokens_are_decoded(
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (3, len(ids))
     assert usage["total_tokens"] == 3 + len(ids)
     assert engine.added == []  # nothing runs
+    del generated["prompt_token_ids"]  # the generate response's usage says it then
+    generated["usage"] = {"prompt_tokens": 5, "completion_tokens": len(ids), "total_tokens": 9}
+    result = client.simulate_post(DERENDER_CHAT, json={"generate_response": generated})
+    assert result.json["usage"]["prompt_tokens"] == 5
 
 
 def test_completion_derender_answers_as_the_completion_route(
