@@ -428,8 +428,12 @@ class GGUFTiledLinearMethod(GGUFBlockLinearMethod):
         self.min_t = bf16_ops.default_min_t() if min_t is None else min_t
 
     def _pack(self, layer: Linear, rows: LaidRows) -> object:
-        raw = rows.joined() if bf16_ops.qtiles_path() else None  # AMX's Q-tiles read them whole
-        return bf16_ops.pack_tiles(layer.weight.float(), rows.pack(layer.bias), self.min_t, raw=raw)
+        if bf16_ops.qtiles_path():  # AMX's Q-tiles read the re-laid rows whole: re-lay once
+            raw = rows.joined()
+            blocks = ops.pack(rows.kind, raw, layer.bias)
+        else:
+            raw, blocks = None, rows.pack(layer.bias)
+        return bf16_ops.pack_tiles(layer.weight.float(), blocks, self.min_t, raw=raw)
 
     @staticmethod
     def _kernel(x: torch.Tensor, packed) -> torch.Tensor:

@@ -44,23 +44,7 @@ __all__ = ["KERNEL_KINDS", "LaidRows", "Relayout", "as_q8_0", "laid_kind", "rela
 KERNEL_KINDS = ("q4_1", "q8_0", "f16", "bf16")
 """Stored formats the kernels read as they are (`kernels/cpu/ops.py` `KIND_CODES`)."""
 
-_Q4_0_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_0][1]
-_Q4_1_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1][1]
 _Q8_0_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][1]
-
-
-def _q4_0_as_q4_1(raw: np.ndarray) -> np.ndarray:
-    """Q4_0 rows → Q4_1 rows with the same values: d stays, m = -8·d, nibbles as stored."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, _Q4_0_BYTES)
-    d = blocks[..., :2].copy().view(np.float16)[..., 0]
-    with np.errstate(over="ignore"):
-        m = (d * np.float16(-8)).astype(np.float16)
-    out = np.empty((rows, blocks.shape[1], _Q4_1_BYTES), np.uint8)
-    out[..., 0:2] = blocks[..., 0:2]
-    out[..., 2:4] = m.view(np.uint8).reshape(*m.shape, 2)
-    out[..., 4:] = blocks[..., 2:]
-    return out.reshape(rows, -1)
 
 
 _C_REQUANT = ("q4_k", "q5_k", "q6_k")
@@ -112,12 +96,10 @@ def _relaid(kind: str, stored: str, raw: np.ndarray) -> np.ndarray:
         return raw
     if kind == "q8_0":
         return as_q8_0(stored, raw)
-    if stored == "q4_k":
-        out = ops.relay_q4_k(raw)
-        if out is None:
-            raise ValueError("Q4_K scales past float16's range cannot be re-laid as Q4_1")
-        return out
-    return _q4_0_as_q4_1(raw)
+    out = ops.relay_as_q4_1(stored, raw)
+    if out is None:
+        raise ValueError(f"{stored} scales past float16's range cannot be re-laid as Q4_1")
+    return out
 
 
 def relaid_rows(kind: str, raw: np.ndarray) -> tuple[str, np.ndarray]:

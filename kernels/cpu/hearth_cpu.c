@@ -167,17 +167,26 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
  * rounded once to float16 (returns how many exceed float16's range: those became inf);
  * the nibbles as stored (sub-block 2c: the low nibbles of 32-byte
  * chunk c, 2c + 1: the high ones; Q4_1 holds element j low and j + 16 high). */
+static inline void q4_k_sub_scales(const uint8_t *s, int j, float *scale, float *offset) {
+    int sc, m;
+    k4_scale_min(j, s + 4, &sc, &m);
+    *scale = f16_at(s) * (float)sc;
+    *offset = -(f16_at(s + 2) * (float)m);
+}
+
+static inline int q4_k_overflows(float scale, float offset) { /* either rounds to float16 inf */
+    return fabsf(scale) >= 65520.0f || fabsf(offset) >= 65520.0f;
+}
+
 static int relay_q4_k_block(const uint8_t *s, uint8_t *dst) {
     int overflowed = 0;
-    const float d = f16_at(s), dmin = f16_at(s + 2);
     for (int j = 0; j < 8; j++) {
         uint8_t *o = dst + j * 20;
-        int sc, m;
-        k4_scale_min(j, s + 4, &sc, &m);
-        const float scale = d * (float)sc, offset = -(dmin * (float)m);
+        float scale, offset;
+        q4_k_sub_scales(s, j, &scale, &offset);
         put_f16(o, scale);
         put_f16(o + 2, offset);
-        overflowed += fabsf(scale) >= 65520.0f || fabsf(offset) >= 65520.0f; /* float16 inf */
+        overflowed += q4_k_overflows(scale, offset);
         const uint8_t *q = s + 16 + (j / 2) * 32;
         const __m128i low4 = _mm_set1_epi8(0x0F), shift = _mm_cvtsi32_si128((j & 1) * 4);
         const __m128i lo = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)q), shift), low4);
@@ -187,22 +196,17 @@ static int relay_q4_k_block(const uint8_t *s, uint8_t *dst) {
     return overflowed;
 }
 
-int64_t hearth_relay_q4_k(const uint8_t *src, int64_t nblocks, uint8_t *dst) {
-    int64_t overflowed = 0;
-#pragma omp parallel for schedule(static) reduction(+ : overflowed)
-    for (int64_t b = 0; b < nblocks; b++) overflowed += relay_q4_k_block(src + b * 144, dst + b * 8 * 20);
-    return overflowed;
-}
-
 /* Q4_0 (18 B: f16 d, 16 B nibbles) -> the Q4_1 block of the same values: d, m = -8*d
- * (exact in float16 unless past its range, or NaN: counted, as in `hearth_relay_q4_k`), the
+ * (exact in float16 unless past its range, or NaN: counted, as `relay_q4_k_block` counts), the
  * nibbles as stored (both formats hold element j low and j + 16 high). */
+static inline int q4_0_overflows(float m) { return !(fabsf(m) < 65520.0f); /* inf, or NaN from a NaN d */ }
+
 static int relay_q4_0_block(const uint8_t *s, uint8_t *o) {
     const float m = -8.0f * f16_at(s);
     memcpy(o, s, 2);
     put_f16(o + 2, m);
     memcpy(o + 4, s + 2, 16);
-    return !(fabsf(m) < 65520.0f); /* inf, or NaN from a NaN d */
+    return q4_0_overflows(m);
 }
 
 /* Q6_K (210 B per 256: ql[128], qh[64], int8 scales[16], d) -> float32, d*sc*(q - 32):
@@ -349,14 +353,38 @@ void hearth_dequantize_gguf(int64_t kind, const uint8_t *src, int64_t nblocks, f
 /* K-quant super-blocks (kind 4: Q4_K, 5: Q5_K, 6: Q6_K) -> 8 Q8_0 blocks each: the
  * file's values (bitwise gguf-py's dequantization) quantized as `hearth_quantize_q8_0`,
  * without a float32 copy of the tensor in between. */
+static void requant_k_block(int64_t kind, const uint8_t *s, uint8_t *dst) {
+    float y[256];
+    dequant_block(kind, s, y);
+    for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, dst + j * 34);
+}
+
 void hearth_requant_k_q8_0(int64_t kind, const uint8_t *src, int64_t nsuper, uint8_t *dst) {
     const int64_t size = gguf_block_bytes(kind);
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < nsuper; b++) {
-        float y[256];
-        dequant_block(kind, src + b * size, y);
-        for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, dst + (b * 8 + j) * 34);
+    for (int64_t b = 0; b < nsuper; b++) requant_k_block(kind, src + b * size, dst + b * 8 * 34);
+}
+
+/* One stored block of `kind` as the Q4_1 (`q8` 0: kind 0 Q4_0, 4 Q4_K) or Q8_0 (`q8` 1:
+ * the K-quants, requantized) blocks of its values; returns how many Q4_1 scales passed
+ * float16's range. */
+static int relay_block(int64_t kind, int q8, const uint8_t *s, uint8_t *dst) {
+    if (q8) {
+        requant_k_block(kind, s, dst);
+        return 0;
     }
+    return kind == 4 ? relay_q4_k_block(s, dst) : relay_q4_0_block(s, dst);
+}
+
+/* Q4_0 (kind 0) or Q4_K (kind 4) blocks -> the Q4_1 blocks of the same values
+ * (`relay_q4_0_block`, `relay_q4_k_block`); returns how many scales passed float16's range
+ * (those became inf). */
+int64_t hearth_relay_q4_1(int64_t kind, const uint8_t *src, int64_t nblocks, uint8_t *dst) {
+    const int64_t size = gguf_block_bytes(kind), out = gguf_block_values(kind) / Q4_BLOCK * 20;
+    int64_t overflowed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : overflowed)
+    for (int64_t b = 0; b < nblocks; b++) overflowed += relay_block(kind, 0, src + b * size, dst + b * out);
+    return overflowed;
 }
 
 /* How many scales of `nblocks` Q4_0 (kind 0) or Q4_K (kind 4) blocks would pass float16's
@@ -368,14 +396,13 @@ int64_t hearth_q4_1_overflows(int64_t kind, const uint8_t *src, int64_t nblocks)
     for (int64_t b = 0; b < nblocks; b++) {
         const uint8_t *s = src + b * gguf_block_bytes(kind);
         if (kind == 0) {
-            overflowed += !(fabsf(-8.0f * f16_at(s)) < 65520.0f);
+            overflowed += q4_0_overflows(-8.0f * f16_at(s));
             continue;
         }
-        const float d = f16_at(s), dmin = f16_at(s + 2);
         for (int j = 0; j < 8; j++) {
-            int sc, m;
-            k4_scale_min(j, s + 4, &sc, &m);
-            overflowed += fabsf(d * (float)sc) >= 65520.0f || fabsf(dmin * (float)m) >= 65520.0f;
+            float scale, offset;
+            q4_k_sub_scales(s, j, &scale, &offset);
+            overflowed += q4_k_overflows(scale, offset);
         }
     }
     return overflowed;
@@ -390,58 +417,45 @@ int64_t hearth_q4_1_overflows(int64_t kind, const uint8_t *src, int64_t nblocks)
  * Bitwise the re-layout followed by `hearth_pack_*`, without the re-laid copy of the
  * tensor in between: a 7.4 B Q4_K_M model's start wrote every weight twice more
  * (re-laid, then joined with its layer's other parts) before packing it. */
-int64_t hearth_pack_q4_1_from(int64_t kind, const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
-    const int64_t nb = k / Q4_BLOCK, span = kind == 4 ? 8 : 1; /* Q4_1 blocks per stored block */
+static int64_t pack_from(int64_t kind, int q8, const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    const int64_t nb = k / Q4_BLOCK, span = gguf_block_values(kind) / Q4_BLOCK; /* blocks per stored one */
     const int64_t stored = gguf_block_bytes(kind), row_bytes = nb / span * stored;
+    const int64_t laid_bytes = q8 ? 34 : 20, packed_bytes = q8 ? 272 : 160;
+    const int as_stored = kind == (q8 ? 8 : 1);
     int64_t overflowed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : overflowed)
     for (int64_t g = 0; g < n / GROUP; g++) {
-        uint8_t laid[GROUP][8 * 20];
+        uint8_t laid[GROUP][8 * 34];
         for (int64_t s = 0; s < nb / span; s++) {
             const uint8_t *blk[GROUP];
             for (int r = 0; r < GROUP; r++) {
                 const uint8_t *in = src + (g * GROUP + r) * row_bytes + s * stored;
-                if (kind == 1) {
+                if (as_stored) {
                     blk[r] = in;
                     continue;
                 }
-                overflowed += kind == 4 ? relay_q4_k_block(in, laid[r]) : relay_q4_0_block(in, laid[r]);
+                overflowed += relay_block(kind, q8, in, laid[r]);
                 blk[r] = laid[r];
             }
             for (int64_t j = 0; j < span; j++) {
-                pack_q4_1_block(blk, dst + (g * nb + s * span + j) * 160);
-                for (int r = 0; r < GROUP; r++) blk[r] += 20;
+                uint8_t *out = dst + (g * nb + s * span + j) * packed_bytes;
+                if (q8)
+                    pack_q8_0_block(blk, out);
+                else
+                    pack_q4_1_block(blk, out);
+                for (int r = 0; r < GROUP; r++) blk[r] += laid_bytes;
             }
         }
     }
     return overflowed;
 }
 
+int64_t hearth_pack_q4_1_from(int64_t kind, const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    return pack_from(kind, 0, src, n, k, dst);
+}
+
 void hearth_pack_q8_0_from(int64_t kind, const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
-    const int64_t nb = k / Q4_BLOCK, span = kind == 8 ? 1 : 8;
-    const int64_t stored = gguf_block_bytes(kind), row_bytes = nb / span * stored;
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < n / GROUP; g++) {
-        uint8_t laid[GROUP][8 * 34];
-        float y[256];
-        for (int64_t s = 0; s < nb / span; s++) {
-            const uint8_t *blk[GROUP];
-            for (int r = 0; r < GROUP; r++) {
-                const uint8_t *in = src + (g * GROUP + r) * row_bytes + s * stored;
-                if (kind == 8) {
-                    blk[r] = in;
-                    continue;
-                }
-                dequant_block(kind, in, y);
-                for (int j = 0; j < 8; j++) quantize_q8_0_block(y + j * 32, laid[r] + j * 34);
-                blk[r] = laid[r];
-            }
-            for (int64_t j = 0; j < span; j++) {
-                pack_q8_0_block(blk, dst + (g * nb + s * span + j) * 272);
-                for (int r = 0; r < GROUP; r++) blk[r] += 34;
-            }
-        }
-    }
+    pack_from(kind, 1, src, n, k, dst);
 }
 
 static inline float hsum(__m256 v);

@@ -29,7 +29,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_pack_q8_0": [_ptr, _i64, _i64, _ptr],
     "hearth_w16_packed_bytes": [_i64, _i64],
     "hearth_pack_w16": [_ptr, _i64, _i64, _ptr],
-    "hearth_relay_q4_k": [_ptr, _i64, _ptr],
+    "hearth_relay_q4_1": [_i64, _ptr, _i64, _ptr],
     "hearth_q4_1_overflows": [_i64, _ptr, _i64],
     "hearth_pack_q4_1_from": [_i64, _ptr, _i64, _i64, _ptr],
     "hearth_pack_q8_0_from": [_i64, _ptr, _i64, _i64, _ptr],
@@ -112,7 +112,7 @@ def _load(variant: str) -> ctypes.CDLL:
         fn.restype = (
             _i64
             if name.endswith(("_bytes", "_floats", "_overflows"))
-            or name in ("hearth_relay_q4_k", "hearth_pack_q4_1_from")
+            or name in ("hearth_relay_q4_1", "hearth_pack_q4_1_from")
             else ctypes.c_int
             if "threads" in name or name.endswith("_path")
             else None
@@ -259,18 +259,20 @@ _DEQUANTIZED = {
     "q5_k": (5, 176, 256),
     "q6_k": (6, 210, 256),
 }
-"""GGUF formats the C library reads (`dequantize`; the K-quants also `relay_q4_k`,
-`requantize_k`): its kind code, bytes and values per block."""
+"""GGUF formats the C library reads (`dequantize`; Q4_0 and Q4_K also `relay_as_q4_1`, the
+K-quants `requantize_k`): its kind code, bytes and values per block."""
 
 
-def relay_q4_k(raw: np.ndarray) -> np.ndarray | None:
-    """Q4_K rows (uint8 ``[rows, k / 256 * 144]``) as Q4_1 rows (``[rows, k / 32 * 20]``):
-    the same nibbles, scale ``d·sc`` and offset ``-dmin·m`` rounded to float16; None
-    when one of those is past float16's range."""
+def relay_as_q4_1(stored: str, raw: np.ndarray) -> np.ndarray | None:
+    """Q4_0 or Q4_K rows (uint8 ``[rows, blocks * bytes]``) as the Q4_1 rows of the same
+    nibbles (``[rows, k / 32 * 20]``): Q4_0's d with offset ``-8·d``, Q4_K's scale ``d·sc``
+    and offset ``-dmin·m``, each rounded to float16; None when one of those is past
+    float16's range (or NaN, for Q4_0)."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    size = _DEQUANTIZED["q4_k"][1]
-    out = np.empty((raw.shape[0], raw.shape[1] // size * 8 * _RAW_BLOCK_BYTES["q4_1"]), np.uint8)
-    return None if library().hearth_relay_q4_k(_p(raw), raw.size // size, _p(out)) else out
+    code, size, values = _DEQUANTIZED[stored]
+    out = np.empty((raw.shape[0], raw.shape[1] // size * values // QBLOCK * 20), np.uint8)
+    overflowed = library().hearth_relay_q4_1(code, _p(raw), raw.size // size, _p(out))
+    return None if overflowed else out
 
 
 def requantize_k(kind: str, raw: np.ndarray) -> np.ndarray:

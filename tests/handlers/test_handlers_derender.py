@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import pytest
 from fake_engine import FakeEngine, Script
-from handlers_testing import EOS_ID, MAX_MODEL_LEN, assert_openai_error, encode
+from handlers_testing import (
+    EOS_ID,
+    MAX_MODEL_LEN,
+    assert_openai_error,
+    encode,
+    long_context_info,
+)
 
 from engine.tokenizer import Tokenizer
 
@@ -72,9 +77,9 @@ def _round_trip(client, chat: dict[str, Any]) -> tuple[dict, dict]:
     ids=["text", "stop-string", "tool-call", "logprobs", "n", "special-tokens"],
 )
 def test_chat_derender_answers_as_the_chat_route(
-    client, engine: FakeEngine, tokenizer: Tokenizer, text: str, fields: dict
+    client, engine: FakeEngine, tokenizer: Tokenizer, model_dir, text: str, fields: dict
 ) -> None:
-    engine.info = msgspec.structs.replace(engine.info, max_model_len=2048)  # tools' prompt
+    engine.info = long_context_info(model_dir, tokenizer)  # the tools' long prompt
     engine.script = Script(token_ids=[*encode(tokenizer, text), EOS_ID])
     direct, derendered = _round_trip(client, {"model": "tiny", "messages": MESSAGES, **fields})
     assert len(derendered["choices"]) == len(direct["choices"]) == fields.get("n", 1)

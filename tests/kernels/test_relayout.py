@@ -36,7 +36,7 @@ def _blocks(
 def test_q4_k_re_layout_is_the_numpy_one_bit_for_bit() -> None:
     raw = _blocks(7, 3, 144, [0, 2], seed=1, scales=_SCALES[np.abs(_SCALES) < 1000])
     want = q4_k_as_q4_1(raw)
-    got = ops.relay_q4_k(raw)
+    got = ops.relay_as_q4_1("q4_k", raw)
     assert got is not None and got.shape == want.shape == (7, 3 * 8 * 20)
     assert np.array_equal(got, want)
 
@@ -48,7 +48,7 @@ def test_a_q4_k_scale_past_float16s_range_is_reported() -> None:
     raw.reshape(2, 2, 144)[..., 4:16] = 63  # every sub-block's scale and min: 63
     for d, fits in ((1039.0, True), (1040.0, False)):
         raw.reshape(2, 2, 144)[1, 1, 0:2] = np.array([d], np.float16).view(np.uint8)
-        assert (ops.relay_q4_k(raw) is not None) == fits
+        assert (ops.relay_as_q4_1("q4_k", raw) is not None) == fits
         assert ops.q4_1_overflows("q4_k", raw) == (not fits)
         if not fits:
             with pytest.raises(ValueError, match="past float16's range"):
@@ -62,6 +62,7 @@ def test_a_q4_0_scale_past_float16s_range_is_reported() -> None:
     for d, fits in ((8188.0, True), (8192.0, False), (np.nan, False)):
         raw.reshape(8, 2, 18)[7, 1, 0:2] = np.array([d], np.float16).view(np.uint8)
         assert ops.q4_1_overflows("q4_0", raw) == (not fits)
+        assert (ops.relay_as_q4_1("q4_0", raw) is None) == (not fits)
 
 
 _STORED = {"q4_0": (18, [0]), "q4_1": (20, [0, 2]), "q4_k": (144, [0, 2]), "q5_k": (176, [0, 2]),
@@ -77,14 +78,14 @@ def test_packing_from_a_stored_format_is_re_laying_then_packing_bit_for_bit(
     kind: str, stored: str
 ) -> None:
     """`pack_parts` re-lays block by block as it packs: the same bytes as the re-layout
-    (`relay_q4_k`, Q4_0's d and -8·d, `requantize_k`) packed by `pack`, for 16 rows of 2
+    (`relay_as_q4_1` for Q4_K, Q4_0's d and -8·d, `requantize_k`) packed by `pack`, for 16 rows of 2
     super-blocks (Q4_1 scales kept within float16's range)."""
     size, scale_at = _STORED[stored]
     per_row = 512 // (256 if size > 34 else 32)
     scales = _SCALES[np.abs(_SCALES) < 1000] if kind == "q4_1" else _SCALES
     raw = _blocks(16, per_row, size, scale_at, seed=6, scales=scales)
     if stored == "q4_k" and kind == "q4_1":
-        relaid = ops.relay_q4_k(raw)
+        relaid = ops.relay_as_q4_1("q4_k", raw)
     elif stored == "q4_0":
         blocks = raw.reshape(16, -1, 18)
         d = blocks[..., :2].copy().view(np.float16)
