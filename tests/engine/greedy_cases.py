@@ -24,7 +24,7 @@ CHATS: list[list[dict[str, str]]] = [
     [
         {
             "role": "user",
-            "content": " ".join(f"Item {i}: a line of a long list." for i in range(60))
+            "content": " ".join(f"Item {i}: a line of a long list." for i in range(34))
             + "\nSummarise the list above.",
         }
     ],
