@@ -119,7 +119,9 @@ def create_app(
     )
     add_pooling_routes(app, config, served, stats, scores)
     adapters = ServingAdapters(served)
-    app.add_route("/v1/models", resources.Models(ServingModels(served, adapters)))
+    models = ServingModels(served, adapters)
+    app.add_route("/v1/models", resources.Models(models))
+    app.add_route("/v1/models/{model:path}", resources.ModelById(models))
     if config.enable_lora:
         app.add_route("/adapters", resources.Adapters(config, adapters))
         app.add_route("/adapters/{adapter_name}", resources.Adapter(adapters))

@@ -524,6 +524,19 @@ class Models:
         send_model(resp, await self._serving.list())
 
 
+class ModelById:
+    """`GET /v1/models/{model}`: one model card (the name may hold slashes:
+    ``org/name``)."""
+
+    def __init__(self, serving: ServingModels) -> None:
+        self._serving = serving
+
+    async def on_get(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model: str
+    ) -> None:
+        send_model(resp, await self._serving.retrieve(model))
+
+
 class Ping:
     """SageMaker readiness: 200 only once the engine is warm. Never waits on the engine."""
 

@@ -1,8 +1,11 @@
 """`GET /v1/models`: every served name, one card each, then each LoRA adapter with its
-`parent` (the base model's name), as vLLM lists them."""
+`parent` (the base model's name), as vLLM lists them; `GET /v1/models/{model}`: one of
+those cards (OpenAI's retrieve-model route, which vLLM lacks: `client.models.retrieve`
+gets a 404 there)."""
 
 from __future__ import annotations
 
+from handlers.errors import NotFoundError
 from handlers.protocol.models import ModelCard, ModelList
 from handlers.serving.adapters import ServingAdapters
 from handlers.serving.served_model import ServedModel
@@ -31,3 +34,11 @@ class ServingModels:
                 for a in await self.adapters.list()
             ]
         return ModelList(data=cards)
+
+    async def retrieve(self, name: str) -> ModelCard:
+        """The card `list` holds for `name` (a served name or a loaded adapter); 404 in
+        OpenAI's shape, naming `model`, for any other."""
+        for card in (await self.list()).data:
+            if card.id == name:
+                return card
+        raise NotFoundError(f"The model `{name}` does not exist.", param="model")

@@ -68,6 +68,10 @@ def test_completions_and_models(default_server: Server) -> None:
     assert out.choices[0].finish_reason == "length"
     raw = httpx.get(default_server.url + "/v1/models", timeout=10)
     assert raw.headers["content-type"].startswith("application/json")
+    card = client.models.retrieve("smollm2")  # GET /v1/models/{model}
+    assert card.id == "smollm2" and card.model_dump(exclude_unset=True) == raw.json()["data"][0]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
 
 
 def test_ops_routes(default_server: Server) -> None:

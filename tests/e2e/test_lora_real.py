@@ -138,6 +138,7 @@ def test_load_and_unload_at_run_time_through_both_route_families(
     cards = {m.id: m for m in client(lora_server).models.list().data}
     assert cards["delta"].parent == "base" and cards["alpha"].parent == "base"
     assert cards["base"].parent is None
+    assert client(lora_server).models.retrieve("delta").parent == "base"
     for _ in range(2):  # both workers know it (whichever answers)
         r = httpx.post(url + "/invocations", json=body, headers={HEADER: "delta"}, timeout=300)
         assert r.status_code == 200, r.text
@@ -148,6 +149,7 @@ def test_load_and_unload_at_run_time_through_both_route_families(
     r = httpx.post(url + "/invocations", json=body, headers={HEADER: "delta"}, timeout=60)
     assert_openai_error(r, 404, "model")
     assert_openai_error(httpx.delete(url + "/adapters/delta", timeout=60), 404)
+    assert_openai_error(httpx.get(url + "/v1/models/delta", timeout=60), 404, "model")
     # vLLM: the same adapter under another name, picked by `model`.
     r = httpx.post(
         url + "/v1/load_lora_adapter",

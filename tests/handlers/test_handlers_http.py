@@ -167,6 +167,25 @@ def test_models_list(client, model_dir):
     assert body["data"][0]["architecture"] == "LlamaForCausalLM"
 
 
+def test_models_retrieve_is_the_listed_card(client, make_client):
+    """`GET /v1/models/{model}` (OpenAI's `models.retrieve`; vLLM has no such route): the
+    card `/v1/models` lists under that name, a name with slashes included, and a 404 in
+    OpenAI's shape naming `model` for any other name."""
+    listed = {m["id"]: m for m in client.simulate_get("/v1/models").json["data"]}
+    for name in ("tiny", "tiny-alias"):
+        result = client.simulate_get(f"/v1/models/{name}")
+        assert result.status_code == 200, result.text
+        assert result.json == listed[name]
+    error = assert_openai_error(client.simulate_get("/v1/models/other"), 404, "model")
+    assert error["type"] == "NotFoundError" and "`other`" in error["message"]
+    assert_openai_error(client.simulate_delete("/v1/models/tiny"), 405)
+    slashed = make_client(served_model_names=("org/tiny-1b",))
+    result = slashed.simulate_get("/v1/models/org/tiny-1b")
+    assert result.status_code == 200, result.text
+    assert result.json["id"] == "org/tiny-1b" and result.json["object"] == "model"
+    assert_openai_error(slashed.simulate_get("/v1/models/org"), 404, "model")
+
+
 def test_version(client):
     # The installed distribution's own version, not just any string.
     body = client.simulate_get("/version").json
