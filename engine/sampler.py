@@ -10,6 +10,8 @@ own generator while the rest share one batched draw.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -351,12 +353,10 @@ def apply_top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     is kept; a token tied with the last one kept is kept too). Rows with top_p >= 1 are
     left alone. The result is not renormalised: the draw divides by its row's total.
 
-    The cut is one probability per row, found without sorting the vocabulary: among a
-    row's `TOP_P_CANDIDATES` most likely tokens when those cover top_p, else from a
-    histogram of the row (`_top_p_cuts_wide`). The plain method sorts every row (2 ms a
-    row here); 64 rows of a model unsure of its next token (random prompts: the sets
-    held ~870 tokens, 29 rows past the first 1024) took 85 ms with a sort for the widest
-    rows, ~35 ms with the histogram.
+    The cut is one probability per row, found without sorting the vocabulary: on CPU by
+    the C kernel (``kernels/cpu/hearth_sampling.c``: a histogram of the row, then a sort
+    of the few tokens around the cut; 64 rows of 49,152 in ~2 ms), elsewhere by
+    `_top_p_cuts_torch`.
     """
     rows = [i for i, p in enumerate(top_ps) if p < 1.0]
     device = probs.device
@@ -364,23 +364,46 @@ def apply_top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     index = torch.tensor(rows, device=device)
     part = probs if whole else probs.index_select(0, index)
     tp = torch.tensor([top_ps[i] for i in rows], device=device, dtype=probs.dtype).clamp_(min=1e-8)
+    native = _native_top_p_cuts() if part.device.type == "cpu" else None
+    if native is not None and part.dtype == torch.float32:
+        cuts = native(part, tp)
+    else:
+        cuts = _top_p_cuts_torch(part, tp)
+    part = part.masked_fill(part < cuts.unsqueeze(1), 0.0)
+    return part if whole else probs.index_copy(0, index, part)
+
+
+@functools.cache
+def _native_top_p_cuts() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The C kernels' `top_p_cuts` where they run on this host, else None."""
+    from kernels.cpu import ops
+
+    return ops.top_p_cuts if ops.available() else None
+
+
+def _top_p_cuts_torch(part: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:
+    """Each row's cut in torch ops: among the row's `TOP_P_CANDIDATES` most likely tokens
+    when those cover top_p, else from a histogram of the row (`_top_p_cuts_wide`). The
+    plain method sorts every row (2 ms a row on CPU); 64 rows of a model unsure of its
+    next token (random prompts: the sets held ~870 tokens, 29 rows past the first 1024)
+    took 85 ms with a sort for the widest rows, ~35 ms with the histogram."""
+    device = part.device
     cuts = torch.empty_like(tp)
-    pending = torch.arange(len(rows), device=device)
+    pending = torch.arange(part.shape[0], device=device)
     for k in TOP_P_CANDIDATES:
-        if k >= probs.shape[-1] or pending.numel() == 0:
+        if k >= part.shape[-1] or pending.numel() == 0:
             break
-        candidates = part if pending.numel() == len(rows) else part.index_select(0, pending)
+        candidates = part if pending.numel() == part.shape[0] else part.index_select(0, pending)
         found, covered = _cut_in_order(candidates.topk(k, dim=-1).values, tp[pending])
         cuts[pending[covered]] = found[covered]
         pending = pending[~covered]
     if pending.numel():
-        wide = part if pending.numel() == len(rows) else part.index_select(0, pending)
-        if TOP_P_CANDIDATES[0] < probs.shape[-1]:
+        wide = part if pending.numel() == part.shape[0] else part.index_select(0, pending)
+        if TOP_P_CANDIDATES[0] < part.shape[-1]:
             cuts[pending] = _top_p_cuts_wide(wide, tp[pending])
         else:  # a vocabulary smaller than the candidates: sort it
             cuts[pending] = _cut_in_order(wide.sort(dim=-1, descending=True).values, tp[pending])[0]
-    part = part.masked_fill(part < cuts.unsqueeze(1), 0.0)
-    return part if whole else probs.index_copy(0, index, part)
+    return cuts
 
 
 def _cut_in_order(values: torch.Tensor, tp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

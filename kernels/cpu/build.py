@@ -48,6 +48,7 @@ Q8_SOURCE = Path(__file__).with_name("hearth_q8.c")
 BF16_SOURCE = Path(__file__).with_name("hearth_bf16.c")
 ATTENTION_BF16_SOURCE = Path(__file__).with_name("hearth_attention_bf16.c")
 ATTENTION_F32_SOURCE = Path(__file__).with_name("hearth_attention_f32.c")
+SAMPLING_SOURCE = Path(__file__).with_name("hearth_sampling.c")
 KV_HEADER = Path(__file__).with_name("hearth_kv.h")
 """Included by hearth_cpu.c and both attention files: part of the build's key."""
 
@@ -194,6 +195,7 @@ def library_path(variant: str) -> Path:
     digest.update(BF16_SOURCE.read_bytes())
     digest.update(ATTENTION_BF16_SOURCE.read_bytes())
     digest.update(ATTENTION_F32_SOURCE.read_bytes())
+    digest.update(SAMPLING_SOURCE.read_bytes())
     digest.update(KV_HEADER.read_bytes())
     digest.update(" ".join([*_BASE_FLAGS, *_FLAGS[variant], *_Q8_FLAGS, *_LINK_FLAGS]).encode())
     digest.update(_compiler_version(cc).encode())
@@ -263,8 +265,10 @@ def build(variant: str, *, quiet: bool = False) -> Path:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=".objs-") as objs:
             obj_cpu, obj_q8 = Path(objs) / "cpu.o", Path(objs) / "q8.o"
             obj_bf16, obj_att = Path(objs) / "bf16.o", Path(objs) / "attention_bf16.o"
-            obj_att32 = Path(objs) / "attention_f32.o"
-            objects = [str(o) for o in (obj_cpu, obj_q8, obj_bf16, obj_att, obj_att32)]
+            obj_att32, obj_sampling = Path(objs) / "attention_f32.o", Path(objs) / "sampling.o"
+            objects = [
+                str(o) for o in (obj_cpu, obj_q8, obj_bf16, obj_att, obj_att32, obj_sampling)
+            ]
             flags = [*_BASE_FLAGS, *_FLAGS[variant]]
             _run_all(
                 [
@@ -273,6 +277,7 @@ def build(variant: str, *, quiet: bool = False) -> Path:
                     [cc, *flags, "-c", str(BF16_SOURCE), "-o", str(obj_bf16)],
                     [cc, *flags, "-c", str(ATTENTION_BF16_SOURCE), "-o", str(obj_att)],
                     [cc, *flags, *_Q8_FLAGS, "-c", str(ATTENTION_F32_SOURCE), "-o", str(obj_att32)],
+                    [cc, *flags, "-c", str(SAMPLING_SOURCE), "-o", str(obj_sampling)],
                 ]
             )
             _run_all([[cc, *_LINK_FLAGS, *objects, "-o", tmp, "-lm"]])

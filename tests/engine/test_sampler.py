@@ -370,14 +370,33 @@ def test_a_batch_mixing_top_k_with_unfiltered_and_greedy_rows() -> None:
         assert ids[0] in best3 and ids[2] == int(logits[2].argmax())
 
 
+def _top_p_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `apply_top_p` take `path`: the C kernel (skips where it cannot run) or torch."""
+    from engine import sampler
+
+    if path == "torch":
+        monkeypatch.setattr(sampler, "_native_top_p_cuts", lambda: None)
+        return
+    from kernels.cpu import ops
+
+    if not ops.available():
+        pytest.skip("the C kernels do not run on this host (no AVX2)")
+    assert sampler._native_top_p_cuts() is ops.top_p_cuts
+
+
+@pytest.mark.parametrize("path", ["c", "torch"])
 @pytest.mark.parametrize("scale", [0.3, 1.0, 3.0])
-def test_top_p_sets_equal_the_sorted_method(scale: float) -> None:
-    """`apply_top_p` finds each row's cut among its 64 or 1024 best tokens, or from a
-    histogram of the row when the set is wider (flat rows: scale 0.3 over 20,000 tokens
-    leaves thousands in the set); every path keeps exactly the tokens the plain method
-    (sort, cumulative sum) keeps."""
+def test_top_p_sets_equal_the_sorted_method(
+    scale: float, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`apply_top_p` finds each row's cut in C (a histogram of the row, then a sort of the
+    tokens around the cut) or in torch (among its 64 or 1024 best tokens, or from a
+    histogram when the set is wider: flat rows, scale 0.3 over 20,000 tokens, leave
+    thousands in the set); every path keeps exactly the tokens the plain method (sort,
+    cumulative sum) keeps."""
     from engine.sampler import apply_top_p
 
+    _top_p_path(path, monkeypatch)
     gen = torch.Generator().manual_seed(int(scale * 10))
     probs = (torch.randn(12, 20_000, generator=gen) * scale).softmax(dim=-1)
     top_ps = [0.5, 0.8, 0.9, 0.95, 0.99, 0.3] * 2
@@ -388,6 +407,53 @@ def test_top_p_sets_equal_the_sorted_method(scale: float) -> None:
     want = torch.zeros_like(kept).scatter_(1, ids, before < limit)
     assert torch.equal(kept, want), (kept != want).sum(dim=-1)
     assert torch.equal(apply_top_p(probs, top_ps)[kept], probs[kept])  # kept as they were
+
+
+def _sorted_cuts(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """The plain method's cut: sort, cumsum, keep while the mass before < top_p."""
+    values = probs.sort(dim=-1, descending=True).values
+    kept = ((values.cumsum(dim=-1) - values) < top_ps.unsqueeze(1)).sum(dim=-1).clamp(min=1)
+    return values.gather(1, (kept - 1).unsqueeze(1)).squeeze(1)
+
+
+def test_c_top_p_cuts_on_ties_tails_and_tiny_rows() -> None:
+    """The C kernel's cut is the plain method's on the rows a histogram finds hardest: a
+    cut inside a run of equal probabilities (uniform rows), a cut below 32 octaves under
+    the top (the histogram's last bucket: everything is sorted), a one-hot row, a row of
+    10 tokens, top_p at the 1e-8 floor and at 0.999999; each row alone or in a batch of
+    rows of other top_p gives the same cut; a row of NaN gives a value without fault."""
+    ops = pytest.importorskip("kernels.cpu.ops")
+    if not ops.available():
+        pytest.skip("the C kernels do not run on this host (no AVX2)")
+    vocab = 4096
+    gen = torch.Generator().manual_seed(7)
+    tail = torch.full((vocab,), 1e-12)
+    tail[:3] = torch.tensor([0.5, 0.3, 0.2 - 1e-12 * (vocab - 3)])
+    one_hot = torch.zeros(vocab)
+    one_hot[17] = 1.0
+    rows = [
+        torch.full((vocab,), 1.0 / vocab),
+        torch.cat([torch.full((100,), 0.004), torch.full((vocab - 100,), 0.6 / (vocab - 100))]),
+        tail,
+        one_hot,
+        (torch.randn(vocab, generator=gen) * 2).softmax(-1),
+        (torch.randn(vocab, generator=gen) * 0.1).softmax(-1),
+    ]
+    for top_p in (1e-8, 0.3, 0.5, 0.9, 0.999999):
+        probs = torch.stack(rows)
+        tps = torch.full((len(rows),), top_p)
+        got = ops.top_p_cuts(probs, tps)
+        assert torch.equal(got, _sorted_cuts(probs, tps)), (top_p, got)
+        for i, row in enumerate(rows):  # alone: the same cut
+            assert torch.equal(ops.top_p_cuts(row.unsqueeze(0), tps[:1]), got[i : i + 1])
+    small = (torch.randn(3, 10, generator=gen)).softmax(-1)
+    tps = torch.tensor([0.2, 0.7, 0.95])
+    assert torch.equal(ops.top_p_cuts(small, tps), _sorted_cuts(small, tps))
+    mixed = torch.stack(rows)
+    tps = torch.tensor([0.1, 0.5, 0.9, 0.99, 0.7, 0.3])
+    assert torch.equal(ops.top_p_cuts(mixed, tps), _sorted_cuts(mixed, tps))
+    nan = torch.full((1, vocab), float("nan"))
+    assert ops.top_p_cuts(nan, torch.tensor([0.9])).shape == (1,)
 
 
 def test_penalised_logits_equal_transformers_and_openai_formulas() -> None:
