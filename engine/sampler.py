@@ -364,21 +364,22 @@ def apply_top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     index = torch.tensor(rows, device=device)
     part = probs if whole else probs.index_select(0, index)
     tp = torch.tensor([top_ps[i] for i in rows], device=device, dtype=probs.dtype).clamp_(min=1e-8)
-    native = _native_top_p_cuts() if part.device.type == "cpu" else None
+    native = _native_top_p() if part.device.type == "cpu" else None
     if native is not None and part.dtype == torch.float32:
-        cuts = native(part, tp)
+        part = native(part, tp)[0]
     else:
-        cuts = _top_p_cuts_torch(part, tp)
-    part = part.masked_fill(part < cuts.unsqueeze(1), 0.0)
+        part = part.masked_fill(part < _top_p_cuts_torch(part, tp).unsqueeze(1), 0.0)
     return part if whole else probs.index_copy(0, index, part)
 
 
 @functools.cache
-def _native_top_p_cuts() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """The C kernels' `top_p_cuts` where they run on this host, else None."""
+def _native_top_p() -> (
+    Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+):
+    """The C kernels' `top_p` where they run on this host, else None."""
     from kernels.cpu import ops
 
-    return ops.top_p_cuts if ops.available() else None
+    return ops.top_p if ops.available() else None
 
 
 def _top_p_cuts_torch(part: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:

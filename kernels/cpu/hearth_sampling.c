@@ -1,6 +1,6 @@
 /* Sampling kernels of hearth's CPU path.
  *
- * hearth_top_p_cuts: each row's top-p cut (the probability of the last token kept) without
+ * hearth_top_p: each row's top-p cut (the probability of the last token kept) without
  * sorting the vocabulary. A row of 49,152 probabilities is read three times (its largest
  * value; a histogram of eighth-of-an-octave buckets below it; the tokens of the buckets
  * down to the cut), and only those tokens are sorted (a radix sort of their bits). The count of kept tokens is then taken exactly as
@@ -90,15 +90,22 @@ static float row_cut(const float *p, int64_t vocab, float top_p, uint32_t *buf, 
     return cut;
 }
 
-/* cuts[i] = the top-p cut of row i of `probs` ([rows, vocab], non-negative) for top_ps[i]:
- * a token is kept iff its probability is >= the cut. */
-void hearth_top_p_cuts(const float *probs, int64_t rows, int64_t vocab, const float *top_ps, float *cuts) {
+/* cuts[i] = the top-p cut of row i of `probs` ([rows, vocab], non-negative) for top_ps[i]
+ * (a token is kept iff its probability is >= the cut), and `out` = `probs` with every
+ * token below its row's cut set to 0 (torch's masked_fill(probs < cut, 0): a NaN stays),
+ * written while the row is still in cache. */
+void hearth_top_p(const float *probs, int64_t rows, int64_t vocab, const float *top_ps, float *cuts, float *out) {
 #pragma omp parallel
     {
         uint32_t *buf = malloc((size_t)vocab * 2 * sizeof *buf);
 #pragma omp for schedule(dynamic)
-        for (int64_t i = 0; i < rows; i++)
-            cuts[i] = buf ? row_cut(probs + i * vocab, vocab, top_ps[i], buf, buf + vocab) : NAN;
+        for (int64_t i = 0; i < rows; i++) {
+            const float *p = probs + i * vocab;
+            const float cut = buf ? row_cut(p, vocab, top_ps[i], buf, buf + vocab) : NAN;
+            float *o = out + i * vocab;
+            for (int64_t j = 0; j < vocab; j++) o[j] = p[j] < cut ? 0.0f : p[j];
+            cuts[i] = cut;
+        }
         free(buf);
     }
 }

@@ -41,7 +41,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_f16_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_bf16w_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
-    "hearth_top_p_cuts": [_ptr, _i64, _i64, _ptr, _ptr],
+    "hearth_top_p": [_ptr, _i64, _i64, _ptr, _ptr, _ptr],
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_head_rms_norm": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -529,19 +529,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def top_p_cuts(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """Each row's top-p cut (``hearth_sampling.c``): the probability of the last token the
-    plain method keeps (sort descending, keep a token while the ones before it sum to less
-    than top_p, at least one); a token is in the set iff its probability is >= the cut.
-    `probs` [rows, vocab] float32, `top_ps` [rows] float32."""
+def top_p(probs: torch.Tensor, top_ps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-p set (``hearth_sampling.c``): (`probs` with 0 on every token outside
+    it, each row's cut). The set is the plain method's (sort descending, keep a token while
+    the ones before it sum to less than top_p, at least one): a token is in it iff its
+    probability is >= the cut. `probs` [rows, vocab] float32, `top_ps` [rows]."""
     _check(probs, "probs")
     probs = probs.contiguous()
     top_ps = top_ps.to(torch.float32).contiguous()
     if probs.dim() != 2 or top_ps.shape != (probs.shape[0],):
-        raise ValueError(f"top_p_cuts: probs {tuple(probs.shape)}, top_ps {tuple(top_ps.shape)}")
+        raise ValueError(f"top_p: probs {tuple(probs.shape)}, top_ps {tuple(top_ps.shape)}")
     cuts = torch.empty(probs.shape[0], dtype=torch.float32)
-    library().hearth_top_p_cuts(_p(probs), probs.shape[0], probs.shape[1], _p(top_ps), _p(cuts))
-    return cuts
+    out = torch.empty_like(probs)
+    library().hearth_top_p(_p(probs), probs.shape[0], probs.shape[1], _p(top_ps), _p(cuts), _p(out))
+    return out, cuts
 
 
 def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, heads: int) -> torch.Tensor:

@@ -375,13 +375,13 @@ def _top_p_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from engine import sampler
 
     if path == "torch":
-        monkeypatch.setattr(sampler, "_native_top_p_cuts", lambda: None)
+        monkeypatch.setattr(sampler, "_native_top_p", lambda: None)
         return
     from kernels.cpu import ops
 
     if not ops.available():
         pytest.skip("the C kernels do not run on this host (no AVX2)")
-    assert sampler._native_top_p_cuts() is ops.top_p_cuts
+    assert sampler._native_top_p() is ops.top_p
 
 
 @pytest.mark.parametrize("path", ["c", "torch"])
@@ -416,6 +416,15 @@ def _sorted_cuts(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     return values.gather(1, (kept - 1).unsqueeze(1)).squeeze(1)
 
 
+def _c_cuts(ops, probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """The C kernel's cuts, after checking its kept probabilities are masked_fill's."""
+    kept, cuts = ops.top_p(probs, top_ps)
+    want = probs.masked_fill(probs < cuts.unsqueeze(1), 0.0)
+    assert torch.equal(kept.isnan(), want.isnan())
+    assert torch.equal(kept.nan_to_num(-1.0), want.nan_to_num(-1.0))
+    return cuts
+
+
 def test_c_top_p_cuts_on_ties_tails_and_tiny_rows() -> None:
     """The C kernel's cut is the plain method's on the rows a histogram finds hardest: a
     cut inside a run of equal probabilities (uniform rows), a cut below 32 octaves under
@@ -442,18 +451,18 @@ def test_c_top_p_cuts_on_ties_tails_and_tiny_rows() -> None:
     for top_p in (1e-8, 0.3, 0.5, 0.9, 0.999999):
         probs = torch.stack(rows)
         tps = torch.full((len(rows),), top_p)
-        got = ops.top_p_cuts(probs, tps)
+        got = _c_cuts(ops, probs, tps)
         assert torch.equal(got, _sorted_cuts(probs, tps)), (top_p, got)
         for i, row in enumerate(rows):  # alone: the same cut
-            assert torch.equal(ops.top_p_cuts(row.unsqueeze(0), tps[:1]), got[i : i + 1])
+            assert torch.equal(_c_cuts(ops, row.unsqueeze(0), tps[:1]), got[i : i + 1])
     small = (torch.randn(3, 10, generator=gen)).softmax(-1)
     tps = torch.tensor([0.2, 0.7, 0.95])
-    assert torch.equal(ops.top_p_cuts(small, tps), _sorted_cuts(small, tps))
+    assert torch.equal(_c_cuts(ops, small, tps), _sorted_cuts(small, tps))
     mixed = torch.stack(rows)
     tps = torch.tensor([0.1, 0.5, 0.9, 0.99, 0.7, 0.3])
-    assert torch.equal(ops.top_p_cuts(mixed, tps), _sorted_cuts(mixed, tps))
+    assert torch.equal(_c_cuts(ops, mixed, tps), _sorted_cuts(mixed, tps))
     nan = torch.full((1, vocab), float("nan"))
-    assert ops.top_p_cuts(nan, torch.tensor([0.9])).shape == (1,)
+    assert _c_cuts(ops, nan, torch.tensor([0.9])).shape == (1,)
 
 
 def test_penalised_logits_equal_transformers_and_openai_formulas() -> None:
