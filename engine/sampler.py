@@ -36,6 +36,8 @@ class SamplerOutput:
 class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        if device.type == "cpu":
+            _native_top_p()  # loads the C kernels now: a build, if one is due, at start
         self._generators: dict[str, torch.Generator] = {}
         self._biases: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         """logit_bias as (ids, values) tensors, built once per request, not per step."""

@@ -416,6 +416,17 @@ def _sorted_cuts(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     return values.gather(1, (kept - 1).unsqueeze(1)).squeeze(1)
 
 
+def test_a_cpu_sampler_loads_its_kernel_at_construction() -> None:
+    """The C top-p kernel is loaded when the sampler is built (at engine start), so a
+    build it may need never runs on a request's path, even where the model itself runs
+    no C kernel (the exact mode)."""
+    from engine import sampler
+
+    sampler._native_top_p.cache_clear()
+    Sampler(torch.device("cpu"))
+    assert sampler._native_top_p.cache_info().currsize == 1
+
+
 def _c_cuts(ops, probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     """The C kernel's cuts, after checking its kept probabilities are masked_fill's."""
     kept, cuts = ops.top_p(probs, top_ps)
