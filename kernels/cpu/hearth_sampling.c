@@ -3,18 +3,18 @@
  * hearth_top_p: each row's top-p cut (the probability of the last token kept) without
  * sorting the vocabulary. A row of 49,152 probabilities is read three times (its largest
  * value; a histogram of eighth-of-an-octave buckets below it; the tokens of the buckets
- * down to the cut), and only those tokens are sorted (a radix sort of their bits). The count of kept tokens is then taken exactly as
- * the plain method takes it (torch's sort, cumsum, `cumsum - value < top_p`): float32
- * partial sums accumulated in double (torch's CPU cumsum does so), each token's "mass
- * before it" rounded to float32 and compared with the float32 top_p, so the set is the
- * plain method's token for token.
+ * down to the cut), and only those tokens are sorted (a radix sort of their bits). The
+ * count of kept tokens is then taken exactly as the plain method takes it (torch's sort,
+ * cumsum, `cumsum - value < top_p`): float32 partial sums accumulated in double (torch's
+ * CPU cumsum does so), each token's "mass before it" rounded to float32 and compared with
+ * the float32 top_p, so the set is the plain method's token for token.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define BUCKETS 256 /* 8 a octave over 32 octaves; the last holds everything lower */
+#define BUCKETS 256 /* 8 an octave over 32 octaves; the last holds everything lower */
 #define MARGIN 1e-3 /* the candidates' mass passes top_p by this much: tokens past them
                        cannot be kept whatever the rounding of the sums */
 
@@ -90,8 +90,8 @@ static float row_cut(const float *p, int64_t vocab, float top_p, uint32_t *buf, 
     return cut;
 }
 
-/* cuts[i] = the top-p cut of row i of `probs` ([rows, vocab], non-negative) for top_ps[i]
- * (a token is kept iff its probability is >= the cut), and `out` = `probs` with every
+/* cuts[i] = the top-p cut of row i of `probs` ([rows, vocab], vocab >= 1, non-negative) for
+ * top_ps[i] (a token is kept iff its probability is >= the cut), and `out` = `probs` with every
  * token below its row's cut set to 0 (torch's masked_fill(probs < cut, 0): a NaN stays),
  * written while the row is still in cache. */
 void hearth_top_p(const float *probs, int64_t rows, int64_t vocab, const float *top_ps, float *cuts, float *out) {

@@ -533,11 +533,11 @@ def top_p(probs: torch.Tensor, top_ps: torch.Tensor) -> tuple[torch.Tensor, torc
     """Each row's top-p set (``hearth_sampling.c``): (`probs` with 0 on every token outside
     it, each row's cut). The set is the plain method's (sort descending, keep a token while
     the ones before it sum to less than top_p, at least one): a token is in it iff its
-    probability is >= the cut. `probs` [rows, vocab] float32, `top_ps` [rows]."""
+    probability is >= the cut. `probs` [rows, vocab >= 1] float32, `top_ps` [rows]."""
     _check(probs, "probs")
     probs = probs.contiguous()
     top_ps = top_ps.to(torch.float32).contiguous()
-    if probs.dim() != 2 or top_ps.shape != (probs.shape[0],):
+    if probs.dim() != 2 or probs.shape[1] == 0 or top_ps.shape != (probs.shape[0],):
         raise ValueError(f"top_p: probs {tuple(probs.shape)}, top_ps {tuple(top_ps.shape)}")
     cuts = torch.empty(probs.shape[0], dtype=torch.float32)
     out = torch.empty_like(probs)

@@ -474,6 +474,8 @@ def test_c_top_p_cuts_on_ties_tails_and_tiny_rows() -> None:
     assert torch.equal(_c_cuts(ops, mixed, tps), _sorted_cuts(mixed, tps))
     nan = torch.full((1, vocab), float("nan"))
     assert _c_cuts(ops, nan, torch.tensor([0.9])).shape == (1,)
+    with pytest.raises(ValueError, match="top_p"):  # no token to keep: refused, not read
+        ops.top_p(torch.empty(2, 0), torch.tensor([0.9, 0.9]))
 
 
 def test_penalised_logits_equal_transformers_and_openai_formulas() -> None:
