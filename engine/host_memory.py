@@ -1,7 +1,7 @@
 """How much memory a CPU engine may still commit, and the KV cache's share of it.
 
 The CPU KV cache is allocated at start-up but committed only as blocks are written
-(`engine/model_runner.py` `zeros_on_touch`), so a budget the host can't hold does not fail
+(`zeros_on_touch`), so a budget the host can't hold does not fail
 at start: it fails under load, when the kernel's OOM killer ends the engine in the middle
 of serving. vLLM-CPU takes a fixed 4 GiB (``VLLM_CPU_KVCACHE_SPACE``) whatever is left;
 hearth takes the same default, but never more than what the host, or the container's
@@ -16,9 +16,19 @@ the parsing is tested on written copies.
 
 from __future__ import annotations
 
+import math
+import mmap
 from pathlib import Path
 
-__all__ = ["CPU_RESERVE_MIN", "available_bytes", "cpu_kv_budget_bytes", "return_freed_heap"]
+import torch
+
+__all__ = [
+    "CPU_RESERVE_MIN",
+    "available_bytes",
+    "cpu_kv_budget_bytes",
+    "return_freed_heap",
+    "zeros_on_touch",
+]
 
 CPU_RESERVE_MIN = 1 << 30
 """Bytes left free beside the KV cache at least (a tenth of what is available where that is
@@ -117,3 +127,37 @@ def return_freed_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def zeros_on_touch(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A zero tensor whose CPU memory is committed only as it is written, page by page.
+
+    On CPU it is a private anonymous mapping: the kernel hands out a zero page on the first
+    write to each, so a 4 GiB KV cache costs RAM only for the blocks in use, where
+    `torch.zeros` would write (and commit) every byte at start-up.
+
+    The mapping refuses transparent huge pages (``MADV_NOHUGEPAGE``). With them (numpy.zeros,
+    which this was, asks for them on every array of 4 MiB or more; the kernel's ``always``
+    mode gives them unasked) the first write into a 2 MiB region zeroes and commits all of
+    it: the first request's few blocks in each layer's keys and values committed ~240 MB
+    for the default model, and in a Firecracker VM (this project's CI hosts; AWS Lambda),
+    where memory the guest touches for the first time costs ~13 ms per MB, its first step
+    took 3.2 s instead of 0.08 s. Attention reads whole blocks, so decode steps measured no
+    slower on 4 KiB pages (docs/performance.md, "The KV cache on 4 KiB pages").
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(
+        -1,
+        nbytes,
+        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+        prot=mmap.PROT_READ | mmap.PROT_WRITE,
+    )
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(pages, dtype=dtype).view(shape)  # the tensor keeps `pages` mapped

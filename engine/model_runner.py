@@ -17,6 +17,7 @@ import torch
 from engine import prompt_logprobs
 from engine.attention import AttentionBackend, CpuAttentionBackend
 from engine.cuda_graphs import CudaGraphRunner
+from engine.host_memory import zeros_on_touch
 from engine.layers.attention import bind_attention
 from engine.lora.manager import LoRAManager
 from engine.messages import TokenLogprob
@@ -52,24 +53,6 @@ def kv_cache_bytes_per_block(
         row = kv_head_elems(model.head_dim, d) * torch.empty((), dtype=d).element_size()
         total += model.num_layers * block_size * model.num_kv_heads * row
     return total
-
-
-def zeros_on_touch(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """A zero tensor whose CPU memory is committed only as it is written.
-
-    On CPU the pool comes from calloc (numpy.zeros): for a large pool the C library maps
-    fresh zero pages and never writes them, so a 4 GiB KV cache costs RAM only for the
-    blocks in use. `torch.zeros` would write (and commit) every byte at start-up.
-    """
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    import numpy as np
-
-    item = torch.empty((), dtype=dtype).element_size()
-    raw = np.zeros((*shape[:-1], shape[-1] * item), dtype=np.uint8)
-    return torch.from_numpy(raw).view(dtype)
 
 
 class ModelRunner:

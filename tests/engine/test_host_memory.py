@@ -105,3 +105,43 @@ print(before, anon())
     assert done.returncode == 0, done.stderr
     before, after = map(float, done.stdout.split())
     assert before > 250 and after < before - 200, (before, after)
+
+
+def _mapping_of(address: int) -> dict[str, str]:
+    """This process's /proc/self/smaps entry for the mapping that holds `address`."""
+    entry: dict[str, str] | None = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # "start-end perms offset dev inode [path]"
+            start, end = (int(x, 16) for x in head.split("-"))
+            entry = {} if start <= address < end else None
+        elif entry is not None:
+            key, _, value = line.partition(":")
+            entry[key] = value.strip()
+            if key == "VmFlags":
+                return entry
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="reads /proc/self/smaps (Linux)")
+def test_the_kv_pool_commits_only_the_4_kib_pages_written() -> None:
+    """A 64 MiB pool is zero, writable, and commits a 4 KiB page per scattered write: it is
+    advised off transparent huge pages (VmFlags `nh`), whose first write would commit (and,
+    in a Firecracker VM, slowly fault in) a whole 2 MiB each."""
+    import torch
+
+    from engine.host_memory import zeros_on_touch
+
+    shape = (16, 4096, 256)  # 64 MiB of float32
+    pool = zeros_on_touch(shape, torch.float32, torch.device("cpu"))
+    assert pool.shape == shape and pool.dtype == torch.float32
+    mapping = _mapping_of(pool.data_ptr())
+    assert "nh" in mapping["VmFlags"].split(), mapping["VmFlags"]
+    assert int(mapping["Rss"].split()[0]) == 0  # nothing committed yet
+    for layer in range(16):
+        pool[layer, layer * 200, 7] = float(layer + 1)
+    mapping = _mapping_of(pool.data_ptr())
+    assert int(mapping["Rss"].split()[0]) <= 16 * 4, mapping["Rss"]  # KiB: one page a write
+    assert int(mapping["AnonHugePages"].split()[0]) == 0
+    assert float(pool.sum()) == sum(range(1, 17))  # the rest still reads as zero
+    assert zeros_on_touch((0, 4), torch.int8, torch.device("cpu")).shape == (0, 4)
