@@ -11,7 +11,7 @@ and so the bodies a case is built from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 USER = [{"role": "user", "content": "Hello"}]
@@ -48,11 +48,11 @@ class Target:
     max_model_len: int
     out_of_vocab: int
     """A token id past the vocabulary."""
-    long_text: str = field(init=False)
-    """A prompt longer than `max_model_len` tokens."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "long_text", "word " * (self.max_model_len + 100))
+    @property
+    def long_text(self) -> str:
+        """A prompt longer than `max_model_len` tokens."""
+        return "word " * (self.max_model_len + 100)
 
     def chat(self, **fields: Any) -> dict[str, Any]:
         return {"model": self.model, "messages": USER, "max_tokens": 4, **fields}
@@ -219,7 +219,6 @@ def openai_cases(t: Target) -> list[Case]:
         Case("top-logprobs-over-max", t.chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
         Case("top-logprobs-without-logprobs", t.chat(top_logprobs=2), 400, "top_logprobs"),
         Case("top-logprobs-negative", t.chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs"),
-        # -- unsupported features ---------------------------------------------------------------
         # -- structured outputs ----------------------------------------------------------------
         Case(
             "json-schema-missing",
@@ -329,7 +328,6 @@ def openai_cases(t: Target) -> list[Case]:
             400,
             "continue_final_message",
         ),
-        # -- streaming requests refused before the status line: JSON, never SSE ------------------
         # -- model, routes --------------------------------------------------------------------------
         Case("unknown-model", t.chat(model="gpt-4o"), 404, "model"),
         Case("unknown-route", t.chat(), 404, None, path="/v1/audio/speech"),
