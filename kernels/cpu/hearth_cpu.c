@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,20 @@
 #define Q4_BLOCK 32
 #define GROUP 8 /* output rows per packed group: one AVX2 lane each */
 #define MOE_MAX_EXPERTS 1024 /* experts a router op takes (ops.moe_block checks) */
+
+/* malloc for the buffers a kernel cannot do without: a kernel that returned without its
+ * output would leave the caller's buffer as it was (a step of garbage logits, silently), so
+ * the process stops here, loudly, and the server restarts its engine. Buffers with a slower
+ * path to fall back on (the bfloat16 and long-run attention paths) check and fall back
+ * instead. */
+static void *alloc_or_die(size_t bytes, const char *what) {
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "hearth kernels: out of memory: %zu bytes for %s\n", bytes, what);
+        abort();
+    }
+    return p;
+}
 
 /* -------------------------------------------------------------------------- packing */
 /*
@@ -667,8 +682,7 @@ static void quant_gemm(const float *x, int64_t t_count, int64_t ldx, int64_t k, 
      * only the Q4_1 tiles read it (Q8_0 and 16-bit weights have no min). */
     float *xsum = NULL;
     if (tiles == Q4_TILES) {
-        xsum = (float *)malloc((size_t)(t_count * nb + 1) * sizeof(float));
-        if (!xsum) return;
+        xsum = (float *)alloc_or_die((size_t)(t_count * nb + 1) * sizeof(float), "the GEMM's block sums");
 #pragma omp parallel for schedule(static) if (t_count * nb > 4096)
         for (int64_t i = 0; i < t_count * nb; i++) xsum[i] = block_sum(x + (i / nb) * ldx + (i % nb) * Q4_BLOCK);
     }
@@ -1477,14 +1491,13 @@ ATT_INLINE void attention_values(const int kind, const float *const *p, int64_t 
 #endif
 
 /* The tiles of a call: tiles[2i] .. tiles[2i+1]-1 are tile i's tokens; returns their count
- * (tiles has 2t entries, NULL if it could not be allocated). The rows of the `num_skip`
- * [start, end) ranges in `skip` (sorted; computed elsewhere) get no tile. */
+ * (tiles has 2t entries). The rows of the `num_skip` [start, end) ranges in `skip` (sorted;
+ * computed elsewhere) get no tile. */
 static int64_t attention_tiles(const int32_t *seq, const int32_t *ctx, int64_t t, int64_t tile_tokens,
                                const int64_t *skip, int64_t num_skip, int64_t **tiles_out) {
-    int64_t *tiles = (int64_t *)malloc((size_t)(2 * t + 1) * sizeof(int64_t));
+    int64_t *tiles = (int64_t *)alloc_or_die((size_t)(2 * t + 1) * sizeof(int64_t), "the attention's tiles");
     int64_t num_tiles = 0, next = 0;
     *tiles_out = tiles;
-    if (!tiles) return 0;
     for (int64_t r = 0; r < t;) {
         if (next < num_skip && r == skip[2 * next]) {
             r = skip[2 * next + 1];

@@ -10,8 +10,8 @@
  * the float32 top_p, so the set is the plain method's token for token.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define BUCKETS 256 /* 8 an octave over 32 octaves; the last holds everything lower */
@@ -93,19 +93,21 @@ static float row_cut(const float *p, int64_t vocab, float top_p, uint32_t *buf, 
 /* cuts[i] = the top-p cut of row i of `probs` ([rows, vocab], vocab >= 1, non-negative) for
  * top_ps[i] (a token is kept iff its probability is >= the cut), and `out` = `probs` with every
  * token below its row's cut set to 0 (torch's masked_fill(probs < cut, 0): a NaN stays),
- * written while the row is still in cache. */
-void hearth_top_p(const float *probs, int64_t rows, int64_t vocab, const float *top_ps, float *cuts, float *out) {
-#pragma omp parallel
+ * written while the row is still in cache. `scratch` holds 2 * vocab words for each of
+ * `threads` threads (at most that many run): the caller allocates it, so there is no
+ * allocation here that could fail and leave a row unmasked. */
+void hearth_top_p(const float *probs, int64_t rows, int64_t vocab, const float *top_ps, float *cuts, float *out,
+                  uint32_t *scratch, int64_t threads) {
+#pragma omp parallel num_threads((int)threads)
     {
-        uint32_t *buf = malloc((size_t)vocab * 2 * sizeof *buf);
+        uint32_t *buf = scratch + (size_t)omp_get_thread_num() * 2 * (size_t)vocab;
 #pragma omp for schedule(dynamic)
         for (int64_t i = 0; i < rows; i++) {
             const float *p = probs + i * vocab;
-            const float cut = buf ? row_cut(p, vocab, top_ps[i], buf, buf + vocab) : NAN;
+            const float cut = row_cut(p, vocab, top_ps[i], buf, buf + vocab);
             float *o = out + i * vocab;
             for (int64_t j = 0; j < vocab; j++) o[j] = p[j] < cut ? 0.0f : p[j];
             cuts[i] = cut;
         }
-        free(buf);
     }
 }

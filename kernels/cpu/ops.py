@@ -41,7 +41,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_f16_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_bf16w_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
-    "hearth_top_p": [_ptr, _i64, _i64, _ptr, _ptr, _ptr],
+    "hearth_top_p": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_head_rms_norm": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -539,9 +539,16 @@ def top_p(probs: torch.Tensor, top_ps: torch.Tensor) -> tuple[torch.Tensor, torc
     top_ps = top_ps.to(torch.float32).contiguous()
     if probs.dim() != 2 or probs.shape[1] == 0 or top_ps.shape != (probs.shape[0],):
         raise ValueError(f"top_p: probs {tuple(probs.shape)}, top_ps {tuple(top_ps.shape)}")
-    cuts = torch.empty(probs.shape[0], dtype=torch.float32)
+    rows, vocab = probs.shape
+    # Each thread's candidates and their radix-sort copy: allocated here, so running out of
+    # memory is torch's error, not a row the kernel would have to leave unmasked.
+    threads = max(1, min(library().hearth_num_threads(), rows))
+    scratch = torch.empty(threads, 2 * vocab, dtype=torch.int32)
+    cuts = torch.empty(rows, dtype=torch.float32)
     out = torch.empty_like(probs)
-    library().hearth_top_p(_p(probs), probs.shape[0], probs.shape[1], _p(top_ps), _p(cuts), _p(out))
+    library().hearth_top_p(
+        _p(probs), rows, vocab, _p(top_ps), _p(cuts), _p(out), _p(scratch), threads
+    )
     return out, cuts
 
 

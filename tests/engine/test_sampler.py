@@ -513,3 +513,46 @@ def test_penalised_logits_equal_transformers_and_openai_formulas() -> None:
     counts = torch.bincount(torch.tensor(output), minlength=VOCAB).float()
     manual = logits[0] - counts * 0.4 - (counts > 0).float() * 0.9
     assert_close(drawn_from(frequency_penalty=0.4, presence_penalty=0.9), manual.log_softmax(-1))
+
+
+_TOP_P_UNDER_A_MEMORY_LIMIT = """
+import resource, sys, torch
+from kernels.cpu import ops
+torch.set_num_threads(2)
+ops.top_p(torch.rand(4, 64).softmax(-1), torch.full((4,), 0.9))  # the thread team exists
+rows, vocab = 2, 1 << 24
+probs = torch.zeros(rows, vocab)
+probs[:, :2] = 0.5  # two tokens cover any top_p: the rest must come out 0
+probs[:, 2:] = 1e-9
+with open("/proc/self/status") as f:
+    size = next(int(l.split()[1]) for l in f if l.startswith("VmSize")) * 1024
+# room for the output (128 MiB) and the bookkeeping, not for the 256 MiB of scratch
+resource.setrlimit(resource.RLIMIT_AS, (size + (192 << 20), resource.RLIM_INFINITY))
+try:
+    out, cuts = ops.top_p(probs, torch.full((rows,), 0.9))
+except (RuntimeError, MemoryError) as e:
+    print("raised", type(e).__name__)
+    sys.exit(0)
+print("answered: token 2 kept as", float(out[0, 2]), "cut", float(cuts[0]))
+"""
+
+
+def test_c_top_p_out_of_memory_raises_rather_than_keeping_every_token() -> None:
+    """When the per-thread candidate buffers cannot be had, `ops.top_p` raises; it never
+    answers with rows left unmasked (the kernel once allocated them itself and, on a failed
+    `malloc`, kept every token of the row: nucleus sampling silently turned off). Run in a
+    child whose address space is capped just above what the call needs besides them."""
+    ops = pytest.importorskip("kernels.cpu.ops")
+    if not ops.available():
+        pytest.skip("the C kernels do not run on this host (no AVX2)")
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _TOP_P_UNDER_A_MEMORY_LIMIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("raised"), done.stdout

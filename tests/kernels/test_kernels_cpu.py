@@ -89,6 +89,44 @@ def test_quantized_gemm_bias_and_strided_rows() -> None:
     _assert_within_accumulation_bound(ops.linear(x, packed), x.contiguous(), dequant, bias)
 
 
+_GEMM_UNDER_A_MEMORY_LIMIT = """
+import resource, numpy as np, torch
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+from kernels.cpu import ops
+torch.set_num_threads(2)
+raw = quantize(np.full((8, 32768), 0.01, np.float32), GGMLQuantizationType.Q4_1).view(np.uint8)
+weight = ops.pack("q4_1", raw)
+ops.linear(torch.ones(4, 32768), weight)  # the thread team exists
+x = torch.empty(16384, 32768)  # never touched: its block sums need 64 MiB
+out = torch.full((16384, 8), -7.0)
+with open("/proc/self/status") as f:
+    size = next(int(l.split()[1]) for l in f if l.startswith("VmSize")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (16 << 20), resource.RLIM_INFINITY))
+ops.linear(x, weight, out)
+print("answered: out[0, 0] =", float(out[0, 0]))
+"""
+
+
+def test_a_gemm_that_cannot_allocate_stops_the_process_not_the_output() -> None:
+    """A Q4_1 GEMM whose per-token block sums cannot be allocated stops its process with a
+    message (the server restarts its engine); it once returned with the output untouched,
+    so a step went on with whatever the buffer held. Run in a child whose address space is
+    capped just above what it holds before the call."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _GEMM_UNDER_A_MEMORY_LIMIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0, done.stdout
+    assert "hearth kernels: out of memory" in done.stderr, done.stderr[-2000:]
+    assert "the GEMM's block sums" in done.stderr
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("n", [64, 40, 56, 120])
 @pytest.mark.parametrize("kind", sorted(KINDS))
