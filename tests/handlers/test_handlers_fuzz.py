@@ -306,16 +306,20 @@ _ANTHROPIC_BLOCKS = _typed(
         "is_error": st.booleans(),
     },
 )
-_ANTHROPIC_MESSAGES = st.lists(
-    st.fixed_dictionaries(
+
+
+def _anthropic_messages(blocks: st.SearchStrategy[Any], most: int) -> st.SearchStrategy[Any]:
+    """Lists of 1..`most` user / assistant turns, each a text or a list of `blocks`."""
+    turn = st.fixed_dictionaries(
         {
             "role": st.sampled_from(["user", "assistant"]),
-            "content": texts | st.lists(_ANTHROPIC_BLOCKS, min_size=1, max_size=3),
+            "content": texts | st.lists(blocks, min_size=1, max_size=3),
         }
-    ),
-    min_size=1,
-    max_size=4,
-)
+    )
+    return st.lists(turn, min_size=1, max_size=most)
+
+
+_ANTHROPIC_MESSAGES = _anthropic_messages(_ANTHROPIC_BLOCKS, 4)
 _ANTHROPIC_EXTRAS = {
     "system": mostly(texts | st.lists(_typed(["text"], {"text": texts}), max_size=2)),
     "tools": mostly(
@@ -354,16 +358,7 @@ _VALID_BLOCKS = st.one_of(
     ),
     st.builds(lambda t, g: {"type": "thinking", "thinking": t, "signature": g}, texts, texts),
 )
-_VALID_ANTHROPIC_MESSAGES = st.lists(
-    st.fixed_dictionaries(
-        {
-            "role": st.sampled_from(["user", "assistant"]),
-            "content": texts | st.lists(_VALID_BLOCKS, min_size=1, max_size=3),
-        }
-    ),
-    min_size=1,
-    max_size=5,
-)
+_VALID_ANTHROPIC_MESSAGES = _anthropic_messages(_VALID_BLOCKS, 5)
 _ANTHROPIC_CORE = {"model": st.just("tiny"), "messages": mostly(_ANTHROPIC_MESSAGES)}
 MESSAGES_BODIES = (
     st.fixed_dictionaries(
