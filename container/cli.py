@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 from container.flags import add_serve_flags, finish_many, log_level_from_env
+from container.help_format import HelpFormatter
 from container.settings import configure_logging
 
 logger = logging.getLogger("hearth")
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve a model over HTTP (OpenAI /v1, SageMaker /invocations)",
         description="Serve a model. Every flag can also be set as HEARTH_<FLAG> in the environment.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_serve_flags(serve)
     serve.set_defaults(func=run_serve)

@@ -258,8 +258,8 @@ def add_serve_flags(
     )
     net.many(
         "--api-key",
-        "Require 'Authorization: Bearer KEY' on every route but "
-        "/ping, /health, /version and /metrics (repeat the flag for several keys)",
+        "Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but "
+        "/ping, /health and /version, /metrics included (repeat the flag for several keys)",
         repeat_only=True,
     )
     net.value("--root-path", str, "", "Path prefix set by a proxy in front of the server")
@@ -274,7 +274,9 @@ def add_serve_flags(
         "--timeout-graceful-shutdown",
         float,
         20.0,
-        "Seconds SIGTERM lets in-flight requests finish (SageMaker kills at 30)",
+        "Seconds gunicorn waits after SIGTERM before it kills the workers (whole seconds; "
+        "SageMaker kills at 30): in-flight requests get this less ~3.5 s, then streams still "
+        "open end with an error event",
     )
 
     api = FlagAdder(parser.add_argument_group("OpenAI API"), environ)
@@ -301,7 +303,11 @@ def add_serve_flags(
         "reasoning_content (default: harmony for gpt-oss, think when the template has <think>)",
         choices=["think", "harmony", "none"],
     )
-    api.switch("--enable-request-id-headers", False, "Echo X-Request-Id in responses")
+    api.switch(
+        "--enable-request-id-headers",
+        False,
+        "Echo X-Request-Id in responses (a generated one when the request has none)",
+    )
     api.value(
         "--sse-keep-alive-interval",
         float,
@@ -314,7 +320,8 @@ def add_serve_flags(
         float,
         None,
         "Seconds after which a request still generating ends with a 504 error and is "
-        "aborted (default: no limit; the SageMaker `serve` entry sets 60)",
+        "aborted (default: no limit; the SageMaker `serve` entry sets 60 on real-time "
+        "endpoints, 3600 on asynchronous ones and in batch transform)",
     )
     api.switch(
         "--enable-stateful-sessions",
@@ -327,6 +334,15 @@ def add_serve_flags(
         Bounded(float, above=0.0),
         _SERVER_DEFAULTS.session_ttl,
         "Seconds from NEW_SESSION until a stateful session expires",
+    )
+    api.value(
+        "--generation-config",
+        str,
+        _SERVER_DEFAULTS.generation_config,
+        "Default sampling parameters: auto (the model's generation_config.json sets "
+        "temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens where a "
+        "request leaves them out, as vLLM does) or vllm (OpenAI's defaults only)",
+        choices=("auto", "vllm"),
     )
     api.switch("--enable-server-load-tracking", False, "Expose GET /load")
     api.switch(
@@ -344,7 +360,9 @@ def add_serve_flags(
     api.switch(
         "--enable-prompt-tokens-details", False, "Report usage.prompt_tokens_details.cached_tokens"
     )
-    api.value("--max-log-len", int, None, "Characters of prompts shown in logs")
+    api.value(
+        "--max-log-len", int, None, "Characters of each prompt shown in debug logs (default: all)"
+    )
     api.switch("--disable-log-requests", False, "No per-request log line")
     api.value(
         "--max-logprobs",
@@ -363,7 +381,8 @@ def add_serve_flags(
         "--max-request-body-bytes",
         parse_bytes,
         _SERVER_DEFAULTS.max_request_body_bytes,
-        "Largest request body, e.g. 6MiB (a bigger one is a 413; SageMaker's own limit is 6 MiB)",
+        "Largest request body, e.g. 6MiB (a bigger one is a 413; SageMaker real-time's own "
+        "limit is 6 MiB; in batch transform `serve` sets it from MaxPayloadInMB)",
     )
     api.value(
         "--responses-store-max-entries",
@@ -388,8 +407,9 @@ def add_serve_flags(
         "--engine-heartbeat-timeout",
         Bounded(float, above=0.0),
         _SERVER_DEFAULTS.engine_heartbeat_timeout,
-        "Seconds without an engine heartbeat after which /ping and /health answer 503 and "
-        "waiting requests fail (a long step keeps the heartbeat fresh)",
+        "Seconds without an engine heartbeat after which /ping and /health answer 503, "
+        "waiting and running requests end with a 503 and new ones are refused (a long step "
+        "keeps the heartbeat fresh)",
     )
 
     eng = FlagAdder(parser.add_argument_group("engine"), environ)
@@ -398,7 +418,8 @@ def add_serve_flags(
         "--dtype",
         str,
         "auto",
-        "auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16",
+        "auto (fp32 on CPU; bf16 on GPU, fp16 where the GPU lacks bf16), float32, bfloat16, "
+        "float16",
         choices=DTYPES,
     )
     eng.value(
@@ -412,7 +433,8 @@ def add_serve_flags(
         "blocks times int8 activations: faster, below the quality bar), none (dense weights "
         "of --dtype), q8_0 (a model without a GGUF quantized to Q8_0 at load, as gguf: "
         "faster, below the quality bar); auto = gguf-bf16 where AMX-BF16 or AVX512-BF16 "
-        "runs, gguf on other CPUs, unless --dtype float32 asks for the exact mode. A model "
+        "runs, gguf on other CPUs, none on a GPU; any --dtype other than auto asks for the "
+        "exact mode (none). A model "
         "without a GGUF (safetensors) runs the gguf modes from its own weights in 16 bits "
         "(bfloat16 or float16 where they hold every value, else rounded to float16)",
         choices=QUANTIZATIONS,
@@ -540,8 +562,9 @@ def add_serve_flags(
         "--kernel-cache-dir",
         str,
         None,
-        "Where the compiled CPU kernels are cached (default ~/.cache/hearth/kernels; must be "
-        "owned by this user and not writable by others)",
+        "Where the compiled CPU kernels are cached (default $XDG_CACHE_HOME/hearth/kernels, "
+        "else ~/.cache/hearth/kernels; must be owned by this user or root and writable by "
+        "neither group nor others)",
     )
     eng.value(
         "--test-fault-file",

@@ -14,8 +14,8 @@ environment into `hearth serve` arguments:
   vLLM container: `true` -> the bare flag, `false` -> the flag left out. For our on/off
   flags whose default is *on* (`--enable-prefix-caching`), "left out" would silently keep
   them on, so `false` gives `--no-<flag>` there: `false` always means off. List flags
-  (`--api-key`, `--served-model-name`, `--allowed-*`) take comma-separated values, as
-  their `HEARTH_<FLAG>` variables do;
+  (`--served-model-name`, `--allowed-*`) take comma-separated values, as their
+  `HEARTH_<FLAG>` variables do; API keys one per line (`--api-key`);
 - the request timeout follows the mode (`serving_mode`), unless the environment sets
   `--request-timeout` itself: real-time endpoints 60 s (SageMaker's InvokeEndpoint gives
   up then, and a request nobody waits for must not keep generating;

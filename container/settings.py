@@ -97,6 +97,7 @@ def serve_configs(
         request_timeout=args.request_timeout,
         enable_stateful_sessions=args.enable_stateful_sessions,
         session_ttl=args.session_ttl,
+        generation_config=args.generation_config,
         enable_server_load_tracking=args.enable_server_load_tracking,
         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
         server_dev_mode=args.server_dev_mode,

@@ -390,7 +390,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         type=int,
         default=6,
         metavar="MB",
-        help="records per request, in MB (default 6)",
+        help="largest request payload in MB, records packed up to it (MaxPayloadInMB, "
+        "0-100; default 6)",
     )
     p.add_argument(
         "--max-concurrent-transforms",

@@ -9,6 +9,7 @@ so that "not given" keeps what the endpoint runs now.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,17 @@ def model_args(parser: argparse.ArgumentParser, *, update: bool = False) -> None
         )
 
 
+_STATED_DEFAULT = re.compile(r"\bdefault [^,;)]+")
+
+
+def _defaults_are_unchanged(actions: list[argparse.Action]) -> None:
+    """`deploy update`'s help: a flag left out keeps what the endpoint runs now, so the
+    defaults `deploy sagemaker` states ("default 900") read "default: unchanged" there."""
+    for action in actions:
+        if action.help and action.default is None:
+            action.help = _STATED_DEFAULT.sub("default: unchanged", action.help)
+
+
 def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
     """Arguments of ``deploy sagemaker`` (full spec) and ``deploy update`` (overrides only:
     every default is None so that "not given" keeps what the endpoint runs now)."""
@@ -95,6 +107,7 @@ def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
 
     parser.add_argument("--name", required=True, help="endpoint name (also prefixes the rest)")
     model_args(parser, update=update)
+    first = len(parser._actions)  # the endpoint's own flags from here
 
     where = parser.add_argument_group("instances")
     where.add_argument("--instance-type", default=d("ml.g5.xlarge"), help="default ml.g5.xlarge")
@@ -198,6 +211,7 @@ def sagemaker_args(parser: argparse.ArgumentParser, *, update: bool) -> None:
         scaling.add_argument(
             "--disable-autoscaling", action="store_true", help="remove the scaling policy"
         )
+        _defaults_are_unchanged(parser._actions[first:])
     parser.add_argument(
         "--keep-old",
         action="store_true",

@@ -20,17 +20,9 @@ from container.bench.config import (
     SWEEPS,
     BenchConfig,
 )
+from container.help_format import HelpFormatter
 
 COMPARE_VLLM = "vllm"  # `--compare` with no file: run the vLLM-CPU anchor in this run
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except the empty ones ("default: None" tells a reader nothing)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default == []:
-            return action.help
-        return super()._get_help_string(action)
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -49,7 +41,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
             "--output-dir and prints a table. Exit code: 0 all requests succeeded, 1 some "
             "failed (those levels do not count), 2 a server could not be reached or started."
         ),
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _add_server_args(parser.add_argument_group("server"))
     _add_load_args(parser.add_argument_group("load"))

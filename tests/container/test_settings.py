@@ -122,6 +122,7 @@ def test_lambda_and_serve_resolve_the_same_settings(monkeypatch: pytest.MonkeyPa
     assert engine["max_num_seqs"] == 256 + 7
     assert server["served_model_names"] == ["alpha", "beta"]
     assert len(server["api_key_digests"]) == 2  # one per line, as the flag splits it
+    assert server["generation_config"] == "vllm"
 
 
 def test_a_bad_value_fails_loudly_and_names_the_variable() -> None:
