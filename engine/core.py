@@ -30,7 +30,12 @@ from engine.gpu_memory import (
     kv_cache_budget_bytes,
     profile_peak_step_bytes,
 )
-from engine.host_memory import available_bytes, cpu_kv_budget_bytes, return_freed_heap
+from engine.host_memory import (
+    available_bytes,
+    cpu_kv_budget_bytes,
+    keep_freed_heap_for_reuse,
+    return_freed_heap,
+)
 from engine.layers.weight_storage import widen_dense_weights
 from engine.lora.manager import AdapterError, AdapterNotFoundError, LoRAManager, NoFreeSlotError
 from engine.lora_source import AdapterSourceError, resolve_adapter_source
@@ -115,6 +120,7 @@ class EngineCore:
         # where the C gather reads it (every mode but the exact one).
         widen_dense_weights(self.model, self.dtype, tables=self.backends.quantization == "none")
         return_freed_heap()  # before the KV cache's budget reads what is left
+        keep_freed_heap_for_reuse()  # from now on a step's freed tensors serve the next
         say(f"weights loaded in {time.monotonic() - start:.1f} s")
 
         self.eos_token_ids = Tokenizer(model_dir).eos_token_ids

@@ -26,6 +26,7 @@ __all__ = [
     "CPU_RESERVE_MIN",
     "available_bytes",
     "cpu_kv_budget_bytes",
+    "keep_freed_heap_for_reuse",
     "return_freed_heap",
     "zeros_on_touch",
 ]
@@ -127,6 +128,39 @@ def return_freed_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+STEP_HEAP_KEEP = 256 << 20
+"""Free bytes at the top of the C heap kept for the next step rather than returned to the
+kernel (glibc's ``M_TRIM_THRESHOLD``)."""
+STEP_HEAP_BLOCK_MAX = 32 << 20
+"""Blocks up to this size come from the heap, larger ones get a mapping of their own
+(``M_MMAP_THRESHOLD``; 32 MiB is the most glibc accepts on 64-bit hosts)."""
+
+
+def keep_freed_heap_for_reuse(keep: int = STEP_HEAP_KEEP) -> bool:
+    """Let the C heap keep what a step frees for the next step (glibc's `mallopt`); False
+    where there is no such call (another C library) or it refuses the values.
+
+    Why: a step allocates and frees the same large tensors every time (a batch's logits,
+    their scaled copy and probabilities: 12.6 MB each for 64 rows of a 49,152-token
+    vocabulary). Under glibc's own thresholds (trim at twice the largest block freed) the
+    heap gave them back to the kernel at each free, so every step faulted their pages in
+    again, each zeroed by the kernel: ~4,200 page faults a step for 64 sampled rows, the
+    sampler alone 12.7 ms instead of 4.5 (docs/performance.md). Called once the weights are
+    loaded, after `return_freed_heap` has given back what loading left behind: the heap
+    then holds at most `keep` bytes it does not use."""
+    import ctypes
+
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(m_trim_threshold, keep)) and bool(
+        mallopt(m_mmap_threshold, STEP_HEAP_BLOCK_MAX)
+    )
 
 
 def zeros_on_touch(
