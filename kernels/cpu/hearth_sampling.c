@@ -8,7 +8,10 @@
  * cumsum, `cumsum - value < top_p`): float32 partial sums accumulated in double (torch's
  * CPU cumsum does so), each token's "mass before it" rounded to float32 and compared with
  * the float32 top_p, so the set is the plain method's token for token.
+ *
+ * hearth_argmax: each row's greedy token, torch's `max(dim=-1).indices` to the index.
  */
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -109,5 +112,63 @@ void hearth_top_p(const float *probs, int64_t rows, int64_t vocab, const float *
             for (int64_t j = 0; j < vocab; j++) o[j] = p[j] < cut ? 0.0f : p[j];
             cuts[i] = cut;
         }
+    }
+}
+
+/* out[i] = the index of row i's largest value: the first one on ties, the first NaN where
+ * the row holds one (torch's `max(dim=-1).indices`, which greedy decoding takes). Eight
+ * lanes keep their own running maximum and its index; a lane only moves to a strictly
+ * larger value, so each keeps its first maximum, and the lanes are merged by value, then
+ * index. A NaN anywhere sends the row to a scalar pass for its first NaN. */
+void hearth_argmax(const float *x, int64_t rows, int64_t vocab, int64_t *out) {
+#pragma omp parallel for schedule(static) if (rows * vocab > 65536)
+    for (int64_t i = 0; i < rows; i++) {
+        const float *p = x + i * vocab;
+        int64_t best = 0;
+        int nan = 0;
+        int64_t j = 0;
+        if (vocab >= 8) {
+            __m256 vmax = _mm256_loadu_ps(p);
+            __m256i vidx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256i cur = vidx;
+            const __m256i eight = _mm256_set1_epi32(8);
+            __m256 unordered = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
+            for (j = 8; j + 8 <= vocab; j += 8) {
+                const __m256 v = _mm256_loadu_ps(p + j);
+                cur = _mm256_add_epi32(cur, eight);
+                const __m256 gt = _mm256_cmp_ps(v, vmax, _CMP_GT_OQ);
+                unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                vmax = _mm256_blendv_ps(vmax, v, gt);
+                vidx = _mm256_castps_si256(
+                    _mm256_blendv_ps(_mm256_castsi256_ps(vidx), _mm256_castsi256_ps(cur), gt));
+            }
+            nan = _mm256_movemask_ps(unordered) != 0;
+            float m[8];
+            int32_t idx[8];
+            _mm256_storeu_ps(m, vmax);
+            _mm256_storeu_si256((__m256i *)idx, vidx);
+            best = idx[0];
+            float bv = m[0];
+            for (int l = 1; l < 8; l++)
+                if (m[l] > bv || (m[l] == bv && idx[l] < best)) bv = m[l], best = idx[l];
+            for (; j < vocab; j++) {
+                nan |= p[j] != p[j];
+                if (p[j] > bv) bv = p[j], best = j;
+            }
+        } else {
+            float bv = p[0];
+            nan = p[0] != p[0];
+            for (j = 1; j < vocab; j++) {
+                nan |= p[j] != p[j];
+                if (p[j] > bv) bv = p[j], best = j;
+            }
+        }
+        if (nan)
+            for (j = 0; j < vocab; j++)
+                if (p[j] != p[j]) {
+                    best = j;
+                    break;
+                }
+        out[i] = best;
     }
 }

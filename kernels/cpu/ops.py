@@ -42,6 +42,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_bf16w_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64],
     "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_top_p": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
+    "hearth_argmax": [_ptr, _i64, _i64, _ptr],
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_head_rms_norm": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -550,6 +551,19 @@ def top_p(probs: torch.Tensor, top_ps: torch.Tensor) -> tuple[torch.Tensor, torc
         _p(probs), rows, vocab, _p(top_ps), _p(cuts), _p(out), _p(scratch), threads
     )
     return out, cuts
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its largest value (``hearth_sampling.c``): the first on ties, the
+    first NaN where a row holds one, as torch's ``max(dim=-1).indices``. `x` [rows, n >= 1]
+    float32."""
+    _check(x, "x")
+    x = x.contiguous()
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"argmax: x {tuple(x.shape)}")
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    library().hearth_argmax(_p(x), x.shape[0], x.shape[1], _p(out))
+    return out
 
 
 def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, heads: int) -> torch.Tensor:

@@ -52,6 +52,34 @@ def test_greedy_takes_the_first_of_tied_maxima_and_nan_as_argmax_does() -> None:
     assert out.token_ids == [3, 9, 0, VOCAB - 2] == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("vocab", [1, 7, 8, 9, 17, 100, 49153])
+def test_c_argmax_is_torchs_max_indices_on_hard_rows(vocab: int) -> None:
+    """The C greedy kernel (eight lanes, then a scalar tail) gives torch's index on rows of
+    every width against its lanes (under 8, exactly 8, a tail of 1): random rows, rows all
+    tied, all -inf, many ties from rounding, a maximum tied at both ends of the row, +inf
+    beside NaN, NaN first, last and in the middle; alone or in a batch, the same index."""
+    ops = pytest.importorskip("kernels.cpu.ops")
+    if not ops.available():
+        pytest.skip("the C kernels do not run on this host (no AVX2)")
+    gen = torch.Generator().manual_seed(vocab)
+    rows = torch.randn(10, vocab, generator=gen)
+    rows[1] = 1.0
+    rows[2] = float("-inf")
+    rows[3] = (torch.randn(vocab, generator=gen) * 2).round()
+    rows[4, 0] = rows[4, -1] = 100.0
+    rows[5, vocab // 2] = float("inf")
+    rows[5, -1] = float("nan")
+    rows[6, 0] = float("nan")
+    rows[7, vocab // 2] = float("nan")
+    rows[8, -1] = float("nan")
+    want = rows.max(dim=-1).indices
+    assert torch.equal(ops.argmax(rows), want)
+    for i in range(rows.shape[0]):
+        assert torch.equal(ops.argmax(rows[i : i + 1]), want[i : i + 1])
+    with pytest.raises(ValueError, match="argmax"):
+        ops.argmax(torch.empty(2, 0))
+
+
 def test_top_k_1_and_tiny_top_p_reduce_to_greedy() -> None:
     logits = _logits(3)
     reqs = [
