@@ -11,6 +11,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     "default: detected from the model") it contradicts it."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, "", []):
+        if action.default is None or action.default is False or action.default in ("", []):
             return action.help
         return super()._get_help_string(action)

@@ -38,6 +38,7 @@ class Sampler:
         self.device = device
         if device.type == "cpu":
             _native_top_p()  # loads the C kernels now: a build, if one is due, at start
+            _native_argmax()
         self._generators: dict[str, torch.Generator] = {}
         self._biases: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         """logit_bias as (ids, values) tensors, built once per request, not per step."""
