@@ -26,8 +26,8 @@ from tests.e2e.server import Server
 
 pytestmark = pytest.mark.slow
 
-REQUESTS = 160
-"""About 25 s on two cores (max_tokens <= 16)."""
+REQUESTS = 120
+"""About 12 s on two cores (max_tokens <= 16)."""
 VOCAB = 49152
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},

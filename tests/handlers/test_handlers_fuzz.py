@@ -36,8 +36,8 @@ from handlers.protocol.score import RerankRequest, ScoreRequest
 from handlers.protocol.tgi import TGIParameters
 from tests.handlers.handlers_testing import ANTHROPIC_ERROR_TYPES
 
-EXAMPLES = 300
-"""Per test; the 24 route tests make 7,200 bodies a run (about 50 s on two cores)."""
+EXAMPLES = 200
+"""Per test; the 24 route tests make 4,800 bodies a run (about 35 s on two cores)."""
 
 FUZZ = settings(
     max_examples=EXAMPLES,
