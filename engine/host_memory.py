@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -110,6 +111,17 @@ def cpu_kv_budget_bytes(needed: int, available: int | None, default: int) -> tup
     return (usable, True) if usable < budget else (budget, False)
 
 
+def _libc(name: str) -> Callable[..., int] | None:
+    """The C library's function `name` (int arguments), or None where it has none (not
+    glibc)."""
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def return_freed_heap() -> bool:
     """Hand the free pages of the C heap back to the kernel (glibc's `malloc_trim(0)`);
     False where there is no such call (another C library).
@@ -120,11 +132,8 @@ def return_freed_heap() -> bool:
     8 B Q4_K_M load 0.9 GiB of freed memory stayed resident (anonymous 6.09 GiB, 5.17 GiB
     after the trim), counted as used when the KV cache's budget is taken and by the OOM
     killer."""
-    import ctypes
-
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    trim = _libc("malloc_trim")
+    if trim is None:
         return False
     trim(0)
     return True
@@ -150,14 +159,10 @@ def keep_freed_heap_for_reuse(keep: int = STEP_HEAP_KEEP) -> bool:
     sampler alone 12.7 ms instead of 4.5 (docs/performance.md). Called once the weights are
     loaded, after `return_freed_heap` has given back what loading left behind: the heap
     then holds at most `keep` bytes it does not use."""
-    import ctypes
-
     m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc("mallopt")
+    if mallopt is None:
         return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(m_trim_threshold, keep)) and bool(
         mallopt(m_mmap_threshold, STEP_HEAP_BLOCK_MAX)
     )

@@ -124,9 +124,9 @@ void hearth_argmax(const float *x, int64_t rows, int64_t vocab, int64_t *out) {
 #pragma omp parallel for schedule(static) if (rows * vocab > 65536)
     for (int64_t i = 0; i < rows; i++) {
         const float *p = x + i * vocab;
-        int64_t best = 0;
-        int nan = 0;
-        int64_t j = 0;
+        float bv = p[0];
+        int64_t best = 0, j = 1;
+        int nan = p[0] != p[0];
         if (vocab >= 8) {
             __m256 vmax = _mm256_loadu_ps(p);
             __m256i vidx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -147,21 +147,13 @@ void hearth_argmax(const float *x, int64_t rows, int64_t vocab, int64_t *out) {
             int32_t idx[8];
             _mm256_storeu_ps(m, vmax);
             _mm256_storeu_si256((__m256i *)idx, vidx);
-            best = idx[0];
-            float bv = m[0];
+            bv = m[0], best = idx[0];
             for (int l = 1; l < 8; l++)
                 if (m[l] > bv || (m[l] == bv && idx[l] < best)) bv = m[l], best = idx[l];
-            for (; j < vocab; j++) {
-                nan |= p[j] != p[j];
-                if (p[j] > bv) bv = p[j], best = j;
-            }
-        } else {
-            float bv = p[0];
-            nan = p[0] != p[0];
-            for (j = 1; j < vocab; j++) {
-                nan |= p[j] != p[j];
-                if (p[j] > bv) bv = p[j], best = j;
-            }
+        }
+        for (; j < vocab; j++) { /* the tail past the lanes, or a row narrower than them */
+            nan |= p[j] != p[j];
+            if (p[j] > bv) bv = p[j], best = j;
         }
         if (nan)
             for (j = 0; j < vocab; j++)
