@@ -338,7 +338,9 @@ class EngineCore:
             msg.priority,
             msg.arrival_time or None,
             pooling=msg.pooling,
-            session_id=msg.session_id,
+            # A pooled prompt is checked against its session (`_validate`) but pins nothing:
+            # it leaves no conversation whose next turn would find its blocks warm.
+            session_id=msg.session_id if msg.pooling is None else None,
             group=msg.group,
         )
         request.grammar = grammar

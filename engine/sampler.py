@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -37,8 +38,7 @@ class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         if device.type == "cpu":
-            _native_top_p()  # loads the C kernels now: a build, if one is due, at start
-            _native_argmax()
+            _native("top_p")  # loads the C kernels now: a build, if one is due, at start
         self._generators: dict[str, torch.Generator] = {}
         self._biases: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         """logit_bias as (ids, values) tensors, built once per request, not per step."""
@@ -234,9 +234,7 @@ class Sampler:
         if any(p < 1.0 for p in top_ps):
             probs = apply_top_p(probs, top_ps)
         if any(p > 0.0 for p in min_ps):
-            mp = torch.tensor(min_ps, device=logits.device).unsqueeze(1)
-            threshold = probs.max(dim=-1, keepdim=True).values * mp
-            probs = probs.masked_fill(probs < threshold, 0.0)
+            probs = apply_min_p(probs, min_ps)
 
         sampled, drawn = self._inverse_cdf(probs, requests, temperatures)
         if candidates is not None:
@@ -367,22 +365,12 @@ def apply_top_p(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     index = torch.tensor(rows, device=device)
     part = probs if whole else probs.index_select(0, index)
     tp = torch.tensor([top_ps[i] for i in rows], device=device, dtype=probs.dtype).clamp_(min=1e-8)
-    native = _native_top_p() if part.device.type == "cpu" else None
+    native = _native("top_p") if part.device.type == "cpu" else None
     if native is not None and part.dtype == torch.float32:
         part = native(part, tp)[0]
     else:
         part = part.masked_fill(part < _top_p_cuts_torch(part, tp).unsqueeze(1), 0.0)
     return part if whole else probs.index_copy(0, index, part)
-
-
-@functools.cache
-def _native_top_p() -> (
-    Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
-):
-    """The C kernels' `top_p` where they run on this host, else None."""
-    from kernels.cpu import ops
-
-    return ops.top_p if ops.available() else None
 
 
 def _top_p_cuts_torch(part: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:
@@ -464,6 +452,21 @@ def _bucket_of_cut(
     return bucket, before
 
 
+def apply_min_p(probs: torch.Tensor, min_ps: list[float]) -> torch.Tensor:
+    """`probs` with 0 on every token less likely than its row's min_p times the row's most
+    likely token (vLLM's and transformers' min-p; a row with min_p 0 keeps everything).
+
+    On CPU the C kernel reads each row twice (its largest value, then the masked copy)
+    where the torch ops below make five passes and a byte mask: 64 rows of 49,152, 2
+    threads, docs/performance.md ("min_p in C"). The two give the same bits."""
+    mp = torch.tensor(min_ps, device=probs.device, dtype=torch.float32)
+    native = _native("min_p") if probs.device.type == "cpu" else None
+    if native is not None and probs.dtype == torch.float32:
+        return native(probs, mp)
+    threshold = probs.max(dim=-1, keepdim=True).values * mp.unsqueeze(1)
+    return probs.masked_fill(probs < threshold, 0.0)
+
+
 def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
     """The index of each row's largest score (the first one on ties, NaN counting as largest).
 
@@ -474,18 +477,19 @@ def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
     once, eight lanes at a time, where torch's reduction keeps a value and an index per
     element.
     """
-    native = _native_argmax() if scores.device.type == "cpu" else None
+    native = _native("argmax") if scores.device.type == "cpu" else None
     if native is not None and scores.dtype == torch.float32 and scores.dim() == 2:
         return native(scores)
     return scores.max(dim=-1).indices
 
 
 @functools.cache
-def _native_argmax() -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The C kernels' `argmax` where they run on this host, else None."""
+def _native(kernel: str) -> Callable[..., Any] | None:
+    """The C kernels' sampling function `kernel` (``kernels/cpu/ops.py``: top_p, min_p,
+    argmax) where they run on this host, else None (torch ops then)."""
     from kernels.cpu import ops
 
-    return ops.argmax if ops.available() else None
+    return getattr(ops, kernel) if ops.available() else None
 
 
 def _ban_bad_words(x: torch.Tensor, sequences: list[list[int]], output: list[int]) -> None:

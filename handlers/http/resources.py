@@ -300,20 +300,28 @@ class Invocations(_JsonBody):
         step = await self._sessions.begin(
             None if jsonlines else body, req.get_header(SESSION_ID_HEADER)
         )
-        for name, value in step.headers.items():
-            resp.set_header(name, value)
         if step.reply is not None:
+            resp.set_headers(step.headers)
             resp.content_type = falcon.MEDIA_TEXT
             resp.text = step.reply
             return
         ctx = request_context(req)
         ctx.adapter = req.get_header(ADAPTER_HEADER) or None
         ctx.session_id = step.session_id
+        try:
+            if jsonlines:
+                data = await self._lines.invoke_lines(json_lines(body), ctx)
+            else:
+                result = await self._serving.invoke(body, ctx)
+        except BaseException:
+            await self._sessions.discard(step)  # a refused first turn opens no session
+            raise
+        resp.set_headers(step.headers)  # the new session's id, once its first turn runs
         if jsonlines:
             resp.content_type = JSONLINES_MEDIA_TYPE
-            resp.data = await self._lines.invoke_lines(json_lines(body), ctx)
+            resp.data = data
             return
-        send_result(resp, await self._serving.invoke(body, ctx))
+        send_result(resp, result)
 
 
 def json_lines(data: bytes) -> list[Any | ServingError]:

@@ -113,6 +113,7 @@ class ServingEmbedding(ServingBase):
                 [_NO_SAMPLING] * len(inputs),
                 priority,
                 pooling=pooling,
+                session_id=ctx.session_id,  # checked (400 if gone), not pinned: engine/core.py
                 cache_salt=cache_salt,
             )
             deadline = self.arm_deadline(ctx, collector)

@@ -20,6 +20,7 @@ conversation's next turn finds its KV warm even under other load.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +68,29 @@ def request_type(body: Any) -> str | None:
     return str(kind)
 
 
+def _refuse_contradictions(body: Any, kind: str | None, header: str | None) -> None:
+    """400 for a call that asks two things at once: to close a session it opens, to open
+    a session while naming one, or to open one on a streamed call (SageMaker opens
+    sessions through InvokeEndpoint only; the stream's caller could not read the id)."""
+    if kind == CLOSE and header == NEW_SESSION:
+        raise BadRequestError(
+            f"A CLOSE request names the session to close in {SESSION_ID_HEADER}, not NEW_SESSION.",
+            param=SESSION_ID_HEADER,
+        )
+    if kind == NEW_SESSION and header and header != NEW_SESSION:
+        raise BadRequestError(
+            f"A NEW_SESSION request cannot run in an open session: send it without "
+            f"{SESSION_ID_HEADER}, or with {SESSION_ID_HEADER}: NEW_SESSION.",
+            param=SESSION_ID_HEADER,
+        )
+    if header == NEW_SESSION and isinstance(body, dict) and body.get("stream") is True:
+        raise BadRequestError(
+            "A streamed call cannot open a session (SageMaker opens them through "
+            "InvokeEndpoint only): open it first, then stream in it.",
+            param=SESSION_ID_HEADER,
+        )
+
+
 class ServingSessions:
     def __init__(self, config: ServerConfig, engine: EngineClient) -> None:
         self._enabled = config.enable_stateful_sessions
@@ -86,6 +110,7 @@ class ServingSessions:
                 "(--enable-stateful-sessions, or SAGEMAKER_ENABLE_STATEFUL_SESSIONS=true).",
                 param=SESSION_ID_HEADER if header else "requestType",
             )
+        _refuse_contradictions(body, kind, header)
         if kind == NEW_SESSION or header == NEW_SESSION:
             session_id, value = await self._open()
             step = SessionStep(session_id, {NEW_SESSION_ID_HEADER: value})
@@ -101,6 +126,14 @@ class ServingSessions:
             await self._call(self._engine.close_session(header))
             return SessionStep(None, {CLOSED_SESSION_ID_HEADER: header}, f"Session {header} closed")
         return SessionStep(header)
+
+    async def discard(self, step: SessionStep) -> None:
+        """Close the session `step` opened for a first turn that then failed (its body
+        refused, the engine full): the caller never learns its id, so it would only hold
+        a slot of the table until it expired."""
+        if step.session_id is not None and NEW_SESSION_ID_HEADER in step.headers:
+            with contextlib.suppress(Exception):  # gone or expired already: nothing held
+                await self._engine.close_session(step.session_id)
 
     async def _open(self) -> tuple[str, str]:
         reply = await self._call(self._engine.open_session(self._ttl_s))

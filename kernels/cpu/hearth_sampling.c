@@ -10,6 +10,10 @@
  * the float32 top_p, so the set is the plain method's token for token.
  *
  * hearth_argmax: each row's greedy token, torch's `max(dim=-1).indices` to the index.
+ *
+ * hearth_min_p: each row's min-p filter, torch's `probs.masked_fill(probs < max * min_p, 0)`
+ * to the bit, in two passes over the row (its largest value, then the masked copy) where
+ * torch made five (max, product, comparison, a byte mask, the fill).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -162,5 +166,44 @@ void hearth_argmax(const float *x, int64_t rows, int64_t vocab, int64_t *out) {
                     break;
                 }
         out[i] = best;
+    }
+}
+
+/* out = `probs` with every value below `min_ps[i]` times its row's largest set to 0: the
+ * threshold is rounded to float32 as torch rounds `max * min_p`; a row holding a NaN has a
+ * NaN largest value (torch's `max` propagates it), so nothing in it is below the threshold
+ * and the row is copied as it is. `out` may be `probs`. */
+void hearth_min_p(const float *probs, int64_t rows, int64_t vocab, const float *min_ps, float *out) {
+#pragma omp parallel for schedule(static) if (rows * vocab > 65536)
+    for (int64_t i = 0; i < rows; i++) {
+        const float *p = probs + i * vocab;
+        float *o = out + i * vocab;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        __m256 unordered = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= vocab; j += 8) {
+            const __m256 v = _mm256_loadu_ps(p + j);
+            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            vmax = _mm256_max_ps(vmax, v);
+        }
+        float m[8], top = -INFINITY;
+        int nan = _mm256_movemask_ps(unordered) != 0;
+        _mm256_storeu_ps(m, vmax);
+        for (int l = 0; l < 8; l++) top = m[l] > top ? m[l] : top;
+        for (; j < vocab; j++) {
+            nan |= p[j] != p[j];
+            top = p[j] > top ? p[j] : top;
+        }
+        if (nan) {
+            if (o != p) memcpy(o, p, (size_t)vocab * sizeof *o);
+            continue;
+        }
+        const float threshold = top * min_ps[i];
+        const __m256 vt = _mm256_set1_ps(threshold);
+        for (j = 0; j + 8 <= vocab; j += 8) { /* v < t: ordered, so a NaN threshold keeps all */
+            const __m256 v = _mm256_loadu_ps(p + j);
+            _mm256_storeu_ps(o + j, _mm256_andnot_ps(_mm256_cmp_ps(v, vt, _CMP_LT_OQ), v));
+        }
+        for (; j < vocab; j++) o[j] = p[j] < threshold ? 0.0f : p[j];
     }
 }

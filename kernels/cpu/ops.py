@@ -43,6 +43,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "hearth_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_top_p": [_ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64],
     "hearth_argmax": [_ptr, _i64, _i64, _ptr],
+    "hearth_min_p": [_ptr, _i64, _i64, _ptr, _ptr],
     "hearth_add_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "hearth_head_rms_norm": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32],
     "hearth_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -551,6 +552,21 @@ def top_p(probs: torch.Tensor, top_ps: torch.Tensor) -> tuple[torch.Tensor, torc
         _p(probs), rows, vocab, _p(top_ps), _p(cuts), _p(out), _p(scratch), threads
     )
     return out, cuts
+
+
+def min_p(probs: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
+    """`probs` with 0 on every token below its row's min_p times the row's largest
+    probability (``hearth_sampling.c``), to the bit what torch's ``probs.masked_fill(probs
+    < probs.max(-1, keepdim=True).values * min_ps[:, None], 0)`` gives, NaN rows included.
+    `probs` [rows, vocab >= 1] float32, `min_ps` [rows]."""
+    _check(probs, "probs")
+    probs = probs.contiguous()
+    min_ps = min_ps.to(torch.float32).contiguous()
+    if probs.dim() != 2 or probs.shape[1] == 0 or min_ps.shape != (probs.shape[0],):
+        raise ValueError(f"min_p: probs {tuple(probs.shape)}, min_ps {tuple(min_ps.shape)}")
+    out = torch.empty_like(probs)
+    library().hearth_min_p(_p(probs), probs.shape[0], probs.shape[1], _p(min_ps), _p(out))
+    return out
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

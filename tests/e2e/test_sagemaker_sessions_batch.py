@@ -120,10 +120,16 @@ def test_unknown_and_malformed_session_requests_are_400s(
 ) -> None:
     a, b = workers
     turns = [{"role": "user", "content": "Hi"}]
+    embedding = {"task": "embeddings", "input": "Hi"}
     for conn in (a, b):
-        guessed = conn.request("POST", "/invocations", _chat(turns), {SESSION: "a" * 32})
-        assert guessed.status == 400, guessed.body
-        assert "session" in guessed.json()["error"]["message"].lower()
+        for body in (_chat(turns), embedding):
+            guessed = conn.request("POST", "/invocations", body, {SESSION: "a" * 32})
+            assert guessed.status == 400, guessed.body
+            assert "session" in guessed.json()["error"]["message"].lower()
+    refused = a.request(
+        "POST", "/invocations", {"prompt": "x", "max_tokens": -1}, {SESSION: "NEW_SESSION"}
+    )
+    assert refused.status == 400 and NEW_ID not in refused.headers, refused.headers
     no_header = a.request("POST", "/invocations", {"requestType": "CLOSE"})
     assert no_header.status == 400
     assert no_header.json()["error"]["param"] == SESSION

@@ -432,6 +432,54 @@ def test_last_token_embeddings_use_and_fill_the_prefix_cache(base_dir: Path) -> 
     assert out.num_cached_tokens >= 2 * bm.block_size
 
 
+def test_an_embedding_in_a_session_is_checked_against_it_and_pins_nothing(
+    base_dir: Path,
+) -> None:
+    """SageMaker's session header on a pooling body: an unknown session is refused as a
+    generation's is (the route's 400), a live one admits the embedding, which then pins
+    no block to it (its prompt leaves no conversation to keep warm); the same prompt as
+    a generation in that session pins its full blocks."""
+    from engine.core import SESSION_GONE
+
+    core = make_core(base_dir)
+    bm = core.block_manager
+    prompt = (encode_all(base_dir)[-1] * 4)[:70]
+    gone = core.add_request(
+        AddRequest(
+            request_id="guessed",
+            prompt_token_ids=prompt,
+            params=SamplingParams(),
+            pooling=PoolingParams(),
+            session_id="a" * 32,
+        )
+    )
+    assert gone is not None and not gone.accepted and gone.message == SESSION_GONE
+    session_id, _ = core.sessions.open(ttl_s=60)
+    admission = core.add_request(
+        AddRequest(
+            request_id="pooled",
+            prompt_token_ids=prompt,
+            params=SamplingParams(),
+            pooling=PoolingParams(),
+            session_id=session_id,
+        )
+    )
+    assert admission is not None and admission.accepted, admission
+    while core.has_work():
+        core.step()
+    assert bm.num_pinned_blocks == 0
+    turn = AddRequest(
+        request_id="turn",
+        prompt_token_ids=prompt,
+        params=SamplingParams(max_tokens=1, temperature=0.0),
+        session_id=session_id,
+    )
+    assert core.add_request(turn).accepted
+    while core.has_work():
+        core.step()
+    assert bm.num_pinned_blocks == len(prompt) // bm.block_size
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("grouped", [True, False])
 def test_a_many_input_request_takes_turns_with_a_later_chat(

@@ -64,13 +64,37 @@ def test_the_new_session_header_runs_the_request_in_a_new_session(sessions, engi
         ({"requestType": "CLOSE"}, {}, SESSION),
         ({"requestType": "CLOSE"}, {SESSION: "never-opened"}, SESSION),
         ({"requestType": "RESUME"}, {}, "requestType"),
+        ({"requestType": "CLOSE"}, {SESSION: "NEW_SESSION"}, SESSION),
+        ({"requestType": "NEW_SESSION"}, {SESSION: "session0-" + "x" * 24}, SESSION),
+        ({**PROMPT, "stream": True}, {SESSION: "NEW_SESSION"}, SESSION),
     ],
+    ids=["close-unnamed", "close-unknown", "bad-type", "close-new", "new-in-one", "new-streamed"],
 )
 def test_bad_session_requests_are_400s(sessions, engine, body, headers, param) -> None:
     result = sessions.simulate_post("/invocations", json=body, headers=headers)
     assert_openai_error(result, 400)
     assert result.json["error"]["param"] == param
-    assert engine.added == []
+    assert engine.added == [] and engine.sessions == set()
+    assert NEW_ID not in result.headers
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "x", "max_tokens": -1},
+        {"messages": [{"role": "tool", "content": "x"}], "max_tokens": 2, "n": 0},
+        {"task": "embeddings", "input": []},
+    ],
+    ids=["completion", "chat", "embeddings"],
+)
+def test_a_refused_first_turn_leaves_no_session_open(sessions, engine, body) -> None:
+    """The NEW_SESSION header on a body that is then refused: a 400 without the new id, and
+    the session it had opened is closed (else it would hold a slot of the table, unknown to
+    anyone, until it expired)."""
+    result = sessions.simulate_post("/invocations", json=body, headers={SESSION: "NEW_SESSION"})
+    assert_openai_error(result, 400)
+    assert NEW_ID not in result.headers
+    assert engine.sessions == set()
 
 
 def test_session_headers_without_sessions_enabled_are_400s(client, engine) -> None:
@@ -95,15 +119,19 @@ def test_a_session_on_an_adapter_runs_the_adapter_in_the_session(make_client, en
     assert (engine.added[-1].session_id, engine.added[-1].lora_name) == (session_id, "sql")
 
 
-def test_an_embedding_in_a_session_just_runs(sessions, engine: FakeEngine) -> None:
-    """Embeddings keep no KV blocks worth pinning: the session header is accepted (and a
-    NEW_SESSION one still opens a session) but the request runs outside it."""
-    session_id = _open(sessions)
+def test_an_embedding_in_a_session_is_checked_against_it(sessions, engine: FakeEngine) -> None:
+    """Embeddings name their session to the engine, which checks it (an unknown one is a
+    400, as for a generation: docs/api.md) and pins nothing for them
+    (tests/engine/test_embeddings.py); a NEW_SESSION header still opens a session."""
     body = {"task": "embeddings", "input": "Hello there"}
+    guessed = sessions.simulate_post("/invocations", json=body, headers={SESSION: "never-opened"})
+    assert_openai_error(guessed, 400)
+    assert "session" in guessed.json["error"]["message"].lower()
+    session_id = _open(sessions)
     result = sessions.simulate_post("/invocations", json=body, headers={SESSION: session_id})
     assert result.status_code == 200, result.text
     assert result.json["object"] == "list"
-    assert engine.added[-1].pooling is not None and engine.added[-1].session_id is None
+    assert engine.added[-1].pooling is not None and engine.added[-1].session_id == session_id
     opened = sessions.simulate_post("/invocations", json=body, headers={SESSION: "NEW_SESSION"})
     assert opened.status_code == 200, opened.text
     assert opened.headers[NEW_ID].split(";")[0] in engine.sessions
