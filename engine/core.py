@@ -582,8 +582,15 @@ class EngineCore:
             request.lora_slot = -1
 
     def abort_client(self, client_id: bytes) -> int:
-        """Abort every request of one worker (it died); returns how many."""
+        """Abort every request of one worker (it died), those whose constraint is still
+        compiling included (admitted later, they would run to max_tokens for nobody: the
+        worker is reported gone once); returns how many."""
         ids = [rid for rid, r in self.scheduler.requests.items() if r.client_id == client_id]
+        ids += [
+            rid
+            for rid, (_, owner) in self.structured.pending_payloads().items()
+            if owner == client_id
+        ]
         self.abort(ids)
         if ids:
             logger.warning("worker %r is gone: aborted its %d requests", client_id, len(ids))
@@ -661,8 +668,14 @@ class EngineCore:
             self.num_generation_tokens_total += 1
             finish = self._check_stop(request, token)
             on_stop_token = finish == "stop"
+            error = None
             if request.grammar is not None and finish is None:
-                finish = self._advance_grammar(request, token)
+                try:
+                    finish = self._advance_grammar(request, token)
+                except Exception as exc:  # the grammar library's fault ends this request only
+                    logger.exception("request %s: its grammar failed", request.request_id)
+                    finish = "error"
+                    error = f"The engine failed while running this request ({type(exc).__name__})."
             out = RequestOutput(
                 request_id=request.request_id,
                 new_token_ids=[token],
@@ -670,6 +683,7 @@ class EngineCore:
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_cached_tokens=request.num_cached_tokens,
                 prompt_logprobs=request.prompt_logprobs if first_output else None,
+                error=error,
             )
             if finish is not None:
                 out.finish_reason = finish

@@ -35,6 +35,7 @@ class Request:
         "block_ids",
         "cache_salt",
         "client_id",
+        "ever_scheduled",
         "finish_reason",
         "grammar",
         "group",
@@ -87,6 +88,10 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         """Prompt tokens that came from the prefix cache at first admission."""
+        self.ever_scheduled = False
+        """Admitted to the running set once already: a readmission after preemption (even
+        one mid-prompt, with no output yet) is no new prefix-cache query, and its hits on
+        its own blocks are not the request's cached tokens."""
         self.block_ids: list[int] = []
         self.num_freed_blocks = 0
         """Leading `block_ids` already released because they fell out of the sliding

@@ -106,12 +106,15 @@ class Scheduler:
         """Remove a request wherever it is and free its blocks."""
         if request.is_finished:
             return
-        if request.status is RequestStatus.WAITING:
+        was_waiting = request.status is RequestStatus.WAITING
+        # Finished before it leaves the queue: the queue then knows it was not taken by
+        # the scheduler, and charges nothing to its group's turn (waiting_queue.py).
+        request.status = RequestStatus.FINISHED
+        if was_waiting:
             self._dequeue(request)
         elif request in self.running:
             self.running.remove(request)
         self.block_manager.free(request)
-        request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.requests.pop(request.request_id, None)
 
@@ -171,12 +174,13 @@ class Scheduler:
             num_new = self._chunk(request.num_tokens - num_cached_tokens, budget, has_prefill)
             if not bm.allocate(request, num_new, cached):
                 break
-            # First admission, not a resumed preemption; an embedding that never looks the
-            # cache up is no query of the hit rate either.
-            if request.num_output_tokens == 0 and use_cache:
+            # First admission, not a resumed preemption (which finds its own blocks); an
+            # embedding that never looks the cache up is no query of the hit rate either.
+            if not request.ever_scheduled and use_cache:
                 bm.num_prefix_queries += request.num_prompt_tokens
                 bm.num_prefix_hits += num_cached_tokens
                 request.num_cached_tokens = num_cached_tokens
+            request.ever_scheduled = True
             self._dequeue(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)

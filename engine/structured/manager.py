@@ -278,6 +278,10 @@ class StructuredOutputManager:
     def is_pending(self, request_id: str) -> bool:
         return request_id in self._pending
 
+    def pending_payloads(self) -> dict[str, Any]:
+        """Each request still compiling, with the payload it was submitted with."""
+        return {rid: item.payload for rid, item in self._pending.items()}
+
     @property
     def num_pending(self) -> int:
         return len(self._pending)

@@ -112,6 +112,23 @@ def test_preemption_frees_blocks_and_requeues_at_front() -> None:
     assert s.waiting.head() is b and s.num_preemptions == 1
 
 
+def test_a_readmission_after_preemption_mid_prompt_is_no_new_prefix_query() -> None:
+    """A request preempted before its prompt was done (no output yet) finds its own
+    committed blocks in the prefix cache when readmitted: that is neither a second query
+    of the hit rate nor cached tokens of the request (usage's `cached_tokens`), as vLLM
+    counts at first scheduling only."""
+    bm = BlockManager(16, 4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8)
+    a = _req("a", 20)
+    s.add(a)
+    assert _run_step(s) == {"a": 8}  # two full blocks committed to the cache
+    assert (bm.num_prefix_queries, bm.num_prefix_hits) == (20, 0)
+    s.preempt(a)
+    assert _run_step(s) == {"a": 8}  # it resumes past its own cached blocks
+    assert a.num_computed_tokens == 16
+    assert (bm.num_prefix_queries, bm.num_prefix_hits, a.num_cached_tokens) == (20, 0, 0)
+
+
 def test_abort_frees_blocks_anywhere() -> None:
     bm = BlockManager(16, 4)
     s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
@@ -336,6 +353,20 @@ def test_every_waiting_group_gets_a_turn_in_arrival_order(policy: str) -> None:
         q.push(_req(f"b{i}", 3, group="b", t=2.0))
     q.push(_req("c", 3, t=3.0))
     assert _drain(q) == ["a0", "b0", "c", "a1", "b1", "a2"]
+
+
+@POLICIES
+def test_an_aborted_head_uses_none_of_its_groups_turn(policy: str) -> None:
+    """Aborting the request at the head of the queue (a client gone before it ran) takes
+    nothing of its group's turn: its sibling is still next, not the later arrival."""
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=100, policy=policy)
+    s.waiting = _queue(policy, 10)
+    for rid in ("a1", "a2"):
+        s.add(_req(rid, 12, group="A", t=1.0))
+    s.add(_req("b", 3, t=2.0, first=900))
+    s.abort("a1")
+    head = s.waiting.head()
+    assert head is not None and head.request_id == "a2"
 
 
 def test_priority_turns_stay_within_a_priority() -> None:

@@ -217,6 +217,44 @@ def test_a_token_the_grammar_rejects_ends_the_request_with_stop(core, tok, monke
     assert result["tokens"] == rejected[:1] and len(rejected) == 1
 
 
+def test_a_grammar_that_raises_fails_its_request_alone(core, tok, monkeypatch) -> None:
+    """An exception from the grammar library while it takes a sampled token (a bug there,
+    not an input) ends that request with 'error' and the kind of failure; a plain request
+    in the same steps runs to its length and the engine goes on (before, the exception
+    left the step and stopped the engine: every request of every worker failed)."""
+    from engine.structured.grammar import GrammarState
+
+    def broken(self: GrammarState, token_id: int) -> bool:
+        raise RuntimeError("matcher state corrupted")
+
+    monkeypatch.setattr(GrammarState, "accept", broken)
+    constrained = AddRequest(
+        request_id="broken",
+        prompt_token_ids=_prompt(tok, "Describe a person as JSON."),
+        params=SamplingParams(
+            temperature=0.0, max_tokens=6, structured=_spec("json", json.dumps(PERSON))
+        ),
+    )
+    plain = AddRequest(
+        request_id="plain",
+        prompt_token_ids=_prompt(tok, "Name three colours."),
+        params=SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    )
+    errors: dict[str, str | None] = {}
+    original_step = core.step
+
+    def step():
+        outputs = original_step()
+        errors.update((out.request_id, out.error) for _, out in outputs if out.finish_reason)
+        return outputs
+
+    monkeypatch.setattr(core, "step", step)
+    results = _drive(core, [constrained, plain])
+    assert results["broken"]["finish"] == "error" and len(results["broken"]["tokens"]) == 1
+    assert errors["broken"] is not None and "RuntimeError" in errors["broken"]
+    assert results["plain"]["finish"] == "length" and len(results["plain"]["tokens"]) == 4
+
+
 @pytest.mark.parametrize(
     ("kind", "value", "needle"),
     [
@@ -248,6 +286,25 @@ def test_abort_while_compiling_admits_nothing(core, tok) -> None:
     core.abort(["gone"])
     assert core.num_compiling == 0
     assert "gone" not in core.scheduler.requests
+
+
+def test_a_dead_workers_compiling_requests_are_aborted_with_its_others(core, tok) -> None:
+    """A worker that dies while one of its constrained requests is still compiling: the
+    engine is told once (`abort_client`), so that request goes too; compiled later, it
+    would have run to max_tokens for nobody. Another worker's compile is left alone."""
+    for rid, client in (("orphan", b"dead"), ("kept", b"alive")):
+        spec = _spec("regex", rf"[a-z]{{3}}-{rid}-never-seen-before-\d+")
+        msg = AddRequest(
+            request_id=rid,
+            prompt_token_ids=_prompt(tok, "hi"),
+            params=SamplingParams(structured=spec),
+        )
+        assert core.add_request(msg, client_id=client) is None
+    assert core.abort_client(b"dead") == 1
+    assert core.structured.is_pending("kept") and not core.structured.is_pending("orphan")
+    core.abort(["kept"])
+    assert core.num_compiling == 0
+    assert not {"orphan", "kept"} & set(core.scheduler.requests)
 
 
 def test_compiled_grammars_are_cached(core, monkeypatch) -> None:
