@@ -340,14 +340,24 @@ class ServingResponses:
         for event in events.start():
             yield event
         finish: str | None = None
+        held: list[Any] = []
+        """Logprobs of tokens that released no text yet (part of a character, or a
+        possible stop string): the output text's if the text they end in is content.
+        Text the reasoning or tool parsers take as markup (``</think>``) is no content,
+        and its tokens' entries are dropped."""
         async for item in self.chat.message_deltas(run, chat, template):
             if item is None:
                 yield None
                 continue
             _, delta, message, finish = item
             logprobs = None
-            if request.wants_logprobs and message.content and delta.logprobs:
-                logprobs = self._logprob_entries(delta.logprobs, request)
+            if request.wants_logprobs:
+                tokens = [*held, *(delta.logprobs or [])]
+                held = []
+                if message.content and tokens:
+                    logprobs = self._logprob_entries(tokens, request)
+                elif not delta.text:
+                    held = tokens  # nothing released: wait for the text they write
             for event in events.delta(message, logprobs=logprobs):
                 yield event
         response, last = events.finish(finish, lambda items: self._usage(run, items))

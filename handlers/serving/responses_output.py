@@ -61,10 +61,16 @@ def text_token_logprobs(seq: Choice, text: str, after: str) -> list[TokenLogprob
     if start < 0:
         return []
     end = start + len(text)
-    kept, previous = [], 0
+    kept: list[TokenLogprob] = []
+    pending: list[TokenLogprob] = []
+    previous = 0
     for entry, released in zip(seq.logprobs, seq.text_ends, strict=False):
+        pending.append(entry)
+        if released == previous:  # part of a character: it goes with the token ending it
+            continue
         if released > start and previous < end:
-            kept.append(entry)
+            kept += pending
+        pending = []
         previous = released
     return kept
 

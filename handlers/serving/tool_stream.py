@@ -2,8 +2,8 @@
 
 `ToolCallStreamer` turns one choice's text deltas into `content` deltas and
 `tool_calls` deltas the way OpenAI streams them: per call, a first fragment with `index`,
-`id`, `type` and `function.name` (arguments ""), then argument text. The SDK's stream
-helpers join fragments by `index`.
+`id`, `type` and `function.name` (and the argument text of that chunk), then argument
+text; one entry per index in a chunk. The SDK's stream helpers join fragments by `index`.
 
 - named tool: the output *is* the arguments JSON, so it streams as argument fragments.
 - `required`: the output is a JSON list of calls; it is parsed when complete.
@@ -25,7 +25,7 @@ from handlers.protocol.chat import (
     DeltaToolCall,
 )
 from handlers.serving.reasoning import CLOSE, OPEN
-from handlers.serving.tool_parsers import START_MARKERS, ParsedToolCall
+from handlers.serving.tool_parsers import START_MARKERS
 from handlers.serving.tool_render import new_call_id, tool_calls_from_text
 
 
@@ -46,16 +46,16 @@ def _held_prefix(text: str, marker: str) -> int:
     return 0
 
 
-def _call_deltas(index: int, call: ParsedToolCall) -> list[DeltaToolCall]:
-    return [
-        DeltaToolCall(
-            index=index,
-            id=new_call_id(),
-            type="function",
-            function=DeltaFunctionCall(name=call.name, arguments=""),
-        ),
-        DeltaToolCall(index=index, function=DeltaFunctionCall(arguments=call.arguments)),
-    ]
+def _call_delta(index: int, name: str, arguments: str) -> DeltaToolCall:
+    """A call's first fragment: its index, id, type and name with the arguments so far.
+    One entry per index per chunk, as OpenAI and vLLM send (SDK stream helpers before
+    openai-python's same-index merge stranded a second entry of one index)."""
+    return DeltaToolCall(
+        index=index,
+        id=new_call_id(),
+        type="function",
+        function=DeltaFunctionCall(name=name, arguments=arguments),
+    )
 
 
 class ToolCallStreamer:
@@ -82,23 +82,17 @@ class ToolCallStreamer:
         return self._feed_auto(text)
 
     def _feed_named(self, text: str) -> StreamPiece:
-        deltas = []
         if not self._started:
             self._started = True
             tool = self._request.named_tool
             assert tool is not None
-            deltas.append(
-                DeltaToolCall(
-                    index=0,
-                    id=new_call_id(),
-                    type="function",
-                    function=DeltaFunctionCall(name=tool.function.name, arguments=""),
-                )
-            )
             self.num_calls = 1
-        if text:
-            deltas.append(DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text)))
-        return StreamPiece(tool_calls=deltas)
+            return StreamPiece(tool_calls=[_call_delta(0, tool.function.name, text)])
+        if not text:
+            return StreamPiece()
+        return StreamPiece(
+            tool_calls=[DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text))]
+        )
 
     def _feed_auto(self, text: str) -> StreamPiece:
         pending = self._pending + text
@@ -122,7 +116,7 @@ class ToolCallStreamer:
         content, calls = tool_calls_from_text(pending, self._request, self._fmt)
         if not calls:
             return StreamPiece(content=pending)
-        deltas = [d for i, call in enumerate(calls) for d in _call_deltas(i, call)]
+        deltas = [_call_delta(i, call.name, call.arguments) for i, call in enumerate(calls)]
         self.num_calls = len(calls)
         return StreamPiece(content=content or "", tool_calls=deltas)
 

@@ -507,6 +507,43 @@ async def test_included_logprobs_are_the_output_texts_tokens(client, engine, tok
     assert plain.json["output"][0]["content"][0]["logprobs"] == []
 
 
+@pytest.mark.parametrize(
+    "text", ["Hi \U0001f600 \u4f60\u597d", "\U0001f600 ok"], ids=["inside", "first"]
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_logprobs_keep_the_tokens_of_a_character_split_over_several(
+    client, engine, tokenizer, stream, text
+):
+    """A character whose bytes span several tokens (an emoji, CJK) releases no text
+    until its last token: the tokens before still belong to the output text. Their
+    entries' bytes rebuild it, streamed (deltas, done, final) and not, the first
+    character included; the two agree."""
+    _script(engine, tokenizer, text)
+    ids = encode(tokenizer, text)
+    assert len(ids) > len(text.split()) + 2  # the test needs characters split over tokens
+    entries_of = {}
+    for streamed in (stream, not stream):
+        result = await call_asgi(
+            client.app, RESPONSES, {"input": "Hi", "stream": streamed, **LOGPROBS}
+        )
+        assert result.status == 200, result.body
+        if streamed:
+            events = _events(result)
+            deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+            joined = [lp for d in deltas for lp in d["logprobs"]]
+            done = next(e for e in events if e["type"] == "response.output_text.done")
+            response = events[-1]["response"]
+            for entries in (joined, done["logprobs"]):
+                assert bytes(b for e in entries for b in e["bytes"]).decode() == text
+        else:
+            response = result.json
+        entries = response["output"][0]["content"][0]["logprobs"]
+        assert bytes(b for e in entries for b in e["bytes"]).decode() == text
+        assert len(entries) == len(ids)
+        entries_of[streamed] = entries
+    assert entries_of[True] == entries_of[False]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_logprobs_leave_out_the_reasoning_tokens(make_client, engine, tokenizer, stream):
     client = make_client(reasoning_parser="think")

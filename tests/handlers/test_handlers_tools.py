@@ -261,7 +261,9 @@ async def test_tgi_grammar_reaches_the_engine(client, engine, tokenizer):
 
 
 def _rebuild(events) -> tuple[str, list[dict], str]:
-    """Join streamed deltas the way the SDK does: content, tool calls by index, finish."""
+    """Join streamed deltas the way the SDK does: content, tool calls by index, finish.
+    A chunk holds one entry per call index, as OpenAI's and vLLM's do (openai-python's
+    stream helpers before their same-index merge stranded a second one)."""
     content, calls, finish = "", {}, None
     for event in events:
         if not isinstance(event, dict) or not event.get("choices"):
@@ -269,6 +271,8 @@ def _rebuild(events) -> tuple[str, list[dict], str]:
         choice = event["choices"][0]
         delta = choice["delta"]
         content += delta.get("content") or ""
+        indices = [d["index"] for d in delta.get("tool_calls") or []]
+        assert len(indices) == len(set(indices)), f"one index twice in a chunk: {indices}"
         for d in delta.get("tool_calls") or []:
             call = calls.setdefault(d["index"], {"id": None, "name": None, "arguments": ""})
             if d.get("id"):
