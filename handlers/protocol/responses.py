@@ -509,12 +509,13 @@ class OutputItemEvent(StreamEvent):
 
 
 class ContentPartEvent(StreamEvent):
-    """response.content_part.added / done."""
+    """response.content_part.added / done: a message's output text, or (as vLLM and the
+    SDK's `PartReasoningText`) a reasoning item's text."""
 
     item_id: str
     output_index: int
     content_index: int
-    part: OutputText
+    part: OutputText | ReasoningText
 
 
 class TextDeltaEvent(StreamEvent):

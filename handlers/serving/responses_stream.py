@@ -39,6 +39,7 @@ from handlers.protocol.responses import (
     OutputText,
     ReasoningDeltaEvent,
     ReasoningDoneEvent,
+    ReasoningText,
     ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
@@ -184,16 +185,26 @@ class ResponseEvents:
                     **ids,
                 )
             )
-        elif kind == "reasoning" and self.summary:
+        elif kind == "reasoning":
             events.append(
                 self._event(
-                    SummaryPartEvent,
-                    "response.reasoning_summary_part.added",
-                    summary_index=0,
-                    part=SummaryText(text=""),
+                    ContentPartEvent,
+                    "response.content_part.added",
+                    content_index=0,
+                    part=ReasoningText(text=""),
                     **ids,
                 )
             )
+            if self.summary:
+                events.append(
+                    self._event(
+                        SummaryPartEvent,
+                        "response.reasoning_summary_part.added",
+                        summary_index=0,
+                        part=SummaryText(text=""),
+                        **ids,
+                    )
+                )
         return item, events
 
     def _item(self, item: _OpenItem, status: str) -> OutputItem:
@@ -290,6 +301,15 @@ class ResponseEvents:
                     "response.reasoning_text.done",
                     content_index=0,
                     text=item.text,
+                    **ids,
+                )
+            )
+            events.append(
+                self._event(
+                    ContentPartEvent,
+                    "response.content_part.done",
+                    content_index=0,
+                    part=ReasoningText(text=item.text),
                     **ids,
                 )
             )

@@ -346,6 +346,23 @@ async def test_a_stream_with_reasoning_and_summary(make_client, engine, tokenize
     assert done["text"] == "cold up north"
     final = events[-1]["response"]
     assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
+    # each item's content part opens after the item and closes after its text, as vLLM's
+    # (the reasoning's part is the SDK's `reasoning_text`)
+    reasoning_id, message_id = (item["id"] for item in final["output"])
+    parts = [
+        (e["type"].rsplit(".", 1)[1], e["item_id"], e["part"]["type"], e["part"].get("text"))
+        for e in events
+        if e["type"].startswith("response.content_part.")
+    ]
+    assert parts == [
+        ("added", reasoning_id, "reasoning_text", ""),
+        ("done", reasoning_id, "reasoning_text", "cold up north"),
+        ("added", message_id, "output_text", ""),
+        ("done", message_id, "output_text", "Take a coat."),
+    ]
+    added = types.index("response.content_part.added")
+    assert types[added - 1] == "response.output_item.added"
+    assert types.index("response.reasoning_text.done") < types.index("response.content_part.done")
 
 
 async def test_a_failure_mid_stream_is_an_error_event(client, engine, tokenizer):
