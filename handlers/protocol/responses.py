@@ -601,7 +601,7 @@ class ArgumentsDoneEvent(StreamEvent):
 
 
 class ErrorEvent(StreamEvent):
-    """`error`: a failure after the stream began (then `response.failed`)."""
+    """`error`: a failure after the stream began (then `response.failed`: `ResponseEvents.failure`)."""
 
     type: Literal["error"] = "error"
     code: str | None

@@ -42,7 +42,9 @@ from handlers.serving.stats import NullStatsSink, RequestTracker, StatsSink
 
 logger = logging.getLogger(__name__)
 
-ErrorEncoder = Callable[[ServingError], SSEPayload]
+ErrorEncoder = Callable[[ServingError], SSEPayload | list[SSEPayload]]
+"""A stream's failure as its API sends one: an event, or several (the Responses API's
+`error` then `response.failed`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,7 +460,9 @@ class ServingBase:
             error = stream_error(exc)
             if error.status >= 500 and not isinstance(exc, ServingError):
                 logger.exception("request %s failed while streaming", run.response_id)
-            yield error_for(error)
+            encoded = error_for(error)
+            for payload in encoded if isinstance(encoded, list) else [encoded]:
+                yield payload
         finally:
             await payloads.aclose()
             self.finish_run(run, status)

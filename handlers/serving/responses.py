@@ -102,7 +102,7 @@ class ServingResponses:
             return self.chat.sse(
                 run,
                 self._events(run, chat, template, events, request, conversation),
-                error_for=events.error,
+                error_for=events.failure,
                 done=False,
             )
         with responses_params():

@@ -40,6 +40,7 @@ from handlers.protocol.responses import (
     ReasoningDeltaEvent,
     ReasoningDoneEvent,
     ReasoningText,
+    ResponseError,
     ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
@@ -132,6 +133,19 @@ class ResponseEvents:
         """`response.failed`: the run stopped before its end (the server shut down)."""
         self.response = response
         return self._event(ResponseLifecycleEvent, "response.failed", response=response)
+
+    def failure(self, error: ServingError) -> list[SSEEvent]:
+        """A failure after the stream began: the `error` event, then `response.failed`
+        (the response with its error and the items completed before it), which ends the
+        stream for the SDK's stream helper as `response.completed` would."""
+        failed = self.response.model_copy(
+            update={
+                "status": "failed",
+                "output": list(self.items),
+                "error": ResponseError(code=error.type, message=error.message),
+            }
+        )
+        return [self.error(error), self.failed(failed)]
 
     def error(self, error: ServingError) -> SSEEvent:
         """The `error` event of a failure after the stream began."""

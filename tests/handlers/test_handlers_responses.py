@@ -369,8 +369,15 @@ async def test_a_failure_mid_stream_is_an_error_event(client, engine, tokenizer)
     engine.script = Script(token_ids=encode(tokenizer, "Hello world! How are you"), fail_at_step=2)
     result = await call_asgi(client.app, RESPONSES, {"input": "Hi", "stream": True})
     events = _events(result)
-    assert events[-1]["type"] == "error"
-    assert events[-1]["code"] == "InternalServerError" and events[-1]["message"]
+    error, failed = events[-2:]
+    assert error["type"] == "error"
+    assert error["code"] == "InternalServerError" and error["message"]
+    # then `response.failed`, which ends the SDK's stream helper (same response id)
+    assert failed["type"] == "response.failed"
+    assert failed["response"]["id"] == events[0]["response"]["id"]
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": error["code"], "message": error["message"]}
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert "response.completed" not in [e["type"] for e in events]
     assert engine.live == set()
 
