@@ -142,10 +142,11 @@ def tool_calls_from_text(
         tool = request.named_tool
         assert tool is not None
         try:
-            args = json.loads(text)
+            json.loads(text)
         except ValueError:
             return text, []
-        return None, [ParsedToolCall(tool.function.name, json.dumps(args, ensure_ascii=False))]
+        # the model's own text, as streamed (and as vLLM answers): checked, not re-written
+        return None, [ParsedToolCall(tool.function.name, text)]
     if choice == "required":
         try:
             items = json.loads(text)

@@ -302,7 +302,7 @@ async def test_streamed_auto_call_equals_non_streamed(client, engine, tokenizer)
 
 
 async def test_streamed_named_tool_sends_name_first_then_arguments(client, engine, tokenizer):
-    _script(engine, tokenizer, '{"city": "Oslo"}')
+    _script(engine, tokenizer, '{"city":"Oslo"}')
     body = {
         "messages": MESSAGES,
         "tools": [WEATHER],
@@ -315,6 +315,10 @@ async def test_streamed_named_tool_sends_name_first_then_arguments(client, engin
     assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {
         "city": "Oslo"
     }
+    # streamed or not, the arguments are the model's own text, as vLLM answers
+    whole = (await call_asgi(client.app, CHAT, {**body, "stream": False})).json
+    [call] = whole["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["arguments"] == calls[0]["arguments"] == '{"city":"Oslo"}'
 
 
 async def test_two_streamed_calls_get_indices_zero_and_one(client, engine, tokenizer):
