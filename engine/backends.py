@@ -244,9 +244,9 @@ def choose_backends(
     }[mode]
     kv_dtype, v_dtype = _fast_kv_dtypes(config.kv_cache_dtype, mode, by_auto=asked == "auto")
     min_run, attention = 0, ""
-    if mode == "gguf-bf16" and (path := bf16_ops.attention_path(model.head_dim)) != "none":
+    if mode == "gguf-bf16" and (kernel := bf16_ops.attention_path(model.head_dim)) != "none":
         min_run = bf16_ops.ATTENTION_MIN_RUN
-        attention = f", prefill attention ({min_run}+ tokens) {path}"
+        attention = f", prefill attention ({min_run}+ tokens) {kernel}"
     kv = str(kv_dtype).removeprefix("torch.")
     if v_dtype != kv_dtype:
         kv = f"{kv} keys / {str(v_dtype).removeprefix('torch.')} values"

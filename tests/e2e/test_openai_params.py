@@ -755,6 +755,12 @@ def test_logprob_token_ids_report_the_named_tokens(default_server: Server) -> No
         default_server, messages=question, max_tokens=3, temperature=0, logprobs=True,
         top_logprobs=20,
     )  # fmt: skip
+    # Two requests: the same sums where the default mode is batch-invariant (`gguf`); where
+    # it is `gguf-bf16` (AMX, AVX512-BF16 hosts) the second one's prompt is partly a prefix
+    # cache hit and its rest may take the other side of the bfloat16 threshold.
+    from engine.backends import auto_gguf_mode
+
+    across = 1e-5 if auto_gguf_mode() == "gguf" else 0.05
     for got, top in zip(named.choices[0].logprobs.content, plain.choices[0].logprobs.content,
                         strict=True):  # fmt: skip
         assert [t.token for t in got.top_logprobs] == [name for name in names]
@@ -764,7 +770,7 @@ def test_logprob_token_ids_report_the_named_tokens(default_server: Server) -> No
                 assert t.logprob == pytest.approx(got.logprob, abs=1e-5)
             same = [u for u in top.top_logprobs if u.token == t.token]
             if same:
-                assert t.logprob == pytest.approx(same[0].logprob, abs=1e-5)
+                assert t.logprob == pytest.approx(same[0].logprob, abs=across)
     with pytest.raises(openai.BadRequestError, match="logprob_token_ids"):
         chat(default_server, max_tokens=1, extra_body={"logprob_token_ids": ids})
 

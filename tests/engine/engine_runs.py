@@ -1,7 +1,10 @@
 """Helpers of the tests that compare two engines token for token: greedy runs with their
-logprobs, and the packed weights of two fast-path models."""
+logprobs, the packed weights of two fast-path models, and the blocks core whose sums are
+the exact model's up to float32 order on every host."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -40,3 +43,18 @@ def assert_same_packing(a: EngineCore, b: EngineCore) -> None:
     )
     for mine, theirs in pairs:
         assert torch.equal(mine.packed.data, theirs.packed.data)
+
+
+def blocks_core(make: Callable[..., EngineCore], **overrides) -> EngineCore:
+    """The model on its packed blocks with float32 activations (`--quantization gguf`,
+    the mode that is the exact model up to float32 sum order), after checking that the
+    default (`auto`) puts it on the kernels in this host's mode: `gguf` itself, or
+    `gguf-bf16` where bfloat16 kernels run (AMX, AVX512-BF16), whose bfloat16 activations a
+    float32-order tolerance does not cover. `make(**overrides)` builds a core."""
+    from engine.backends import auto_gguf_mode
+
+    default = make(**overrides)
+    assert default.backends.quantization == auto_gguf_mode()
+    if auto_gguf_mode() == "gguf":
+        return default
+    return make(quantization="gguf", **overrides)

@@ -8,6 +8,7 @@ cache."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from engine.messages import AddRequest, PoolingParams
 from engine.pooling_config import read_pooling_config
 from engine.sampling_params import SamplingParams
 from kernels.cpu import ops
+from tests.engine.engine_runs import blocks_core
 from tests.engine.tiny_models import save_servable_classifier
 
 PROMPTS = [[5, 17, 33, 2, 9], [44, 3, 120, 7, 7, 81, 12, 19, 250, 31, 8, 6, 77], [300]]
@@ -79,7 +81,8 @@ def test_a_bf16_classifier_runs_the_16_bit_kernels_by_default(tmp_path: Path) ->
     """A reranker or classifier saved in bfloat16 with heads the C attention takes (32
     wide) runs the fast path like a causal LM: its decoder's linears packed from the held
     bf16 weights, the 2-label score head (not whole 8-row groups) widened back to float32
-    and dense; the logits are transformers' on the same weights up to float32 sum order."""
+    and dense; on those blocks with float32 activations (`gguf`) the logits are
+    transformers' on the same weights up to float32 sum order."""
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForSequenceClassification
 
@@ -89,8 +92,7 @@ def test_a_bf16_classifier_runs_the_16_bit_kernels_by_default(tmp_path: Path) ->
     hf = AutoModelForSequenceClassification.from_pretrained(
         tmp_path, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    core = make_core(tmp_path, kv_cache_dtype="float32")
-    assert core.backends.quantization == "gguf"
+    core = blocks_core(functools.partial(make_core, tmp_path), kv_cache_dtype="float32")
     assert "16-bit weights" in core.backends.description
     score = core.model.score
     assert score.packed is None and score.weight.dtype == torch.float32

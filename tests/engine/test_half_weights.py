@@ -11,6 +11,7 @@ one, so the engine computes what it computes for the same checkpoint saved in fl
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from engine.layers.half_weights import HalfWeights, half_rows
 from engine.layers.linear import Linear, Shard
 from engine.messages import AddRequest
 from engine.sampling_params import SamplingParams
-from tests.engine.engine_runs import assert_same_packing, greedy_runs
+from tests.engine.engine_runs import assert_same_packing, blocks_core, greedy_runs
 from tests.engine.tiny_models import COMMON, CONFIGS, SERVED_VOCAB
 from tests.engine.tiny_models import save_random_config as _save_weights
 from tests.handlers.handlers_testing import build_tiny_model
@@ -136,6 +137,13 @@ def _core(model_dir: Path, **overrides) -> EngineCore:
     return EngineCore(EngineConfig(model=str(model_dir), max_model_len=64, **overrides))
 
 
+def _fast_core(model_dir: Path, **overrides) -> EngineCore:
+    """`blocks_core` of the checkpoint, checking that `auto` runs its 16-bit weights."""
+    fast = blocks_core(functools.partial(_core, model_dir), **overrides)
+    assert "16-bit weights" in fast.backends.description
+    return fast
+
+
 def _run(core: EngineCore, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
     return greedy_runs(core, prompts, NEW_TOKENS)
 
@@ -156,14 +164,14 @@ def _packed_kinds(core: EngineCore) -> set[str]:
 def test_a_bf16_checkpoint_runs_its_own_weights_on_the_kernels_by_default(
     config, tmp_path: Path
 ) -> None:
-    """auto: every linear packed as bfloat16 (nothing rounded); greedy tokens are
-    transformers' float32 ones and the logprobs within float32 sum-order error of the exact
-    mode's; --dtype float32 stays on the exact torch path."""
+    """auto: every linear packed as bfloat16 (nothing rounded); on those blocks with
+    float32 activations (`gguf`, auto's mode where no bfloat16 kernel runs) greedy tokens
+    are transformers' float32 ones and the logprobs within float32 sum-order error of the
+    exact mode's; --dtype float32 stays on the exact torch path."""
     save_random_config(config(), tmp_path)
     _save_in(tmp_path, torch.bfloat16)
-    fast = _core(tmp_path, kv_cache_dtype="float32")
+    fast = _fast_core(tmp_path, kv_cache_dtype="float32")
     assert fast.backends.quantization == "gguf"
-    assert "16-bit weights" in fast.backends.description
     assert "rounded" not in fast.backends.description
     assert _packed_kinds(fast) == {"bf16"}
     exact = _core(tmp_path, dtype="float32")
@@ -280,7 +288,7 @@ def test_a_bf16_moe_checkpoint_runs_its_experts_on_the_kernels(name: str, tmp_pa
     config.head_dim, config.vocab_size = 32, VOCAB
     save_random_config(config, tmp_path)
     _save_in(tmp_path, torch.bfloat16)
-    fast, exact = _core(tmp_path, kv_cache_dtype="float32"), _core(tmp_path, dtype="float32")
+    fast, exact = _fast_core(tmp_path, kv_cache_dtype="float32"), _core(tmp_path, dtype="float32")
     assert fast.backends.quantization == "gguf"
     linears = [m for m in fast.model.modules() if isinstance(m, Linear)]
     assert {m.packed.kind for m in linears if m.packed is not None} == {"bf16"}
@@ -304,8 +312,9 @@ def test_every_architecture_on_the_16_bit_path_computes_the_exact_model(
 ) -> None:
     """Every tiny architecture (sliding windows, NoPE layers, q/k norms, GeGLU, partial and
     LongRoPE rotary, fused Phi-3 tensors...) with heads of 32 (the C attention's multiple)
-    as a bf16 checkpoint: `auto` puts it on the kernels, and its greedy tokens and logprobs
-    are the exact mode's up to float32 sum order."""
+    as a bf16 checkpoint: `auto` puts it on the kernels, and on its 16-bit blocks with
+    float32 activations (`gguf`) its greedy tokens and logprobs are the exact mode's up to
+    float32 sum order."""
     config = CONFIGS[name]()
     config.vocab_size = VOCAB
     config.num_attention_heads, config.num_key_value_heads = 2, 1
@@ -317,9 +326,8 @@ def test_every_architecture_on_the_16_bit_path_computes_the_exact_model(
             rope[key] = [f for f in rope[key] for _ in range(2)]
     save_random_config(config, tmp_path)
     _save_in(tmp_path, torch.bfloat16)
-    fast, exact = _core(tmp_path, kv_cache_dtype="float32"), _core(tmp_path, dtype="float32")
+    fast, exact = _fast_core(tmp_path, kv_cache_dtype="float32"), _core(tmp_path, dtype="float32")
     assert fast.backends.quantization == "gguf" and exact.backends.quantization == "none"
-    assert "16-bit weights" in fast.backends.description
     prompts = _prompts()
     for (tokens, logprobs), (exact_tokens, exact_logprobs) in zip(
         _run(fast, prompts), _run(exact, prompts), strict=True

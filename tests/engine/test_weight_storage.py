@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.backends import choose_backends, linear_storage_dtype
+from engine.backends import auto_gguf_mode, choose_backends, linear_storage_dtype
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.layers.linear import Linear
@@ -24,7 +24,7 @@ from engine.layers.moe import FusedMoE
 from engine.messages import AddRequest
 from engine.model_loader import checkpoint_dtype, load_model
 from engine.sampling_params import SamplingParams
-from tests.engine.engine_runs import greedy_runs
+from tests.engine.engine_runs import blocks_core, greedy_runs
 from tests.engine.test_half_weights import (
     VOCAB,
     _llama,
@@ -214,7 +214,7 @@ def test_layers_the_kernels_cant_take_are_widened_beside_packed_ones(tmp_path: P
     again) while every expert is packed from the held bf16 rows and the stacks dropped."""
     _tiny_moe(tmp_path, head_dim=32)
     core = EngineCore(_config(tmp_path, kv_cache_dtype="float32"))
-    assert core.backends.quantization == "gguf"
+    assert core.backends.quantization == auto_gguf_mode()
     dense = [m for m in core.model.modules() if isinstance(m, Linear) and m.packed is None]
     assert dense and all(m.weight.dtype == torch.float32 for m in dense)
     assert _dense_16_bit(core.model) == []
@@ -224,8 +224,8 @@ def test_layers_the_kernels_cant_take_are_widened_beside_packed_ones(tmp_path: P
 @needs_avx2
 def test_a_lora_adapter_over_held_weights_computes_the_exact_modes_tokens(tmp_path: Path) -> None:
     """An adapter on every projection of a bf16 model served from its held weights: the
-    C LoRA term over the packed base gives the greedy tokens of the exact mode (base
-    widened to float32, the adapter in torch, PEFT's order)."""
+    C LoRA term over the packed base (float32 activations, `gguf`) gives the greedy tokens
+    of the exact mode (base widened to float32, the adapter in torch, PEFT's order)."""
     from tests.lora_adapters import write_random_adapter
 
     save_random_config(_llama(), tmp_path / "base")
@@ -240,7 +240,7 @@ def test_a_lora_adapter_over_held_weights_computes_the_exact_modes_tokens(tmp_pa
             )
         )  # fmt: skip
 
-    fast, exact = core(kv_cache_dtype="float32"), core(dtype="float32")
+    fast, exact = blocks_core(core, kv_cache_dtype="float32"), core(dtype="float32")
     assert fast.backends.quantization == "gguf" and exact.backends.quantization == "none"
     tokens = {}
     for name, engine in (("fast", fast), ("exact", exact)):
