@@ -209,13 +209,15 @@ class ServingResponses:
                     if payload is not None:
                         await log.add(payload)
                 status = "ok"
-            except Exception as exc:  # stored as failed, with the stream's error event
+            except Exception as exc:  # stored as failed; the stream's error, response.failed
                 status = "error"
                 error = stream_error(exc)
                 if error.status >= 500 and not isinstance(exc, ServingError):
                     logger.exception("background response %s failed", queued.id)
-                await log.add(events.error(error))
-                await finish(_failed(queued, error.type, error.message))
+                last = events.failure(error)
+                await finish(events.response)
+                for event in last:
+                    await log.add(event)
             finally:
                 await log.flush()
                 self.chat.finish_run(run, status)

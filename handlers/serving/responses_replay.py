@@ -10,8 +10,8 @@ a dropped stream). The store is the only state the API workers share; a per-proc
 would leave a GET on the other worker with nothing to read.
 
 A stream ends with its terminal event (``response.completed`` / ``.incomplete`` /
-``.failed``, or ``error``), or, for a response cancelled or gone from the store, when its
-stored state says so.
+``.failed``, the last after a failure's ``error``), or, for a response cancelled or gone
+from the store, when its stored state says so.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ FOLLOW_S = 0.05
 SETTLE_S = 2.0
 """How long a reader waits for the last events of a response already stored as final
 (they are written just after it)."""
-TERMINAL_EVENTS = frozenset(
-    ("response.completed", "response.incomplete", "response.failed", "error")
-)
+TERMINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "response.failed"))
+"""A stream's last event (a failure's `error` is followed by `response.failed`)."""
 FINAL_STATUSES = frozenset(("completed", "incomplete", "failed", "cancelled"))
 
 

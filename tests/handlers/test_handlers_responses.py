@@ -687,16 +687,18 @@ async def test_a_streamed_background_response_survives_its_client_and_resumes(
 
 
 async def test_a_streamed_background_response_that_fails_ends_its_stream(client, engine, tokenizer):
-    """The engine dies mid-response: the kept stream ends with an `error` event, the
-    response is stored `failed`, and a reader that comes later ends there too."""
+    """The engine dies mid-response: the kept stream ends with an `error` event, then
+    `response.failed` (as a stream not in the background), the response is stored
+    `failed` with the items it finished, and a reader that comes later ends there too."""
     _script(engine, tokenizer, "word " * 30, step_delay=0.01, raise_at_step=5)
     body = {"input": "Talk.", "background": True, "stream": True}
     first = await call_asgi(client.app, RESPONSES, body)
     events = [data for _, data in sse_named_events(first.body)]
-    assert events[-1]["type"] == "error"
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     response_id = events[0]["response"]["id"]
     stored = await _poll(client, response_id, {"failed"})
-    assert stored["error"]["code"] == events[-1]["code"]
+    assert stored["error"]["code"] == events[-2]["code"]
+    assert events[-1]["response"] == stored
     again = await call_asgi(client.app, f"{RESPONSES}/{response_id}?stream=true", method="GET")
     assert [data for _, data in sse_named_events(again.body)] == events
 
