@@ -38,7 +38,12 @@ from engine.host_memory import (
 )
 from engine.layers.weight_storage import widen_dense_weights
 from engine.lora.manager import AdapterError, AdapterNotFoundError, LoRAManager, NoFreeSlotError
-from engine.lora_source import AdapterSourceError, resolve_adapter_source
+from engine.lora_source import (
+    AdapterSourceError,
+    default_fetch_root,
+    discard_fetched,
+    resolve_adapter_source,
+)
 from engine.messages import (
     AdapterCard,
     AdapterCommand,
@@ -226,9 +231,14 @@ class EngineCore:
         if not cfg.enable_lora:
             return None
         manager = LoRAManager(self.model, cfg.max_loras, cfg.max_lora_rank, self.dtype, self.device)
+        fetch_root = default_fetch_root()
         for name, src in cfg.lora_modules:
             try:
-                manager.register(name, resolve_adapter_source(src))
+                path = resolve_adapter_source(src, fetch_root)
+                try:
+                    manager.register(name, path)
+                finally:  # the weights are in memory now (or refused): drop a download
+                    discard_fetched(path, fetch_root)
             except (AdapterError, AdapterSourceError, ValueError) as exc:
                 raise ValueError(f"--lora-modules {name}={src}: {exc}") from None
         say(

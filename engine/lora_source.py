@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 S3_PREFIX = "s3://"
 
@@ -58,33 +60,62 @@ def fetch_s3(url: str, fetch_root: Path) -> Path:
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
     fetch_root.mkdir(parents=True, exist_ok=True, mode=0o700)
     dest = Path(tempfile.mkdtemp(prefix=f"{digest}-", dir=fetch_root))
-    s3 = boto3.client("s3")
     try:
-        if key.endswith((".tar.gz", ".tgz")):
-            archive = dest / "adapter.tar.gz"
-            s3.download_file(bucket, key, str(archive))
-            with tarfile.open(archive) as tar:
-                tar.extractall(dest, filter="data")
-            archive.unlink()
-            return _adapter_dir(dest, url)
-        prefix = key.rstrip("/") + "/" if key else ""
-        found = 0
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                relative = PurePosixPath(obj["Key"][len(prefix) :])
-                if not relative.parts or obj["Key"].endswith("/"):
-                    continue
-                if ".." in relative.parts:
-                    raise AdapterSourceError(f"{url}: object key {obj['Key']!r} leaves the prefix")
-                target = dest.joinpath(*relative.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                s3.download_file(bucket, obj["Key"], str(target))
-                found += 1
-        if not found:
-            raise AdapterSourceError(f"{url} holds no objects")
-    except (BotoCoreError, ClientError) as exc:
+        _download(boto3.client("s3"), bucket, key, url, dest)
+        return _adapter_dir(dest, url)
+    except (BotoCoreError, ClientError, tarfile.TarError, OSError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
         raise AdapterSourceError(f"cannot fetch {url}: {exc}") from None
-    return _adapter_dir(dest, url)
+    except AdapterSourceError:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+def _download(s3: Any, bucket: str, key: str, url: str, dest: Path) -> None:
+    """The objects of `url` into `dest`: one archive extracted (tarfile's ``data`` filter
+    refuses members that would land outside it), or every object under the prefix at its
+    relative path, refusing a key whose rest would not (``..``, or absolute: S3 keys may
+    hold ``//``, and joining an absolute path drops `dest`)."""
+    if key.endswith((".tar.gz", ".tgz")):
+        archive = dest / "adapter.tar.gz"
+        s3.download_file(bucket, key, str(archive))
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+        archive.unlink()
+        return
+    prefix = key.rstrip("/") + "/" if key else ""
+    root = dest.resolve()
+    found = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rest = obj["Key"][len(prefix) :]
+            relative = PurePosixPath(rest)
+            if not relative.parts or obj["Key"].endswith("/"):
+                continue
+            target = dest.joinpath(*relative.parts)
+            if (
+                relative.is_absolute()
+                or ".." in relative.parts
+                or not target.resolve().is_relative_to(root)
+            ):
+                raise AdapterSourceError(f"{url}: object key {obj['Key']!r} leaves the prefix")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, obj["Key"], str(target))
+            found += 1
+    if not found:
+        raise AdapterSourceError(f"{url} holds no objects")
+
+
+def discard_fetched(path: str, fetch_root: Path) -> None:
+    """Remove the download `fetch_s3` made for an adapter at `path` (under `fetch_root`),
+    once the engine has read it or refused it: the weights live in the engine's memory
+    from registration on, and a copy per load would fill the disk over load / unload
+    cycles. A path outside `fetch_root` (a local source) is left alone."""
+    root = fetch_root.resolve()
+    resolved = Path(path).resolve()
+    if resolved == root or not resolved.is_relative_to(root):
+        return
+    shutil.rmtree(root / resolved.relative_to(root).parts[0], ignore_errors=True)
 
 
 def _adapter_dir(dest: Path, url: str) -> Path:

@@ -101,6 +101,14 @@ def read_config(path: Path) -> dict[str, Any]:
     return config
 
 
+def _number(value: Any, what: str) -> float:
+    """A scaling number of adapter_config.json; the adapter's error (not the engine's
+    "name taken" ValueError) when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AdapterError(f"{what} must be a number, not {value!r}")
+    return float(value)
+
+
 def load_adapter(
     name: str,
     path: str,
@@ -128,7 +136,7 @@ def load_adapter(
         pairs.setdefault(match["module"], {})[match["ab"]] = tensor
     if not pairs:
         raise AdapterError(f"{name}: {WEIGHTS_FILE} doesn't contain tensors")
-    alpha = float(config.get("lora_alpha", 8))
+    alpha = _number(config.get("lora_alpha", 8), f"{name}: lora_alpha")
     rslora = bool(config.get("use_rslora", False))
     alpha_pattern = config.get("alpha_pattern") or {}
     adapter = LoRAAdapter(name=name, path=str(root), lora_id=lora_id)
@@ -158,7 +166,9 @@ def load_adapter(
                 f"{name}: rank {rank} of {module} is greater than max_lora_rank {max_rank} "
                 "(--max-lora-rank)"
             )
-        module_alpha = float(_pattern_value(alpha_pattern, module, alpha))
+        module_alpha = _number(
+            _pattern_value(alpha_pattern, module, alpha), f"{name}: alpha_pattern of {module}"
+        )
         scale = module_alpha / (math.sqrt(rank) if rslora else rank)
         adapter.modules[module] = ModuleLoRA(a.to(dtype), b.to(dtype), scale)
     return adapter

@@ -12,7 +12,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine.lora_source import AdapterSourceError, default_fetch_root, resolve_adapter_source
+from engine.lora_source import (
+    AdapterSourceError,
+    default_fetch_root,
+    discard_fetched,
+    resolve_adapter_source,
+)
 from engine.messages import AdapterCard, AdapterReply
 from handlers.errors import BadRequestError, NotFoundError, ServingError, from_engine_error
 from handlers.serving.served_model import ServedModel
@@ -38,7 +43,10 @@ class ServingAdapters:
             path = await asyncio.to_thread(resolve_adapter_source, src, self._fetch_root)
         except AdapterSourceError as exc:
             raise invalid_error(str(exc), param="src") from None
-        return await self._command("load", name, path, invalid_error)
+        try:
+            return await self._command("load", name, path, invalid_error)
+        finally:  # read into the engine's memory, or refused: an S3 download is done with
+            await asyncio.to_thread(discard_fetched, path, self._fetch_root)
 
     async def unload(self, name: str) -> AdapterReply:
         return await self._command("unload", name, None, BadRequestError)

@@ -102,6 +102,9 @@ class ServingEmbedding(ServingBase):
         for prompt in inputs:
             self.served.log_prompt(response_id, prompt.logged)
         tracker = self.tracker(response_id, ctx)
+        # the adapter named by SageMaker's header, or by `model` (as for generation)
+        adapter = ctx.adapter or self.served.adapter_for(self.served.resolve_name(request.model))
+        tracker.record.adapter = adapter
         num_prompt_tokens = sum(len(prompt.token_ids) for prompt in inputs)
         status = "aborted"
         collector = None
@@ -113,6 +116,7 @@ class ServingEmbedding(ServingBase):
                 [_NO_SAMPLING] * len(inputs),
                 priority,
                 pooling=pooling,
+                lora_name=adapter,
                 session_id=ctx.session_id,  # checked (400 if gone), not pinned: engine/core.py
                 cache_salt=cache_salt,
             )
@@ -177,6 +181,8 @@ class ServingEmbedding(ServingBase):
 class PoolScheduling(Protocol):
     """The fields of a pooling request (embeddings, score, classify) that schedule it."""
 
+    model: str | None
+    """The model named (a LoRA adapter's name runs on that adapter)."""
     request_id: str | None
     priority: int
     cache_salt: str | None

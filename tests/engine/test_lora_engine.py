@@ -6,6 +6,8 @@ is added after whatever linear method a layer has."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -170,6 +172,15 @@ def test_registry_commands(tiny_dir: str, adapters: dict[str, str], tmp_path: Pa
     assert not too_big.ok and too_big.error_kind == "invalid" and "max_lora_rank" in too_big.message
     missing = cmd("load", "ghost", str(tmp_path / "nothing"))
     assert not missing.ok and missing.error_kind == "invalid"
+    # a lora_alpha that is not a number is the adapter's fault (400 / 424 on `src`), not
+    # a name conflict (float("x")'s ValueError had read as one)
+    odd = tmp_path / "odd"
+    shutil.copytree(adapters["beta"], odd)
+    config = json.loads((odd / "adapter_config.json").read_text())
+    (odd / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": "x"}))
+    bad_alpha = cmd("load", "odd", str(odd))
+    assert not bad_alpha.ok and bad_alpha.error_kind == "invalid", bad_alpha
+    assert "lora_alpha" in bad_alpha.message
     assert _add(core, "r", PROMPTS[0], "beta").accepted
     assert cmd("unload", "beta").ok  # while a request runs on it: that request finishes
     assert _add(core, "r2", PROMPTS[0], "beta").error_kind == "not_found"
@@ -177,6 +188,45 @@ def test_registry_commands(tiny_dir: str, adapters: dict[str, str], tmp_path: Pa
     gone = cmd("unload", "beta")
     assert not gone.ok and gone.error_kind == "not_found"
     assert [c.name for c in cmd("list").adapters] == ["alpha"]
+
+
+def test_an_embedding_on_an_adapter_is_peft_models_last_hidden_state(
+    tiny_dir: str, adapters: dict[str, str]
+) -> None:
+    """A pooled request naming an adapter runs it (the embeddings routes pass the model's
+    adapter, as generation does): last-token pooling, normalised, equals transformers +
+    PEFT's last hidden state of the same prompt with that adapter, and differs from the
+    base model's."""
+    import numpy as np
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from engine.messages import PoolingParams
+
+    core = _core(tiny_dir, adapters, ["alpha"], max_loras=1)
+    for rid, lora in (("base", None), ("tuned", "alpha")):
+        admission = core.add_request(
+            AddRequest(
+                request_id=rid, prompt_token_ids=PROMPTS[1], params=SamplingParams(),
+                pooling=PoolingParams(), lora_name=lora,
+            )
+        )  # fmt: skip
+        assert admission is not None and admission.accepted, admission
+    vectors: dict[str, torch.Tensor] = {}
+    while core.has_work():
+        for _, out in core.step():
+            if out.embedding is not None:
+                vectors[out.request_id] = torch.from_numpy(
+                    np.frombuffer(out.embedding, dtype="<f4").copy()
+                )
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    tuned = PeftModel.from_pretrained(base, adapters["alpha"]).eval()
+    with torch.inference_mode():  # the last of hidden_states is after the final norm
+        out = tuned(input_ids=torch.tensor([PROMPTS[1]]), output_hidden_states=True)
+        hidden = out.hidden_states[-1][0, -1]
+    want = torch.nn.functional.normalize(hidden, dim=-1)
+    assert torch.allclose(vectors["tuned"], want, atol=1e-5), (vectors["tuned"] - want).abs().max()
+    assert not torch.allclose(vectors["base"], vectors["tuned"], atol=1e-3)
 
 
 class _ScaledMethod(LinearMethod):

@@ -13,7 +13,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from engine.lora_source import AdapterSourceError, resolve_adapter_source
+from engine.lora_source import AdapterSourceError, discard_fetched, resolve_adapter_source
 
 FILES = {"adapter_config.json": b'{"r": 4}', "adapter_model.safetensors": b"\x00" * 64}
 
@@ -71,3 +71,74 @@ def test_s3_refusals(s3, tmp_path: Path) -> None:
         resolve_adapter_source("s3://no-such-bucket/x/", tmp_path)
     with pytest.raises(AdapterSourceError, match="no bucket"):
         resolve_adapter_source("s3:///x", tmp_path)
+
+
+def _tarball(members: dict[str, bytes], link: tuple[str, str] | None = None) -> bytes:
+    """A .tar.gz of `members`, and a symbolic link (name, target) when given."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if link is not None:
+            info = tarfile.TarInfo(link[0])
+            info.type, info.linkname = tarfile.SYMTYPE, link[1]
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def test_an_s3_key_that_would_leave_the_download_is_refused(s3, tmp_path: Path) -> None:
+    """S3 keys may hold ``//``: under the prefix ``team/a1/`` the key
+    ``team/a1//<dir>/pwned`` has an absolute rest, and joining it drops the download
+    directory (the file would be written at ``<dir>/pwned``, anywhere the server may
+    write). It is refused, nothing is written there, and the download is removed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "fetch"
+    for name, data in FILES.items():
+        s3.put_object(Bucket="adapters", Key=f"team/a1/{name}", Body=data)
+    s3.put_object(Bucket="adapters", Key=f"team/a1/{outside}/pwned", Body=b"owned")
+    with pytest.raises(AdapterSourceError, match="leaves the prefix"):
+        resolve_adapter_source("s3://adapters/team/a1/", root)
+    assert list(outside.iterdir()) == []
+    assert list(root.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"hello, not a tarball", "cannot fetch"),
+        (_tarball({"../escape/adapter_config.json": b"{}"}), "cannot fetch"),
+        (_tarball(FILES, link=("adapter_model.bin", "/etc/passwd")), "cannot fetch"),
+    ],
+    ids=["not-gzip", "dot-dot-member", "link-outside"],
+)
+def test_a_bad_s3_tarball_is_the_sources_error(
+    s3, tmp_path: Path, body: bytes, needle: str
+) -> None:
+    """Not an archive, or a member the `data` filter refuses: the source's error (the
+    routes' 400 / 424 on `src`), not a server error, and no download is left behind."""
+    s3.put_object(Bucket="adapters", Key="a3/model.tar.gz", Body=body)
+    root = tmp_path / "fetch"
+    with pytest.raises(AdapterSourceError, match=needle):
+        resolve_adapter_source("s3://adapters/a3/model.tar.gz", root)
+    assert list(root.iterdir()) == []
+    assert not (tmp_path / "escape").exists()
+
+
+def test_a_read_download_is_discarded_and_a_local_source_kept(s3, tmp_path: Path) -> None:
+    """Once the engine holds the weights, the fetched copy goes (one per load would fill
+    the disk over load / unload cycles); a local directory is never touched."""
+    for name, data in FILES.items():
+        s3.put_object(Bucket="adapters", Key=f"team/a1/{name}", Body=data)
+    root = tmp_path / "fetch"
+    fetched = resolve_adapter_source("s3://adapters/team/a1/", root)
+    assert Path(fetched).is_dir()
+    discard_fetched(fetched, root)
+    assert list(root.iterdir()) == []
+    local = tmp_path / "local"
+    local.mkdir()
+    discard_fetched(str(local), root)
+    discard_fetched(str(root), root)
+    assert local.is_dir() and root.is_dir()

@@ -273,3 +273,29 @@ def test_the_inputs_of_one_request_share_a_group(client, engine: FakeEngine) -> 
     assert len({a.group for a in first}) == 1 and first[0].group is not None
     assert len({a.group for a in second}) == 1 and second[0].group != first[0].group
     assert single.group is None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers"),
+    [
+        ("/v1/embeddings", {"model": "sql", "input": "hi"}, {}),
+        ("/pooling", {"model": "sql", "input": "hi"}, {}),
+        ("/v2/embed", {"model": "sql", "texts": ["hi"], "input_type": "search_query"}, {}),
+        (
+            "/invocations",
+            {"task": "embeddings", "input": "hi"},
+            {"X-Amzn-SageMaker-Adapter-Identifier": "sql"},
+        ),
+    ],
+    ids=["embeddings", "pooling", "cohere", "sagemaker-header"],
+)
+def test_a_pooling_request_naming_an_adapter_runs_on_it(make_client, engine, path, body, headers):
+    """With --enable-lora, an adapter named by `model` (or SageMaker's adapter header)
+    reaches the engine as the request's adapter, as a generation's does; before, these
+    routes answered with the base model's vectors under the adapter's name."""
+    client = make_client(enable_lora=True)
+    result = client.simulate_post(path, json=body, headers=headers)
+    assert result.status_code == 200, result.text
+    assert engine.added and all(added.lora_name == "sql" for added in engine.added)
+    base = client.simulate_post("/v1/embeddings", json={"model": "tiny", "input": "hi"})
+    assert base.status_code == 200 and engine.added[-1].lora_name is None
