@@ -175,8 +175,12 @@ class FlagAdder:
             **kwargs,
         )
 
-    def switch(self, flag: str, default: bool, help: str) -> None:
+    def switch(self, flag: str, default: bool, help: str, alias_env: str | None = None) -> None:
+        """An on/off flag; its default from HEARTH_<FLAG>, else from `alias_env` (another
+        server's variable of the same meaning) when set."""
         raw = self.environ.get(env_name(flag))
+        if raw is None and alias_env is not None:
+            raw = self.environ.get(alias_env)
         if raw is not None:
             default = parse_bool(raw, flag)
         self.parser.add_argument(
@@ -532,7 +536,16 @@ def add_serve_flags(
         "--enable-lora",
         False,
         "Serve LoRA adapters: a request's 'model' (or SageMaker's adapter header) picks "
-        "one; the adapter routes exist; the model's adapters/ folder is registered",
+        "one; the model's adapters/ folder is registered",
+    )
+    lora.switch(
+        "--enable-runtime-lora-updating",
+        False,
+        "With --enable-lora, the routes that load and unload adapters while serving "
+        "(vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, SageMaker's /adapters, "
+        "which adapter inference components need); vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=true "
+        "works too",
+        alias_env="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
     )
     lora.many(
         "--lora-modules",

@@ -104,6 +104,7 @@ def serve_configs(
         enable_profiler_routes=args.profiler_config is not None
         and args.profiler_config.profiler is not None,
         enable_lora=args.enable_lora,
+        enable_runtime_lora_updating=args.enable_runtime_lora_updating,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         root_path=args.root_path,
         max_log_len=args.max_log_len,

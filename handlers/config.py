@@ -109,8 +109,12 @@ class ServerConfig:
     """POST /start_profile and /stop_profile: set when --profiler-config names a profiler."""
     """Expose GET /tokenizer_info (vLLM's flag of the same name)."""
     enable_lora: bool = False
-    """--enable-lora: a `model` that is not a served name names a LoRA adapter, and the
-    adapter routes (SageMaker's /adapters, vLLM's load/unload) exist."""
+    """--enable-lora: a `model` that is not a served name names a LoRA adapter."""
+    enable_runtime_lora_updating: bool = False
+    """--enable-runtime-lora-updating (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING): with
+    --enable-lora, the adapter routes exist (SageMaker's /adapters, vLLM's load/unload).
+    Off, a client cannot make the server read a directory or an S3 object, or unload an
+    adapter others use; the start-up adapters serve as they are."""
     enable_prompt_tokens_details: bool = False
     """Report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)."""
     root_path: str = ""

@@ -32,6 +32,10 @@ __all__ = [
 DEFAULT_VARIANT = "AllTraffic"
 METRIC_FREQUENCIES = (10, 30, 60, 120, 180, 240, 300)
 ROUTING_STRATEGIES = ("LEAST_OUTSTANDING_REQUESTS", "RANDOM", "PREFIX_AWARE", "KV_AWARE")
+ADAPTER_ENV = {"SM_HEARTH_ENABLE_LORA": "true", "SM_HEARTH_ENABLE_RUNTIME_LORA_UPDATING": "true"}
+"""What a base model of adapter inference components needs: LoRA on, and the /adapters
+route through which SageMaker loads each adapter component into its containers (without
+them the platform's load gets a 404 and the adapter never serves)."""
 ASYNC_MODE_ENV = {"HEARTH_SAGEMAKER_MODE": "async"}
 """What tells `serve` it runs behind an async endpoint (SageMaker itself says nothing):
 its request timeout is then an hour instead of InvokeEndpoint's 60 s."""
@@ -255,6 +259,8 @@ class EndpointSpec:
         environment = dict(self.model.environment)
         if self.async_inference is not None:
             environment.update(ASYNC_MODE_ENV)
+        if self.adapters:
+            environment = {**ADAPTER_ENV, **environment}  # the user's own settings win
         if environment:
             container["Environment"] = dict(sorted(environment.items()))
         if self.model.model_data is not None:

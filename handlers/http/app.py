@@ -122,7 +122,7 @@ def create_app(
     models = ServingModels(served, adapters)
     app.add_route("/v1/models", resources.Models(models))
     app.add_route("/v1/models/{model:path}", resources.ModelById(models))
-    if config.enable_lora:
+    if config.enable_lora and config.enable_runtime_lora_updating:
         app.add_route("/adapters", resources.Adapters(config, adapters))
         app.add_route("/adapters/{adapter_name}", resources.Adapter(adapters))
         app.add_route("/v1/load_lora_adapter", resources.LoadLoRAAdapter(config, adapters))

@@ -89,3 +89,26 @@ def test_bad_settings_fail_in_one_line(argv: list[str], message: str) -> None:
 def test_bounds_fail_naming_the_flag() -> None:
     with pytest.raises(SystemExit):
         _engine(["--max-loras", "0"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        (["--enable-lora"], {}, False),
+        (["--enable-lora", "--enable-runtime-lora-updating"], {}, True),
+        (["--enable-lora"], {"HEARTH_ENABLE_RUNTIME_LORA_UPDATING": "true"}, True),
+        (["--enable-lora"], {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, True),
+        (
+            ["--enable-lora"],
+            {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "HEARTH_ENABLE_RUNTIME_LORA_UPDATING": "0"},
+            False,
+        ),
+    ],
+    ids=["default-off", "flag", "hearth-variable", "vllm-variable", "hearth-variable-wins"],
+)
+def test_runtime_loading_is_opt_in(argv, environ, expected) -> None:
+    """The routes that load and unload adapters while serving are off unless asked for,
+    as vLLM's (VLLM_ALLOW_RUNTIME_LORA_UPDATING, honoured too): --enable-lora alone serves
+    the start-up adapters and no client can make the server read a path."""
+    _, server = _engine(argv, environ)
+    assert server.enable_runtime_lora_updating is expected

@@ -73,6 +73,7 @@ def lora_server(server_logs: Path, base_dir: str, adapters: dict[str, str]) -> I
         "--workers", "2",
         "--max-model-len", "512",
         "--enable-lora",
+        "--enable-runtime-lora-updating",
         "--max-loras", "3",
         "--max-lora-rank", "16",
         "--lora-modules", *modules,

@@ -299,3 +299,21 @@ def test_a_pooling_request_naming_an_adapter_runs_on_it(make_client, engine, pat
     assert engine.added and all(added.lora_name == "sql" for added in engine.added)
     base = client.simulate_post("/v1/embeddings", json={"model": "tiny", "input": "hi"})
     assert base.status_code == 200 and engine.added[-1].lora_name is None
+
+
+@pytest.mark.parametrize("runtime", [False, True])
+def test_adapter_routes_exist_only_with_runtime_updating(make_client, engine, runtime) -> None:
+    """--enable-lora alone: loading and unloading routes are absent (404), as vLLM's
+    without VLLM_ALLOW_RUNTIME_LORA_UPDATING; with --enable-runtime-lora-updating they
+    answer (here a load of a directory that does not exist: the adapter's 400 / 424)."""
+    client = make_client(enable_lora=True, enable_runtime_lora_updating=runtime)
+    loads = [
+        ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/nonexistent"}, 400),
+        ("/adapters", {"name": "x", "src": "/nonexistent"}, 424),
+    ]
+    for path, body, refused in loads:
+        result = client.simulate_post(path, json=body)
+        assert result.status_code == (refused if runtime else 404), (path, result.text)
+    unload = client.simulate_post("/v1/unload_lora_adapter", json={"lora_name": "x"})
+    assert unload.status_code != 404 if runtime else unload.status_code == 404
+    assert engine.added == []

@@ -60,7 +60,7 @@ def test_register_an_adapter_from_s3_and_run_it(
         )  # fmt: skip
         config = ServerConfig(
             model_dir=base, served_model_names=("base",), enable_lora=True,
-            runtime_dir=str(tmp_path / "run"),
+            enable_runtime_lora_updating=True, runtime_dir=str(tmp_path / "run"),
         )  # fmt: skip
         app = create_app(config, engine, stats=NullStatsSink())
         await engine.start()

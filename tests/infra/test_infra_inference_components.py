@@ -232,6 +232,33 @@ def test_the_endpoint_config_is_one_for_inference_components() -> None:
     }
 
 
+def test_the_base_model_serves_adapter_components() -> None:
+    """SageMaker loads each adapter component into the base's containers through their
+    /adapters route: the base model's environment turns LoRA and that route on (the
+    container had started without them, and every adapter load was a 404); a setting of
+    the user's own wins, and a deployment without adapters gets neither."""
+    adapters = parse_adapters(["sql=s3://b/sql.tar.gz"])
+    model = ModelSpec(image="img", role_arn=ROLE, environment={"SM_HEARTH_MAX_LORA_RANK": "64"})
+    spec = EndpointSpec("demo", model, VariantSpec("ml.g5.xlarge"), adapters=adapters)
+    environment = spec.model_request()["PrimaryContainer"]["Environment"]
+    assert environment == {
+        "SM_HEARTH_ENABLE_LORA": "true",
+        "SM_HEARTH_ENABLE_RUNTIME_LORA_UPDATING": "true",
+        "SM_HEARTH_MAX_LORA_RANK": "64",
+    }
+    from container.sagemaker_serve import sagemaker_argv
+
+    argv = sagemaker_argv(environment)
+    assert "--enable-lora" in argv and "--enable-runtime-lora-updating" in argv
+    plain = EndpointSpec("demo", model, VariantSpec("ml.g5.xlarge"))
+    assert plain.model_request()["PrimaryContainer"]["Environment"] == model.environment
+    own = ModelSpec(image="img", role_arn=ROLE, environment={"SM_HEARTH_ENABLE_LORA": "false"})
+    mine = EndpointSpec("demo", own, VariantSpec("ml.g5.xlarge"), adapters=adapters)
+    assert (
+        mine.model_request()["PrimaryContainer"]["Environment"]["SM_HEARTH_ENABLE_LORA"] == "false"
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
