@@ -124,7 +124,8 @@ def create_app(
     app.add_route("/v1/models/{model:path}", resources.ModelById(models))
     if config.enable_lora and config.enable_runtime_lora_updating:
         app.add_route("/adapters", resources.Adapters(config, adapters))
-        app.add_route("/adapters/{adapter_name}", resources.Adapter(adapters))
+        # names may hold "/" (org/sql), as /v1/models/{model:path} serves them
+        app.add_route("/adapters/{adapter_name:path}", resources.Adapter(adapters))
         app.add_route("/v1/load_lora_adapter", resources.LoadLoRAAdapter(config, adapters))
         app.add_route("/v1/unload_lora_adapter", resources.UnloadLoRAAdapter(config, adapters))
     anthropic = resources.Messages(config, messages)

@@ -25,6 +25,8 @@ from engine.client import EngineClient
 from engine.config import ModelInfo
 from engine.messages import (
     AbortRequest,
+    AdapterCommand,
+    AdapterReply,
     AddRequest,
     Admission,
     OutputBatch,
@@ -121,10 +123,13 @@ class FakeEngine(EngineClient):
     async def wait_ready(self, timeout: float | None = None) -> ModelInfo:
         return self.info
 
-    def _send(self, message: AddRequest | AbortRequest | SessionCommand) -> None:
+    def _send(self, message: AddRequest | AbortRequest | SessionCommand | AdapterCommand) -> None:
         loop = asyncio.get_running_loop()
         if isinstance(message, SessionCommand):
             loop.call_soon(self._dispatch, self._session_reply(message))
+            return
+        if isinstance(message, AdapterCommand):
+            loop.call_soon(self._dispatch, self._adapter_reply(message))
             return
         if isinstance(message, AbortRequest):
             for request_id in message.request_ids:
@@ -165,6 +170,17 @@ class FakeEngine(EngineClient):
         loop.call_soon(self._dispatch, Admission(request_id=request_id, accepted=True))
         script = self._script_for(request)
         self._tasks[request_id] = asyncio.create_task(self._produce(request, script))
+
+    def _adapter_reply(self, command: AdapterCommand) -> AdapterReply:
+        """The registry in miniature: it holds no adapter (list empty, unload 404s)."""
+        if command.op == "list":
+            return AdapterReply(call_id=command.call_id, ok=True)
+        return AdapterReply(
+            call_id=command.call_id,
+            ok=False,
+            error_kind="not_found",
+            message=f"The lora adapter '{command.name}' cannot be found.",
+        )
 
     def _session_reply(self, command: SessionCommand) -> SessionReply:
         if command.op == "open":

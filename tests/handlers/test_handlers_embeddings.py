@@ -315,5 +315,18 @@ def test_adapter_routes_exist_only_with_runtime_updating(make_client, engine, ru
         result = client.simulate_post(path, json=body)
         assert result.status_code == (refused if runtime else 404), (path, result.text)
     unload = client.simulate_post("/v1/unload_lora_adapter", json={"lora_name": "x"})
-    assert unload.status_code != 404 if runtime else unload.status_code == 404
+    assert unload.status_code == 404  # the route's answer (unknown adapter), or no route
+    assert ("cannot be found" in unload.json["error"]["message"]) is runtime
     assert engine.added == []
+
+
+def test_an_adapter_name_with_a_slash_is_unloaded_through_sagemakers_route(
+    make_client, engine
+) -> None:
+    """Adapter names may hold "/" (org/sql): DELETE /adapters/org/sql reaches the adapter
+    (the engine's answer: unknown here, 404 in the route's shape), not Falcon's missing
+    route."""
+    client = make_client(enable_lora=True, enable_runtime_lora_updating=True)
+    result = client.simulate_delete("/adapters/org/sql")
+    assert result.status_code == 404
+    assert result.json["error"]["message"] == "The lora adapter 'org/sql' cannot be found."
