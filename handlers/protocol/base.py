@@ -14,7 +14,15 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from handlers.errors import BadRequestError
 
@@ -23,6 +31,11 @@ logger = logging.getLogger(__name__)
 _logged_unknown_fields: set[str] = set()
 
 _INDEX_OR_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+ACTIVATION_ALIASES = AliasChoices("use_activation", "normalize", "activation", "softmax")
+"""vLLM's switch of a pooled output's activation under its names old and new: silently
+dropping `normalize: false` (an unknown field) would return normalised vectors."""
 
 
 class FieldError(ValueError):

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from handlers.protocol.base import (
+    ACTIVATION_ALIASES,
     FieldError,
     OpenAIBaseModel,
     PooledListResponse,
@@ -39,9 +40,10 @@ class PooledInputRequest(OpenAIBaseModel):
     """vLLM's chat-style input: rendered like /tokenize renders it (no generation prompt
     by default), then pooled as one text."""
     model: str | None = None
-    use_activation: bool | None = None
+    use_activation: bool | None = Field(default=None, validation_alias=ACTIVATION_ALIASES)
     """vLLM's: embeddings: false returns the pooled vector unnormalised, true normalises
-    it (None: the model's own choice); classification: false returns the raw logits."""
+    it (None: the model's own choice); classification: false returns the raw logits.
+    vLLM's earlier spellings (`normalize`, `activation`, `softmax`) mean the same."""
     user: str | None = None
     add_special_tokens: bool | None = None
     """Default: true for `input`, false for `messages` (the template adds them)."""

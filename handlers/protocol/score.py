@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from handlers.protocol.base import (
+    ACTIVATION_ALIASES,
     FieldError,
     OpenAIBaseModel,
     PooledListResponse,
@@ -81,8 +82,9 @@ class ScoringRequestBase(OpenAIBaseModel):
     """Each document keeps its first n tokens (special tokens not counted); 0: all."""
     padding: Literal["do_not_pad"] | None = None
     """vLLM's; inputs are never padded here, so "max_length" is refused."""
-    use_activation: bool | None = None
-    """vLLM's; no effect on a cosine similarity, which is scale-free."""
+    use_activation: bool | None = Field(default=None, validation_alias=ACTIVATION_ALIASES)
+    """vLLM's (also as `activation` / `softmax` / `normalize`); no effect on a cosine
+    similarity, which is scale-free."""
     instruction: str | None = None
     """vLLM's, for cross-encoder (reranker) chat templates: refused (service docstring)."""
     chat_template_kwargs: dict[str, Any] | None = None

@@ -235,10 +235,14 @@ def test_base64_in_the_asked_dtype_and_byte_order(client, dtype, numpy_dtype, en
             assert np.array_equal(values, expected)
 
 
-def test_use_activation_reaches_the_engine(client, engine: FakeEngine) -> None:
+@pytest.mark.parametrize("name", ["use_activation", "normalize", "activation", "softmax"])
+def test_use_activation_reaches_the_engine(client, engine: FakeEngine, name: str) -> None:
+    """Under vLLM's current name and its earlier ones (`normalize` on embeddings,
+    `activation` / `softmax` on classification): an unknown field is dropped, so
+    `normalize: false` would have returned normalised vectors."""
     for value in (True, False, None):
         engine.added.clear()
-        body = {"input": "x"} if value is None else {"input": "x", "use_activation": value}
+        body = {"input": "x"} if value is None else {"input": "x", name: value}
         assert client.simulate_post(EMBEDDINGS, json=body).status_code == 200
         assert engine.added[0].pooling.normalize is value
 
