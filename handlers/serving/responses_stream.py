@@ -189,36 +189,27 @@ class ResponseEvents:
                 item=self._item(item, "in_progress"),
             )
         )
-        if kind == "message":
+        part = {"message": OutputText(text=""), "reasoning": ReasoningText(text="")}.get(kind)
+        if part is not None:  # a message's text, or a reasoning item's (as vLLM's stream)
             events.append(
                 self._event(
                     ContentPartEvent,
                     "response.content_part.added",
                     content_index=0,
-                    part=OutputText(text=""),
+                    part=part,
                     **ids,
                 )
             )
-        elif kind == "reasoning":
+        if kind == "reasoning" and self.summary:
             events.append(
                 self._event(
-                    ContentPartEvent,
-                    "response.content_part.added",
-                    content_index=0,
-                    part=ReasoningText(text=""),
+                    SummaryPartEvent,
+                    "response.reasoning_summary_part.added",
+                    summary_index=0,
+                    part=SummaryText(text=""),
                     **ids,
                 )
             )
-            if self.summary:
-                events.append(
-                    self._event(
-                        SummaryPartEvent,
-                        "response.reasoning_summary_part.added",
-                        summary_index=0,
-                        part=SummaryText(text=""),
-                        **ids,
-                    )
-                )
         return item, events
 
     def _item(self, item: _OpenItem, status: str) -> OutputItem:

@@ -444,26 +444,19 @@ def test_an_embedding_in_a_session_is_checked_against_it_and_pins_nothing(
     core = make_core(base_dir)
     bm = core.block_manager
     prompt = (encode_all(base_dir)[-1] * 4)[:70]
-    gone = core.add_request(
-        AddRequest(
-            request_id="guessed",
-            prompt_token_ids=prompt,
-            params=SamplingParams(),
-            pooling=PoolingParams(),
-            session_id="a" * 32,
-        )
-    )
+
+    def pooled(rid: str, session_id: str):
+        return core.add_request(
+            AddRequest(
+                request_id=rid, prompt_token_ids=prompt, params=SamplingParams(),
+                pooling=PoolingParams(), session_id=session_id,
+            )
+        )  # fmt: skip
+
+    gone = pooled("guessed", "a" * 32)
     assert gone is not None and not gone.accepted and gone.message == SESSION_GONE
     session_id, _ = core.sessions.open(ttl_s=60)
-    admission = core.add_request(
-        AddRequest(
-            request_id="pooled",
-            prompt_token_ids=prompt,
-            params=SamplingParams(),
-            pooling=PoolingParams(),
-            session_id=session_id,
-        )
-    )
+    admission = pooled("pooled", session_id)
     assert admission is not None and admission.accepted, admission
     while core.has_work():
         core.step()

@@ -192,6 +192,17 @@ def test_max_tokens_cuts_a_constrained_output(core, tok) -> None:
     assert _text(tok, result["tokens"]).startswith("{")
 
 
+def _person_as_json(tok: Tokenizer, request_id: str) -> AddRequest:
+    """Six greedy tokens constrained to the PERSON schema."""
+    return AddRequest(
+        request_id=request_id,
+        prompt_token_ids=_prompt(tok, "Describe a person as JSON."),
+        params=SamplingParams(
+            temperature=0.0, max_tokens=6, structured=_spec("json", json.dumps(PERSON))
+        ),
+    )
+
+
 def test_a_token_the_grammar_rejects_ends_the_request_with_stop(core, tok, monkeypatch) -> None:
     """The sampler masks with the grammar, so a sampled token it then rejects means the
     mask and the matcher disagree: the request must end there with 'stop', not run on
@@ -205,14 +216,7 @@ def test_a_token_the_grammar_rejects_ends_the_request_with_stop(core, tok, monke
         return False
 
     monkeypatch.setattr(GrammarState, "accept", reject)
-    msg = AddRequest(
-        request_id="rejected",
-        prompt_token_ids=_prompt(tok, "Describe a person as JSON."),
-        params=SamplingParams(
-            temperature=0.0, max_tokens=6, structured=_spec("json", json.dumps(PERSON))
-        ),
-    )
-    result = _drive(core, [msg])["rejected"]
+    result = _drive(core, [_person_as_json(tok, "rejected")])["rejected"]
     assert result["finish"] == "stop"
     assert result["tokens"] == rejected[:1] and len(rejected) == 1
 
@@ -228,13 +232,7 @@ def test_a_grammar_that_raises_fails_its_request_alone(core, tok, monkeypatch) -
         raise RuntimeError("matcher state corrupted")
 
     monkeypatch.setattr(GrammarState, "accept", broken)
-    constrained = AddRequest(
-        request_id="broken",
-        prompt_token_ids=_prompt(tok, "Describe a person as JSON."),
-        params=SamplingParams(
-            temperature=0.0, max_tokens=6, structured=_spec("json", json.dumps(PERSON))
-        ),
-    )
+    constrained = _person_as_json(tok, "broken")
     plain = AddRequest(
         request_id="plain",
         prompt_token_ids=_prompt(tok, "Name three colours."),
