@@ -101,6 +101,19 @@ def read_config(path: Path) -> dict[str, Any]:
     return config
 
 
+HEADER_BYTES = 1 << 20
+"""What a safetensors header may add to its tensors' bytes (names, shapes, metadata)."""
+
+
+def max_adapter_bytes(module_shapes: dict[str, tuple[int, int]], max_rank: int) -> int:
+    """The most a servable adapter file can hold: every projection targeted at rank
+    `max_rank`, in float64 (8 bytes; PEFT saves 2 or 4), plus a header. A larger file is
+    refused before it is read: it is read on the engine's loop, so its size bounds the
+    pause (an adapter carrying embeddings or a head would be gigabytes, then refused)."""
+    values = sum(max_rank * (n_in + n_out) for n_in, n_out in module_shapes.values())
+    return 8 * values + HEADER_BYTES
+
+
 def _number(value: Any, what: str) -> float:
     """A scaling number of adapter_config.json; the adapter's error (not the engine's
     "name taken" ValueError) when it is not one."""
@@ -124,6 +137,12 @@ def load_adapter(
     weights_path = root / WEIGHTS_FILE
     if not weights_path.is_file():
         raise AdapterError(f"{root} has no {WEIGHTS_FILE} (only safetensors adapters load)")
+    limit = max_adapter_bytes(module_shapes, max_rank)
+    if (size := weights_path.stat().st_size) > limit:
+        raise AdapterError(
+            f"{name}: {WEIGHTS_FILE} is {size:,} bytes; A and B weights of rank up to "
+            f"{max_rank} on this model's projections hold at most {limit:,}"
+        )
     try:
         tensors = load_file(str(weights_path))
     except Exception as exc:

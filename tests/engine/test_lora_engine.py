@@ -16,6 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.layers.linear import Linear, LinearMethod, Shard
+from engine.lora.adapter import max_adapter_bytes
 from engine.lora.layer import LinearLoRA, LoRAContext
 from engine.messages import AdapterCommand, AddRequest
 from engine.sampling_params import SamplingParams
@@ -181,6 +182,15 @@ def test_registry_commands(tiny_dir: str, adapters: dict[str, str], tmp_path: Pa
     bad_alpha = cmd("load", "odd", str(odd))
     assert not bad_alpha.ok and bad_alpha.error_kind == "invalid", bad_alpha
     assert "lora_alpha" in bad_alpha.message
+    # a file larger than any servable adapter (one carrying embeddings, say) is refused by
+    # its size, before the engine's loop spends time reading it
+    huge = tmp_path / "huge"
+    shutil.copytree(adapters["beta"], huge)
+    with open(huge / "adapter_model.safetensors", "ab") as f:
+        f.truncate(max_adapter_bytes(core.lora.module_shapes, 16) + 1)
+    oversized = cmd("load", "huge", str(huge))
+    assert not oversized.ok and oversized.error_kind == "invalid", oversized
+    assert "bytes" in oversized.message and "at most" in oversized.message
     assert _add(core, "r", PROMPTS[0], "beta").accepted
     assert cmd("unload", "beta").ok  # while a request runs on it: that request finishes
     assert _add(core, "r2", PROMPTS[0], "beta").error_kind == "not_found"
