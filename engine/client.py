@@ -229,12 +229,17 @@ class EngineClient(ABC):
             raise EngineNotReadyError("The model is still loading; retry shortly.")
 
     async def adapter_command(
-        self, op: str, name: str | None = None, path: str | None = None
+        self,
+        op: str,
+        name: str | None = None,
+        path: str | None = None,
+        source: str | None = None,
     ) -> AdapterReply:
         """Register ('load'), unregister ('unload') or 'list' LoRA adapters in the
         engine's one registry; the reply lists every adapter afterwards."""
         reply = await self._call(
-            AdapterCommand(call_id="", op=op, name=name, path=path), ADAPTER_COMMAND_TIMEOUT_S
+            AdapterCommand(call_id="", op=op, name=name, path=path, source=source),
+            ADAPTER_COMMAND_TIMEOUT_S,
         )
         assert isinstance(reply, AdapterReply)
         return reply

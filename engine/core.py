@@ -42,6 +42,7 @@ from engine.lora_source import (
     AdapterSourceError,
     default_fetch_root,
     discard_fetched,
+    listed_source,
     resolve_adapter_source,
 )
 from engine.messages import (
@@ -236,7 +237,7 @@ class EngineCore:
             try:
                 path = resolve_adapter_source(src, fetch_root)
                 try:
-                    manager.register(name, path)
+                    manager.register(name, path, source=listed_source(src))
                 finally:  # the weights are in memory now (or refused): drop a download
                     discard_fetched(path, fetch_root)
             except (AdapterError, AdapterSourceError, ValueError) as exc:
@@ -396,7 +397,7 @@ class EngineCore:
             if cmd.op == "load":
                 if not cmd.name or not cmd.path:
                     raise AdapterError("a load needs the adapter's name and path")
-                manager.register(cmd.name, cmd.path)
+                manager.register(cmd.name, cmd.path, source=cmd.source)
             elif cmd.op == "unload":
                 manager.unregister(cmd.name or "")
             elif cmd.op != "list":

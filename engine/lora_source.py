@@ -106,6 +106,13 @@ def _download(s3: Any, bucket: str, key: str, url: str, dest: Path) -> None:
         raise AdapterSourceError(f"{url} holds no objects")
 
 
+def listed_source(src: str) -> str | None:
+    """What the registry lists as an adapter's root for the source `src`: an s3:// URL
+    as given (its download is removed once read); None for a local directory, listed by
+    its resolved path."""
+    return src if src.startswith(S3_PREFIX) else None
+
+
 def discard_fetched(path: str, fetch_root: Path) -> None:
     """Remove the download `fetch_s3` made for an adapter at `path` (under `fetch_root`),
     once the engine has read it or refused it: the weights live in the engine's memory

@@ -141,6 +141,9 @@ class AdapterCommand(msgspec.Struct, tag="adapter", kw_only=True):
     name: str | None = None
     path: str | None = None
     """'load': a local adapter directory (the worker fetched an s3:// source already)."""
+    source: str | None = None
+    """'load': where the client said the adapter is (`/v1/models` shows it as `root`):
+    the s3:// URL of a fetched adapter, whose download is gone once it is read."""
 
 
 class AdapterCard(msgspec.Struct, kw_only=True):

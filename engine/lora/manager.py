@@ -100,14 +100,17 @@ class LoRAManager:
                 self.module_shapes[shard.checkpoint] = (module.in_features, shard.rows)
 
     # -- registry ---------------------------------------------------------------------
-    def register(self, name: str, path: str) -> LoRAAdapter:
-        """Read, check and register; raises AdapterError (bad files, rank, targets) or
-        ValueError (the name is taken)."""
+    def register(self, name: str, path: str, source: str | None = None) -> LoRAAdapter:
+        """Read `path`, check and register; raises AdapterError (bad files, rank, targets)
+        or ValueError (the name is taken). `source` (default `path`): where the adapter is
+        said to come from, as listed (an s3:// URL whose download `path` is gone)."""
         if name in self.adapters:
             raise ValueError(f"The lora adapter '{name}' has already been loaded.")
         adapter = load_adapter(
             name, path, self._next_id, self.module_shapes, self.max_rank, self.dtype
         )
+        if source is not None:
+            adapter.path = source
         self._next_id += 1
         self.adapters[name] = adapter
         logger.info(

@@ -16,6 +16,7 @@ from engine.lora_source import (
     AdapterSourceError,
     default_fetch_root,
     discard_fetched,
+    listed_source,
     resolve_adapter_source,
 )
 from engine.messages import AdapterCard, AdapterReply
@@ -44,7 +45,7 @@ class ServingAdapters:
         except AdapterSourceError as exc:
             raise invalid_error(str(exc), param="src") from None
         try:
-            return await self._command("load", name, path, invalid_error)
+            return await self._command("load", name, path, invalid_error, source=listed_source(src))
         finally:  # read into the engine's memory, or refused: an S3 download is done with
             await asyncio.to_thread(discard_fetched, path, self._fetch_root)
 
@@ -57,10 +58,15 @@ class ServingAdapters:
         return (await self._command("list", None, None, BadRequestError)).adapters
 
     async def _command(
-        self, op: str, name: str | None, path: str | None, invalid_error: type[ServingError]
+        self,
+        op: str,
+        name: str | None,
+        path: str | None,
+        invalid_error: type[ServingError],
+        source: str | None = None,
     ) -> AdapterReply:
         try:
-            reply = await self.served.engine.adapter_command(op, name, path)
+            reply = await self.served.engine.adapter_command(op, name, path, source)
         except Exception as exc:
             mapped = from_engine_error(exc)
             if mapped is not None:

@@ -53,7 +53,7 @@ def test_register_an_adapter_from_s3_and_run_it(
     for f in Path(adapter).iterdir():
         s3.upload_file(str(f), "models", f"adapters/tuned/{f.name}")
 
-    async def run() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+    async def run() -> tuple[httpx.Response, ...]:
         engine = InprocEngineClient(
             EngineConfig(model=base, dtype="float32", enable_lora=True, max_loras=2,
                          num_kv_blocks=64, max_model_len=256)
@@ -77,11 +77,12 @@ def test_register_an_adapter_from_s3_and_run_it(
                 missing = await http.post(
                     "/adapters", json={"name": "gone", "src": "s3://models/adapters/none/"}
                 )
-                return load, done, missing
+                models = await http.get("/v1/models")
+                return load, done, missing, models
         finally:
             await engine.close()
 
-    load, done, missing = asyncio.run(run())
+    load, done, missing, models = asyncio.run(run())
     assert load.status_code == 200, load.text
     assert done.status_code == 200, done.text
     assert done.json()["usage"]["completion_tokens"] == NEW_TOKENS
@@ -90,5 +91,10 @@ def test_register_an_adapter_from_s3_and_run_it(
 
     texts = TokenTexts(Tokenizer(base))
     assert done.json()["choices"][0]["logprobs"]["tokens"] == [texts.text(t) for t in expected]
-    assert (tmp_path / "run" / "adapters").is_dir()  # fetched into the runtime directory
+    # fetched into the runtime directory, and removed once read: the adapter generated
+    # from the engine's memory, and /v1/models lists it by the source the client gave
+    assert (tmp_path / "run" / "adapters").is_dir()
+    assert list((tmp_path / "run" / "adapters").iterdir()) == []
+    card = next(m for m in models.json()["data"] if m["id"] == "tuned")
+    assert card["root"] == "s3://models/adapters/tuned/" and card["parent"] == "base"
     assert missing.status_code == 424 and "holds no objects" in missing.json()["error"]["message"]
