@@ -85,6 +85,10 @@ class ServingEmbedding(ServingBase):
         )
         return await self.pool(inputs, pooling, ctx, request)
 
+    def id_prefix_for(self, request: PoolScheduling) -> str:
+        """The response id's prefix for `request` (one per route family, as vLLM's)."""
+        return self.id_prefix
+
     async def pool(
         self,
         inputs: list[PromptInput],
@@ -98,7 +102,7 @@ class ServingEmbedding(ServingBase):
         request_id, priority, cache_salt = request.request_id, request.priority, request.cache_salt
         for prompt in inputs:
             self.served.check_input_len(len(prompt.token_ids), prompt.param)
-        response_id, engine_id = self.request_ids(self.id_prefix, ctx, request_id)
+        response_id, engine_id = self.request_ids(self.id_prefix_for(request), ctx, request_id)
         for prompt in inputs:
             self.served.log_prompt(response_id, prompt.logged)
         tracker = self.tracker(response_id, ctx)

@@ -33,7 +33,7 @@ from handlers.protocol.score import (
 from handlers.serving.base import PromptInput
 from handlers.serving.classification import activate, logits_of
 from handlers.serving.context import RequestContext
-from handlers.serving.embedding import PooledBatch, ServingEmbedding
+from handlers.serving.embedding import PooledBatch, PoolScheduling, ServingEmbedding
 from handlers.serving.render import template_variables
 from handlers.serving.served_model import Truncation, offloads
 
@@ -50,6 +50,10 @@ class ServingScores(ServingEmbedding):
 
     kind = "score"
     id_prefix = "score"
+
+    def id_prefix_for(self, request: PoolScheduling) -> str:
+        """`rerank-` for a rerank, as vLLM's; `score-` for a score."""
+        return "rerank" if isinstance(request, RerankRequest) else self.id_prefix
 
     async def score(self, request: ScoreRequest, ctx: RequestContext) -> ScoreResponse:
         """Side 1 against side 2: 1:1, 1:N (the one text against each) or N:N (pairwise)."""

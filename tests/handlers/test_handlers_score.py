@@ -85,7 +85,7 @@ def test_rerank_orders_by_score(client, tokenizer: Tokenizer, route: str) -> Non
     assert result.status_code == 200, result.text
     body = result.json
     assert set(body) == {"id", "model", "usage", "results"}
-    assert body["id"].startswith("score-") and body["model"] == "tiny"
+    assert body["id"].startswith("rerank-") and body["model"] == "tiny"  # vLLM's prefix
     scores = expected_scores(tokenizer, QUERY, DOCS)
     order = sorted(range(len(DOCS)), key=lambda i: -scores[i])
     assert [r["index"] for r in body["results"]] == order
