@@ -27,7 +27,6 @@ from handlers.protocol.chat import (
 from handlers.protocol.responses import (
     OutputItem,
     ResponseDeleted,
-    ResponseError,
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
@@ -42,6 +41,7 @@ from handlers.serving.responses_background import BackgroundRuns
 from handlers.serving.responses_input import chat_request, input_messages, responses_params
 from handlers.serving.responses_output import (
     assistant_message,
+    failed_response,
     final_status,
     function_call_item,
     item_status,
@@ -197,7 +197,7 @@ class ServingResponses:
                     answer = await self.chat.respond(run, chat, template)
                 response = self._buffered(queued, answer, run, request)
             except ServingError as exc:
-                response = _failed(queued, exc.type, exc.message)
+                response = failed_response(queued, exc.type, exc.message)
             await finish(response)
 
         async def streamed(events: ResponseEvents) -> None:
@@ -226,7 +226,7 @@ class ServingResponses:
             self.chat.finish_run(run, "aborted")
             if reason == "cancelled":
                 return  # the store already says so
-            failed = _failed(
+            failed = failed_response(
                 queued, "server_shutdown", "The server shut down before the response finished."
             )
             await finish(failed)
@@ -369,12 +369,6 @@ class ServingResponses:
             await store(response)
         for event in last:
             yield event
-
-
-def _failed(response: ResponseObject, code: str, message: str) -> ResponseObject:
-    return response.model_copy(
-        update={"status": "failed", "error": ResponseError(code=code, message=message)}
-    )
 
 
 def _not_found(response_id: str) -> NotFoundError:

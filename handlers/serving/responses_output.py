@@ -21,6 +21,7 @@ from handlers.protocol.responses import (
     OutputTokensDetails,
     ReasoningOutput,
     ReasoningText,
+    ResponseError,
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
@@ -31,6 +32,20 @@ from handlers.serving.choice import Choice
 
 ItemStatus = str
 """'in_progress', 'completed' or 'incomplete'."""
+
+
+def failed_response(
+    response: ResponseObject, code: str, message: str, output: list[OutputItem] | None = None
+) -> ResponseObject:
+    """`response` stored or sent as failed with its error (and the items finished before
+    the failure, when given)."""
+    update: dict[str, object] = {
+        "status": "failed",
+        "error": ResponseError(code=code, message=message),
+    }
+    if output is not None:
+        update["output"] = output
+    return response.model_copy(update=update)
 
 
 def new_id(prefix: str) -> str:

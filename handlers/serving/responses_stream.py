@@ -40,7 +40,6 @@ from handlers.protocol.responses import (
     ReasoningDeltaEvent,
     ReasoningDoneEvent,
     ReasoningText,
-    ResponseError,
     ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
@@ -52,6 +51,7 @@ from handlers.protocol.responses import (
     TextDoneEvent,
 )
 from handlers.serving.responses_output import (
+    failed_response,
     final_status,
     function_call_item,
     item_status,
@@ -138,13 +138,7 @@ class ResponseEvents:
         """A failure after the stream began: the `error` event, then `response.failed`
         (the response with its error and the items completed before it), which ends the
         stream for the SDK's stream helper as `response.completed` would."""
-        failed = self.response.model_copy(
-            update={
-                "status": "failed",
-                "output": list(self.items),
-                "error": ResponseError(code=error.type, message=error.message),
-            }
-        )
+        failed = failed_response(self.response, error.type, error.message, list(self.items))
         return [self.error(error), self.failed(failed)]
 
     def error(self, error: ServingError) -> SSEEvent:
